@@ -1,0 +1,1 @@
+"""Registered experiments shipped with paxlike (`--list_experiments` shows them)."""

@@ -1,0 +1,33 @@
+"""Fiddle helpers: build configs and dump them as flat text. Imports no JAX."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fiddle as fdl
+from fiddle import printing
+
+from paxlike.errors import UserError
+
+
+def build(cfg: Any) -> Any:
+  """fdl.build with a UserError for configs whose arguments do not fit."""
+  try:
+    return fdl.build(cfg)
+  except TypeError as e:
+    raise UserError(f"the experiment's config does not build: {e}.") from None
+
+
+def flattened(cfg: Any, prefix: str) -> str:
+  """One `path = value` line per leaf of a fiddle config."""
+  if not isinstance(cfg, fdl.Buildable):
+    return f"{prefix} = {cfg!r}\n"
+  return "".join(f"{prefix}.{line}\n" for line in printing.as_str_flattened(cfg).splitlines())
+
+
+def dump_model_params(task_cfg: Any, dataset_cfgs: list[Any]) -> str:
+  """model_params.txt: the task config and every input config, flattened."""
+  out = [flattened(task_cfg, "task")]
+  for i, ds in enumerate(dataset_cfgs):
+    out.append(flattened(ds, f"datasets[{i}]"))
+  return "".join(out)

@@ -1,0 +1,87 @@
+"""The BaseInput contract (Pax semantics).
+
+`get_next()` returns a dict of numpy arrays whose leading dim is the per-host
+batch. The global batch is batch_size x num_infeed_hosts, and the global batch
+at a step does not depend on how many hosts read it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from paxlike.errors import UserError
+
+
+@dataclasses.dataclass
+class BaseInput:
+  """Base of every input pipeline.
+
+  Attributes:
+    name: used for summary directories (eval_test_<name>) and decoder_out/<name>.
+    batch_size: examples per host per get_next().
+    num_infeed_hosts: how many hosts read this input; 0 means "fill in at run time".
+    infeed_host_index: this host's index among them; -1 means "fill in at run time".
+    is_training: the training input (True) or an eval/decode input.
+    reset_for_eval: each eval run is one full epoch of a finite input.
+    eval_loop_num_batches: batches per eval run when reset_for_eval is False.
+    repeat: cycle through the data forever.
+    seed: input randomness; combined with the step so batches are reproducible.
+  """
+
+  name: str = "train"
+  batch_size: int = 1
+  num_infeed_hosts: int = 0
+  infeed_host_index: int = -1
+  is_training: bool = True
+  reset_for_eval: bool = False
+  eval_loop_num_batches: int = 1
+  repeat: bool = True
+  seed: int = 1234
+
+  def __post_init__(self) -> None:
+    if self.batch_size <= 0:
+      raise UserError(f"input {self.name!r}: batch_size must be positive, got {self.batch_size}.")
+    if self.reset_for_eval and self.repeat:
+      raise UserError(
+          f"input {self.name!r}: reset_for_eval=True needs a finite input; set repeat=False.")
+
+  def bind_host(self, num_hosts: int, host_index: int) -> None:
+    """Fills in the host layout at run time (a value set by the user wins)."""
+    if self.num_infeed_hosts <= 0:
+      self.num_infeed_hosts = num_hosts
+    if self.infeed_host_index < 0:
+      self.infeed_host_index = host_index
+    if not 0 <= self.infeed_host_index < self.num_infeed_hosts:
+      raise UserError(f"input {self.name!r}: infeed_host_index {self.infeed_host_index} is "
+                      f"outside [0, {self.num_infeed_hosts}).")
+
+  @property
+  def hosts(self) -> tuple[int, int]:
+    return max(self.num_infeed_hosts, 1), max(self.infeed_host_index, 0)
+
+  def get_global_batch_size(self) -> int:
+    return self.batch_size * self.hosts[0]
+
+  def get_next(self) -> dict[str, np.ndarray]:
+    """The next per-host batch; raises StopIteration at the end of a finite input."""
+    raise NotImplementedError
+
+  def reset(self) -> None:
+    """Back to the start of the data."""
+    raise NotImplementedError
+
+  def peek_specs(self) -> dict[str, np.ndarray]:
+    """One batch with the shapes and dtypes get_next() returns; the stream does not move."""
+    return copy.deepcopy(self).get_next()
+
+  def get_state(self) -> dict[str, Any]:
+    """JSON-able position in the stream, saved with checkpoints."""
+    return {}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    """Continues the stream from a position returned by get_state()."""
+    del state

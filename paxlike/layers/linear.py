@@ -1,0 +1,81 @@
+"""Linear projections, the feed-forward block and layer normalisation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+Dtype = Any
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "relu": jax.nn.relu,
+    "gelu": jax.nn.gelu,
+    "silu": jax.nn.silu,
+}
+
+
+class Linear(nn.Module):
+  """y = x @ w over x's last dim; w's shape is (in, *features)."""
+
+  features: Sequence[int]
+  axes: Sequence[str]  # logical names of w's dims, input dim first
+  dtype: Dtype = jnp.float32
+  use_bias: bool = False
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    features = tuple(self.features)
+    w = self.param("w", nn.with_logical_partitioning(
+        nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
+                                         in_axis=0, out_axis=tuple(range(1, 1 + len(features)))),
+        tuple(self.axes)), (x.shape[-1], *features), jnp.float32)
+    y = jax.lax.dot_general(x.astype(self.dtype), w.astype(self.dtype),
+                            (((x.ndim - 1,), (0,)), ((), ())))
+    if self.use_bias:
+      b = self.param("b", nn.with_logical_partitioning(nn.initializers.zeros, tuple(self.axes[1:])),
+                     features, jnp.float32)
+      y = y + b.astype(self.dtype)
+    return y
+
+
+class LayerNorm(nn.Module):
+  """Layer normalisation computed in float32, with scale and bias."""
+
+  epsilon: float = 1e-6
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    d = x.shape[-1]
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                       (d,), jnp.float32)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+                      (d,), jnp.float32)
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + bias
+    return y.astype(self.dtype)
+
+
+class FeedForward(nn.Module):
+  """Two projections with an activation between: embed -> hidden -> embed."""
+
+  hidden_dims: int
+  activation: str = "relu"
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    d = x.shape[-1]
+    h = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, use_bias=True, name="ffn1")(x)
+    h = ACTIVATIONS[self.activation](h)
+    h = nn.with_logical_constraint(h, ("batch", "length", "activation_mlp"))
+    h = checkpoint_name(h, "ffn1")
+    y = Linear((d,), ("mlp", "embed"), self.dtype, use_bias=True, name="ffn2")(h)
+    return checkpoint_name(y, "ffn2")

@@ -1,0 +1,163 @@
+"""paxlike's entry point: `python -m paxlike.main --exp=NAME --job_log_dir=DIR`.
+
+Flags -> experiment -> mesh and partitioner -> trainer -> job_log_dir.
+Every UserError becomes `error: <sentence>` on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __package__ in (None, ""):
+  # `python paxlike/main.py`: import the package, not sibling modules by bare name.
+  sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from absl import app, flags, logging  # noqa: E402
+
+from paxlike.errors import UserError  # noqa: E402
+
+FLAGS = flags.FLAGS
+MODES = ("train",)
+
+flags.DEFINE_string("exp", None, "Experiment: full dotted name or a unique suffix.")
+flags.DEFINE_string("job_log_dir", None, "Where checkpoints, summaries and dumps go.")
+flags.DEFINE_enum("mode", "train", MODES, "What to run.")
+flags.DEFINE_multi_string("set", [], "Override a hyperparameter: --set KEY=VALUE (repeatable).")
+flags.DEFINE_bool("list_experiments", False, "Print every registered experiment and exit.")
+flags.DEFINE_bool("enable_checkpoint_saving", True, "Write checkpoints.")
+flags.DEFINE_bool("jax_fully_async_checkpoint", True, "Save checkpoints in the background.")
+flags.DEFINE_bool("enable_summary_writer", True, "Write TensorBoard summaries.")
+flags.DEFINE_string("restore_checkpoint_dir", None,
+                    "A checkpoints/ folder to initialise from when job_log_dir has none.")
+flags.DEFINE_integer("restore_checkpoint_step", None, "Restore this step, not the latest.")
+flags.DEFINE_float("peak_tflops_per_device", None,
+                   "Peak TFLOP/s of one device for MFU (default: the device table).")
+
+
+def _prepare_job_log_dir(path: str | None) -> str:
+  if not path:
+    raise UserError("--job_log_dir is required; pass a directory for this run's outputs.")
+  path = os.path.abspath(os.path.expanduser(path))
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise UserError(f"--job_log_dir {path} exists and is not a directory; pick another path.")
+  try:
+    os.makedirs(path, exist_ok=True)
+    probe = os.path.join(path, f".write_probe_{os.getpid()}")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise UserError(f"--job_log_dir {path} is not writable ({e.strerror}); "
+                    "pick a directory you can write to.") from None
+  return path
+
+
+def run(argv_flags: flags.FlagValues) -> int:
+  """Everything main() does, raising UserError for bad input."""
+  from paxlike import log, registry
+
+  log.setup(quiet_libraries=not argv_flags["verbosity"].present)
+  if argv_flags.list_experiments:
+    registry.import_shipped()
+    for name in registry.list_names():
+      print(name)
+    return 0
+  if not argv_flags.exp:
+    raise UserError("--exp is required; pass an experiment name (see --list_experiments).")
+
+  from paxlike import config, experiment
+
+  exp_cls = registry.get(argv_flags.exp)
+  exp = experiment.instantiate(exp_cls, argv_flags.set)
+  job_log_dir = _prepare_job_log_dir(argv_flags.job_log_dir)
+
+  import jax
+
+  from paxlike import flops, mesh, trainer, xla_flags
+
+  log.setup(jax.process_index(), jax.process_count(),
+            quiet_libraries=not argv_flags["verbosity"].present)
+  from paxlike.partitioning import SpmdPartitioner
+
+  if exp.ICI_MESH_SHAPE is None:
+    raise UserError(f"{exp_cls.__name__} sets no ICI_MESH_SHAPE; set one for an SPMD run.")
+  device_mesh = mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE)
+  partitioner = SpmdPartitioner(device_mesh)
+  task_cfg = exp.task()
+  dataset_cfgs = exp.datasets()
+  task = config.build(task_cfg)
+  inputs = [config.build(c) for c in dataset_cfgs]
+  for inp in inputs:
+    inp.bind_host(jax.process_count(), jax.process_index())
+  train_inputs = [i for i in inputs if i.is_training]
+  if not train_inputs:
+    raise UserError(f"{exp_cls.__name__}.datasets() has no input with is_training=True.")
+
+  if jax.process_index() == 0:
+    with open(os.path.join(job_log_dir, "experiment_cls_vars.txt"), "w") as f:
+      f.write(experiment.format_hparams(exp))
+    with open(os.path.join(job_log_dir, "model_params.txt"), "w") as f:
+      f.write(config.dump_model_params(task_cfg, dataset_cfgs))
+    xla_flags.write_run_env(job_log_dir, xla_flags.run_env({
+        "experiment": f"{exp_cls.__module__}.{exp_cls.__qualname__}",
+        "mode": argv_flags.mode, "partitioner": partitioner.kind,
+        "mesh": dict(device_mesh.shape), "overrides": argv_flags.set}))
+
+  options = trainer.TrainOptions(
+      enable_checkpoint_saving=argv_flags.enable_checkpoint_saving,
+      async_checkpoint=argv_flags.jax_fully_async_checkpoint,
+      enable_summary_writer=argv_flags.enable_summary_writer,
+      restore_checkpoint_dir=argv_flags.restore_checkpoint_dir,
+      restore_checkpoint_step=argv_flags.restore_checkpoint_step)
+  model = task.model
+  if hasattr(model, "model_dims"):
+    dims = flops.LmDims(model.num_layers, model.model_dims, model.hidden_dims,
+                        model.num_heads, model.dim_per_head, model.vocab_size,
+                        train_inputs[0].peek_specs()["ids"].shape[1])
+    options.model_flops_per_step = flops.model_flops_per_step(
+        dims, train_inputs[0].get_global_batch_size())
+  dtype = str(getattr(model, "fprop_dtype", "bfloat16").__name__
+              if isinstance(getattr(model, "fprop_dtype", None), type) else "bfloat16")
+  options.peak_flops_per_device = (argv_flags.peak_tflops_per_device * 1e12
+                                   if argv_flags.peak_tflops_per_device else
+                                   flops.peak_flops_per_device(jax.devices()[0].device_kind, dtype))
+  result = trainer.train(task, train_inputs[0], partitioner, job_log_dir, options)
+  if result.history:
+    first, last = result.history[0], result.history[-1]
+    print(f"trained steps {result.start_step}..{result.final_step}: loss "
+          f"{first['loss']:.4f} (step {first['step']}) -> {last['loss']:.4f} "
+          f"(step {last['step']}); outputs in {job_log_dir}")
+  return 0
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    _fail(f"unexpected positional arguments {argv[1:]}; every option is a --flag.")
+  try:
+    code = run(FLAGS)
+  except UserError as e:
+    _fail(str(e))
+  sys.exit(code)
+
+
+def _fail(message: str) -> None:
+  logging.flush()
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    _fail(f"{e}.")
+  return []
+
+
+def cli() -> None:
+  app.run(main, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+  cli()

@@ -1,0 +1,89 @@
+"""Device meshes from ICI/DCN shapes, and the logical-axis rules.
+
+Mesh axes are Pax's ('replica', 'data', 'mdl'). The batch is sharded over
+replica x data; weights over data (their embed dim) and mdl (their heads /
+hidden / vocab dims).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh
+
+from paxlike.errors import UserError
+
+MESH_AXES = ("replica", "data", "mdl")
+BATCH_AXES = ("replica", "data")
+
+# Logical axis name -> mesh axis (or axes, or None for replicated).
+LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    ("batch", BATCH_AXES),
+    ("length", None),
+    ("embed", "data"),
+    ("mlp", "mdl"),
+    ("heads", "mdl"),
+    ("kv", None),
+    ("qkv", None),
+    ("vocab", "mdl"),
+    ("layers", None),
+    ("activation_embed", None),
+    ("activation_mlp", "mdl"),
+    ("activation_heads", "mdl"),
+    ("activation_vocab", "mdl"),
+)
+
+
+def _product(shape: Sequence[int] | None) -> int:
+  return int(np.prod(shape)) if shape else 1
+
+
+def build(ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int] | None = None,
+          devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """Builds the ('replica', 'data', 'mdl') mesh.
+
+  Args:
+    ici_mesh_shape: mesh within a slice / host group.
+    dcn_mesh_shape: mesh across slices or processes; None or all ones for one.
+    devices: defaults to jax.devices().
+
+  Raises:
+    UserError: the mesh size and the device or process count disagree.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  ici = list(ici_mesh_shape)
+  dcn = list(dcn_mesh_shape) if dcn_mesh_shape else [1] * len(ici)
+  if len(ici) != len(MESH_AXES) or len(dcn) != len(MESH_AXES):
+    raise UserError(f"ICI_MESH_SHAPE and DCN_MESH_SHAPE need {len(MESH_AXES)} entries "
+                    f"{MESH_AXES}, got {ici} and {dcn}.")
+  want = _product(ici) * _product(dcn)
+  if want != len(devices):
+    raise UserError(
+        f"the mesh ICI_MESH_SHAPE={ici} x DCN_MESH_SHAPE={dcn} needs {want} devices but "
+        f"{len(devices)} are available; change the mesh shape or the device count.")
+  if _product(dcn) > 1:
+    num_processes = len({d.process_index for d in devices})
+    num_slices = len({getattr(d, "slice_index", 0) for d in devices})
+    granules = num_slices if num_slices > 1 else num_processes
+    if _product(dcn) != granules:
+      raise UserError(
+          f"DCN_MESH_SHAPE={dcn} spans {_product(dcn)} slices/processes but the job has "
+          f"{granules}; make its product equal the number of processes.")
+    device_array = mesh_utils.create_hybrid_device_mesh(
+        ici, dcn, devices, process_is_granule=num_slices <= 1,
+        allow_split_physical_axes=True)
+  else:
+    try:
+      device_array = mesh_utils.create_device_mesh(ici, devices, allow_split_physical_axes=True)
+    except (ValueError, NotImplementedError, AssertionError):
+      # Shapes the physical topology cannot tile: fall back to device order.
+      device_array = np.asarray(devices).reshape(ici)
+  return Mesh(device_array, MESH_AXES)
+
+
+def batch_divisor(mesh: Mesh) -> int:
+  """How many ways the batch is split: replica x data."""
+  return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))

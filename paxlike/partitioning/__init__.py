@@ -1,0 +1,5 @@
+"""Partitioners: how state and batches are laid out and steps compiled."""
+
+from paxlike.partitioning.spmd import SpmdPartitioner
+
+__all__ = ["SpmdPartitioner"]

@@ -1,0 +1,106 @@
+"""The SPMD partitioner: jit with NamedShardings on a named device mesh."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from paxlike import mesh as mesh_lib
+from paxlike.errors import UserError
+
+
+def _is_spec(x: Any) -> bool:
+  return isinstance(x, PartitionSpec)
+
+
+class SpmdPartitioner:
+  """Shards state by logical-axis rules and the batch over replica x data.
+
+  Args:
+    mesh: the ('replica', 'data', 'mdl') mesh.
+    rules: logical axis name -> mesh axes.
+  """
+
+  kind = "spmd"
+
+  def __init__(self, mesh: Mesh, rules=mesh_lib.LOGICAL_AXIS_RULES) -> None:
+    self.mesh = mesh
+    self.rules = tuple(rules)
+    self.replicated = NamedSharding(mesh, PartitionSpec())
+    self.batch_sharding = NamedSharding(mesh, PartitionSpec(mesh_lib.BATCH_AXES))
+    self._state_shardings = None
+
+  @property
+  def num_batch_shards(self) -> int:
+    return mesh_lib.batch_divisor(self.mesh)
+
+  def check_global_batch(self, global_batch: int) -> None:
+    if global_batch % self.num_batch_shards:
+      raise UserError(
+          f"the global batch {global_batch} does not divide over replica x data = "
+          f"{self.num_batch_shards} mesh shards; change the batch size or the mesh.")
+
+  def state_shardings(self, specs: Any) -> Any:
+    """Logical PartitionSpecs -> NamedShardings on this mesh."""
+    return nn.logical_to_mesh_sharding(specs, self.mesh, self.rules)
+
+  def mesh_specs(self, specs: Any) -> Any:
+    """Logical PartitionSpecs -> mesh-axis PartitionSpecs."""
+    return jax.tree.map(lambda s: s.spec, self.state_shardings(specs))
+
+  def set_state_specs(self, specs: Any) -> None:
+    self._state_shardings = self.state_shardings(specs)
+
+  def abstract_state(self, abstract: Any) -> Any:
+    """ShapeDtypeStructs carrying the state's shardings (restore targets)."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, self._state_shardings)
+
+  def init_state(self, init: Callable[[jax.Array], Any], seed: int) -> Any:
+    """Runs init directly into the state's shardings (no host copy)."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      return jax.jit(init, out_shardings=self._state_shardings)(jax.random.key(seed))
+
+  def shard_state(self, state: Any) -> Any:
+    return jax.device_put(state, self._state_shardings)
+
+  def shard_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """This process's rows -> global arrays sharded over replica x data."""
+    return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)
+            for k, v in host_batch.items()}
+
+  def unshard(self, tree: Any) -> Any:
+    """Values a host can use (metrics); replicated arrays only."""
+    return jax.device_get(tree)
+
+  def compile(self, step: Callable, *, donate_state: bool = True,
+              returns_state: bool = True) -> Callable:
+    """jit with explicit shardings: (state, batch, key) -> (state, metrics) or metrics."""
+    state_sh = self._state_shardings
+
+    def traced(*args):
+      with nn.logical_axis_rules(self.rules):
+        return step(*args)
+
+    out_shardings = (state_sh, self.replicated) if returns_state else self.replicated
+    jitted = jax.jit(traced, in_shardings=(state_sh, self.batch_sharding, self.replicated),
+                     out_shardings=out_shardings,
+                     donate_argnums=(0,) if donate_state else ())
+
+    def run(state, batch, key):
+      with jax.set_mesh(self.mesh):
+        return jitted(state, batch, key)
+
+    run.jitted = jitted
+    run.lower = lambda *a: _lower(self.mesh, jitted, *a)
+    return run
+
+
+def _lower(mesh: Mesh, jitted: Any, *args: Any) -> Any:
+  with jax.set_mesh(mesh):
+    return jitted.lower(*args)

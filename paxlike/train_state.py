@@ -1,0 +1,49 @@
+"""TrainState and its abstract (allocation-free) construction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from jax.sharding import PartitionSpec
+
+
+class TrainState(struct.PyTreeNode):
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def init_fn(model: nn.Module, tx: optax.GradientTransformation, sample_ids: jax.Array):
+  """A function rng -> TrainState (params unboxed, float32)."""
+
+  def init(rng: jax.Array) -> TrainState:
+    params = nn.unbox(model.init(rng, sample_ids)["params"])
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+  return init
+
+
+def logical_specs(model: nn.Module, tx: optax.GradientTransformation,
+                  sample_ids: jax.Array) -> tuple[TrainState, TrainState]:
+  """(abstract state, logical PartitionSpecs) without allocating anything.
+
+  Optimizer slots take their parameter's spec; scalars are replicated.
+  """
+  boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), sample_ids)["params"])
+  param_specs = nn.get_partition_spec(boxed)
+  abstract = jax.eval_shape(init_fn(model, tx, sample_ids), jax.random.key(0))
+  opt_specs = optax.tree_map_params(
+      tx, lambda _, spec: spec, abstract.opt_state, param_specs,
+      transform_non_params=lambda _: PartitionSpec(),
+      is_leaf=lambda x: isinstance(x, PartitionSpec))
+  specs = TrainState(step=PartitionSpec(), params=param_specs, opt_state=opt_specs)
+  return abstract, specs
+
+
+def count_params(params: Any) -> int:
+  return sum(int(x.size) for x in jax.tree.leaves(params))
