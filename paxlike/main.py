@@ -31,6 +31,18 @@ flags.DEFINE_bool("enable_summary_writer", True, "Write TensorBoard summaries.")
 flags.DEFINE_string("restore_checkpoint_dir", None,
                     "A checkpoints/ folder to initialise from when job_log_dir has none.")
 flags.DEFINE_integer("restore_checkpoint_step", None, "Restore this step, not the latest.")
+flags.DEFINE_bool("pmap_use_tensorstore", False,
+                  "pmap runs: save checkpoints through orbax/tensorstore instead of msgpack.")
+flags.DEFINE_string("coordinator_address", None, "Multi-host: HOST:PORT of process 0.")
+flags.DEFINE_integer("num_processes", None, "Multi-host: how many processes (one per host).")
+flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+flags.DEFINE_integer("distributed_timeout_s", 300,
+                     "Multi-host: seconds to wait for the coordinator and the other processes.")
+flags.DEFINE_bool("multiprocess_gpu", False, "Pax compatibility; multi-host needs only the "
+                  "three flags above.")
+flags.DEFINE_alias("server_addr", "coordinator_address")
+flags.DEFINE_alias("num_hosts", "num_processes")
+flags.DEFINE_alias("host_idx", "process_id")
 flags.DEFINE_float("peak_tflops_per_device", None,
                    "Peak TFLOP/s of one device for MFU (default: the device table).")
 
@@ -72,18 +84,26 @@ def run(argv_flags: flags.FlagValues) -> int:
   exp = experiment.instantiate(exp_cls, argv_flags.set)
   job_log_dir = _prepare_job_log_dir(argv_flags.job_log_dir)
 
+  from paxlike import distributed
+
+  distributed.initialize(argv_flags.coordinator_address, argv_flags.num_processes,
+                         argv_flags.process_id, argv_flags.distributed_timeout_s)
+
   import jax
 
   from paxlike import flops, mesh, trainer, xla_flags
 
   log.setup(jax.process_index(), jax.process_count(),
             quiet_libraries=not argv_flags["verbosity"].present)
-  from paxlike.partitioning import SpmdPartitioner
+  from paxlike.partitioning import PmapPartitioner, SpmdPartitioner
 
-  if exp.ICI_MESH_SHAPE is None:
-    raise UserError(f"{exp_cls.__name__} sets no ICI_MESH_SHAPE; set one for an SPMD run.")
-  device_mesh = mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE)
-  partitioner = SpmdPartitioner(device_mesh)
+  if exp.ICI_MESH_SHAPE is None:  # Pax: no mesh means the pmap loop
+    partitioner = PmapPartitioner()
+    mesh_desc = {"pmap": jax.local_device_count(), "processes": jax.process_count()}
+  else:
+    device_mesh = mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE)
+    partitioner = SpmdPartitioner(device_mesh)
+    mesh_desc = dict(device_mesh.shape)
   task_cfg = exp.task()
   dataset_cfgs = exp.datasets()
   task = config.build(task_cfg)
@@ -102,14 +122,16 @@ def run(argv_flags: flags.FlagValues) -> int:
     xla_flags.write_run_env(job_log_dir, xla_flags.run_env({
         "experiment": f"{exp_cls.__module__}.{exp_cls.__qualname__}",
         "mode": argv_flags.mode, "partitioner": partitioner.kind,
-        "mesh": dict(device_mesh.shape), "overrides": argv_flags.set}))
+        "mesh": mesh_desc, "overrides": argv_flags.set}))
 
   options = trainer.TrainOptions(
       enable_checkpoint_saving=argv_flags.enable_checkpoint_saving,
       async_checkpoint=argv_flags.jax_fully_async_checkpoint,
       enable_summary_writer=argv_flags.enable_summary_writer,
       restore_checkpoint_dir=argv_flags.restore_checkpoint_dir,
-      restore_checkpoint_step=argv_flags.restore_checkpoint_step)
+      restore_checkpoint_step=argv_flags.restore_checkpoint_step,
+      checkpoint_format="msgpack" if (partitioner.kind == "pmap"
+                                      and not argv_flags.pmap_use_tensorstore) else "tensorstore")
   model = task.model
   if hasattr(model, "model_dims"):
     dims = flops.LmDims(model.num_layers, model.model_dims, model.hidden_dims,

@@ -15,8 +15,8 @@ from paxlike.train_state import TrainState
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     schedule: optax.Schedule,
-                    reduce_grads: Callable[[Any], Any] = lambda g: g) -> Callable:
-  """One optimizer step. reduce_grads averages gradients across pmap devices.
+                    reduce: Callable[[Any], Any] = lambda t: t) -> Callable:
+  """One optimizer step. `reduce` averages gradients and metrics over pmap devices.
 
   The key is folded with the step, so a resumed run draws the same randomness.
   """
@@ -29,7 +29,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                          rngs={"dropout": step_key})
 
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    grads = reduce_grads(grads)
+    grads, metrics = reduce((grads, metrics))
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics)
@@ -41,12 +41,12 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   return train_step
 
 
-def make_eval_step(model: nn.Module) -> Callable:
+def make_eval_step(model: nn.Module, reduce: Callable[[Any], Any] = lambda t: t) -> Callable:
   """Loss and metrics on one batch, no update."""
 
   def eval_step(state: TrainState, batch: dict[str, jax.Array], key: jax.Array):
     del key
     _, metrics = model.apply({"params": state.params}, batch, method="fprop")
-    return metrics
+    return reduce(metrics)
 
   return eval_step

@@ -35,6 +35,7 @@ class TrainOptions:
   enable_summary_writer: bool = True
   restore_checkpoint_dir: str | None = None
   restore_checkpoint_step: int | None = None
+  checkpoint_format: str = "tensorstore"  # "msgpack": pmap's unreplicated default
   model_flops_per_step: float | None = None
   peak_flops_per_device: float | None = None
 
@@ -141,7 +142,7 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
 
   ckpt = ckpt_lib.Checkpointer(
       ckpt_lib.checkpoint_dir(job_log_dir), max_to_keep=settings.max_checkpoints_to_keep,
-      async_save=options.async_checkpoint)
+      async_save=options.async_checkpoint, state_format=options.checkpoint_format)
   state, start_step = _restore_or_init(task, tx, sample_ids, train_input, partitioner, ckpt,
                                        options, settings.seed)
   result = TrainResult(start_step=start_step, final_step=start_step, history=[])
@@ -152,7 +153,7 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
     result.state = state
     return result
 
-  step_fn = partitioner.compile(make_train_step(task.model, tx, schedule))
+  step_fn = partitioner.compile(make_train_step(task.model, tx, schedule, partitioner.reduce))
   key = jax.random.key(settings.seed)
   writer = summaries.SummaryWriter(job_log_dir, "train",
                                    enabled=is_chief and options.enable_summary_writer)
@@ -193,7 +194,7 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
         result.history.append({"step": step, **values})
       if options.enable_checkpoint_saving and (
           step % settings.checkpoint_every_n_steps == 0 or step == settings.num_train_steps):
-        ckpt.save(step, state, input_state)
+        ckpt.save(step, partitioner.to_saveable(state), input_state)
         last_saved = step
       if step < settings.num_train_steps:
         batch, input_state = next_batch, next_input_state
@@ -233,6 +234,7 @@ def _restore_or_init(task: Task, tx: Any, sample_ids: jax.Array, train_input: Ba
     logging.info("no checkpoint found: initialising from seed %d", seed)
     return partitioner.init_state(ts.init_fn(task.model, tx, sample_ids), seed), 0
   state, input_state = source.restore(step, target)
+  state = partitioner.shard_state(state)
   train_input.set_state(input_state)
   logging.info("restored step %d from %s", step, source.step_path(step))
   return state, int(step)

@@ -55,3 +55,49 @@ class LmCloudSpmdTiny(LmCloudSpmd):
   CHECKPOINT_EVERY_N_STEPS = 100
   SUMMARY_INTERVAL_STEPS = 25
   ICI_MESH_SHAPE = [1, 1, 1]
+
+
+class LmCloudTransformer(SyntheticDataset, TransformerLmSpmdAdam):
+  """Base of Pax's pmap lm_cloud family: no mesh, so the pmap loop runs."""
+
+  ICI_MESH_SHAPE = None
+  USE_REPEATED_LAYER = False
+  LEARNING_RATE = 1e-3
+  VOCAB_SIZE = 32000
+  MAX_SEQ_LEN = 1024
+  PERCORE_BATCH_SIZE = 16
+  SUMMARY_INTERVAL_STEPS = 10
+
+
+@experiment_registry.register
+class LmCloudTransformerAdam(LmCloudTransformer):
+  """Pax's pmap example: 32 layers of 1024 dims, 16 heads, Adam."""
+
+  NUM_LAYERS = 32
+  MODEL_DIMS = 1024
+  NUM_HEADS = 16
+
+
+@experiment_registry.register
+class LmCloudTransformerAdamLimitSteps(LmCloudTransformerAdam):
+  NUM_TRAIN_STEPS = 300
+
+
+@experiment_registry.register
+class LmCloudTransformerAdamTiny(LmCloudTransformer):
+  """CPU-sized pmap member: the same numbers as LmCloudSpmdTiny, no mesh."""
+
+  NUM_LAYERS = 2
+  MODEL_DIMS = 64
+  NUM_HEADS = 4
+  VOCAB_SIZE = 256
+  MAX_SEQ_LEN = 64
+  PERCORE_BATCH_SIZE = 16
+  LEARNING_RATE = 3e-3
+  LR_SCHEDULE = "linear_rampup_cosine_decay"
+  LR_COS_WARMUP = 20
+  LR_COS_DECAY_START = 20
+  LR_COS_DECAY_END = 300
+  NUM_TRAIN_STEPS = 300
+  CHECKPOINT_EVERY_N_STEPS = 100
+  SUMMARY_INTERVAL_STEPS = 25

@@ -69,6 +69,10 @@ class SpmdPartitioner:
   def shard_state(self, state: Any) -> Any:
     return jax.device_put(state, self._state_shardings)
 
+  def to_saveable(self, state: Any) -> Any:
+    """The state as checkpoints store it: the global sharded arrays."""
+    return state
+
   def shard_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """This process's rows -> global arrays sharded over replica x data."""
     return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)
@@ -77,6 +81,11 @@ class SpmdPartitioner:
   def unshard(self, tree: Any) -> Any:
     """Values a host can use (metrics); replicated arrays only."""
     return jax.device_get(tree)
+
+  @staticmethod
+  def reduce(tree: Any) -> Any:
+    """Cross-device mean of per-device values: nothing to do under SPMD."""
+    return tree
 
   def compile(self, step: Callable, *, donate_state: bool = True,
               returns_state: bool = True) -> Callable:

@@ -1,0 +1,106 @@
+"""The pmap partitioner: state replicated over local devices, batch split.
+
+Pax runs an experiment with pmap when ICI_MESH_SHAPE is None. Gradients and
+metrics are averaged with a collective over the 'batch' axis; the PRNG key
+is folded with the device index (after the step fold done by the train
+step), so devices draw different randomness, reproducibly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from paxlike.errors import UserError
+
+AXIS = "batch"
+
+
+class PmapPartitioner:
+  """Same interface as SpmdPartitioner; see paxlike.partitioning.spmd."""
+
+  kind = "pmap"
+
+  def __init__(self, devices: list[jax.Device] | None = None) -> None:
+    self.devices = list(devices or jax.local_devices())
+    self.num_local = len(self.devices)
+    self._stacked = NamedSharding(Mesh(np.asarray(self.devices), (AXIS,)), PartitionSpec(AXIS))
+    self._abstract = None
+
+  @property
+  def num_batch_shards(self) -> int:
+    return jax.device_count()
+
+  def check_global_batch(self, global_batch: int) -> None:
+    per_host = global_batch // jax.process_count()
+    if per_host % self.num_local:
+      raise UserError(
+          f"the per-host batch {per_host} does not divide over the {self.num_local} local "
+          "devices of a pmap run; change PERCORE_BATCH_SIZE or the device count.")
+
+  def set_state_specs(self, specs: Any) -> None:
+    del specs  # pmap replicates everything
+
+  def mesh_specs(self, specs: Any) -> Any:
+    return jax.tree.map(lambda _: "replicated", specs,
+                        is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+  def abstract_state(self, abstract: Any) -> Any:
+    """Restore targets: the unreplicated state, on the host."""
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), abstract)
+
+  def _replicate(self, tree: Any) -> Any:
+    def rep(x):
+      x = np.asarray(jax.device_get(x))
+      return jax.device_put(np.broadcast_to(x, (self.num_local, *x.shape)), self._stacked)
+    return jax.tree.map(rep, tree)
+
+  def init_state(self, init: Callable[[jax.Array], Any], seed: int) -> Any:
+    """Every device runs init with the same key: identical replicas."""
+    keys = jax.device_put(
+        np.broadcast_to(jax.random.key_data(jax.random.key(seed)), (self.num_local, 2)),
+        self._stacked)
+    return jax.pmap(lambda k: init(jax.random.wrap_key_data(k)), devices=self.devices)(keys)
+
+  def shard_state(self, state: Any) -> Any:
+    return self._replicate(state)
+
+  def to_saveable(self, state: Any) -> Any:
+    """Device 0's copy: what checkpoints store, and what SPMD runs can load."""
+    return jax.tree.map(lambda x: x[0], state)
+
+  def shard_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    out = {}
+    for k, v in host_batch.items():
+      if v.shape[0] % self.num_local:
+        raise UserError(f"batch field {k!r} has {v.shape[0]} rows, which do not divide over "
+                        f"{self.num_local} local devices.")
+      out[k] = jax.device_put(v.reshape(self.num_local, -1, *v.shape[1:]), self._stacked)
+    return out
+
+  def unshard(self, tree: Any) -> Any:
+    return jax.tree.map(lambda x: np.asarray(jax.device_get(x))[0], tree)
+
+  @staticmethod
+  def reduce(tree: Any) -> Any:
+    """Mean over devices: the step calls this on gradients and metrics."""
+    return jax.lax.pmean(tree, AXIS)
+
+  def compile(self, step: Callable, *, donate_state: bool = True,
+              returns_state: bool = True) -> Callable:
+    """pmap over local devices; the step sees one device's slice of the batch."""
+    del returns_state
+
+    def per_device(state, batch, key):
+      return step(state, batch, jax.random.fold_in(key, jax.lax.axis_index(AXIS)))
+
+    mapped = jax.pmap(per_device, axis_name=AXIS, in_axes=(0, 0, None),
+                      donate_argnums=(0,) if donate_state else (), devices=self.devices)
+    mapped_run = lambda state, batch, key: mapped(state, batch, key)
+    mapped_run.jitted = mapped
+    mapped_run.lower = mapped.lower
+    return mapped_run
