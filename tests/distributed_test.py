@@ -1,0 +1,99 @@
+"""Multi-host runs: two processes on 127.0.0.1 behave like one with all the devices."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+from conftest import describe, read_scalars, run_cli, xla_flags_with_devices
+
+from paxlike import distributed
+from paxlike.errors import UserError
+
+COMMON = ["--exp=LmCloudSpmdTiny", "--set", "PERCORE_BATCH_SIZE=4", "--set",
+          "SUMMARY_INTERVAL_STEPS=1", "--set", "CHECKPOINT_EVERY_N_STEPS=4"]
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def launch(process_id: int, port: int, job_log_dir, extra: list[str]) -> subprocess.Popen:
+  env = dict(os.environ, XLA_FLAGS=xla_flags_with_devices(2))
+  return subprocess.Popen(
+      [sys.executable, "-m", "paxlike.main", *COMMON, f"--job_log_dir={job_log_dir}",
+       f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+       f"--process_id={process_id}", "--distributed_timeout_s=120", *extra],
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def losses(job_log_dir) -> list[float]:
+  return [v for _, v in read_scalars(job_log_dir / "summaries" / "train")["loss"]]
+
+
+def test_two_processes_match_one_process_and_share_checkpoints(tmp_path):
+  multi, single = tmp_path / "multi", tmp_path / "single"
+  mesh = ["--set", "ICI_MESH_SHAPE=[1,2,1]", "--set", "DCN_MESH_SHAPE=[2,1,1]",
+          "--set", "NUM_TRAIN_STEPS=4"]
+  port = free_port()
+  procs = [launch(i, port, multi, mesh) for i in (0, 1)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  for p, (out, err) in zip(procs, outs, strict=True):
+    assert p.returncode == 0, f"exit {p.returncode}\n{out}\n{err[-3000:]}"
+  assert "[process 1/2]" in outs[1][1]  # logs say which process speaks
+  # Only process 0 writes summaries and dumps: one set of event files.
+  assert len(list((multi / "summaries" / "train").glob("events.out.tfevents.*"))) == 1
+
+  proc = run_cli([*COMMON, f"--job_log_dir={single}", "--set", "ICI_MESH_SHAPE=[1,4,1]",
+                  "--set", "NUM_TRAIN_STEPS=6"], tmp_path, devices=4)
+  assert proc.returncode == 0, describe(proc)
+  single_losses = losses(single)
+  np.testing.assert_allclose(losses(multi), single_losses[:4], rtol=1e-5)
+
+  # The checkpoint the two processes wrote restores in a single-process run, which then
+  # continues exactly as the uninterrupted single-process run did.
+  proc = run_cli([*COMMON, f"--job_log_dir={multi}", "--set", "ICI_MESH_SHAPE=[1,4,1]",
+                  "--set", "NUM_TRAIN_STEPS=6"], tmp_path, devices=4)
+  assert proc.returncode == 0, describe(proc)
+  assert "restored step 4" in proc.stderr
+  np.testing.assert_allclose(losses(multi)[-2:], single_losses[4:6], rtol=1e-6)
+
+
+def test_unreachable_coordinator_fails_clearly_and_quickly(tmp_path):
+  port = free_port()
+  start = time.monotonic()
+  proc = run_cli(["--exp=LmCloudSpmdTiny", f"--job_log_dir={tmp_path / 'job'}",
+                  f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                  "--process_id=1", "--distributed_timeout_s=3"], tmp_path, devices=2)
+  elapsed = time.monotonic() - start
+  assert proc.returncode == 2, describe(proc)
+  assert f"cannot reach the coordinator at 127.0.0.1:{port}" in proc.stderr
+  assert "Traceback" not in proc.stderr
+  assert elapsed < 60
+
+
+def test_wait_for_coordinator_returns_once_the_port_answers():
+  with socket.socket() as server:
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    distributed.wait_for_coordinator(f"127.0.0.1:{server.getsockname()[1]}", timeout_s=5)
+  try:
+    distributed.wait_for_coordinator("not-an-address", timeout_s=1)
+    raise AssertionError("expected a UserError")
+  except UserError as e:
+    assert "HOST:PORT" in str(e)
+
+
+def test_dcn_shape_that_differs_from_the_process_count_names_the_numbers(tmp_path):
+  proc = run_cli(["--exp=LmCloudSpmdTiny", f"--job_log_dir={tmp_path / 'job'}",
+                  "--set", "ICI_MESH_SHAPE=[1,2,1]", "--set", "DCN_MESH_SHAPE=[2,1,1]"],
+                 tmp_path, devices=4)
+  assert proc.returncode == 2, describe(proc)
+  assert "DCN_MESH_SHAPE=[2, 1, 1]" in proc.stderr and "has 1" in proc.stderr
+  assert "Traceback" not in proc.stderr
