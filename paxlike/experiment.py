@@ -80,8 +80,9 @@ def hparams(exp: BaseExperiment) -> list[HParam]:
   cls = type(exp)
   out = {}
   for klass in reversed(cls.__mro__):
-    for name in vars(klass):
-      if is_hparam(name) and not callable(vars(klass)[name]):
+    for name, value in vars(klass).items():
+      # dtypes (jnp.float32, ...) are callable but are hyperparameters, not methods.
+      if is_hparam(name) and (_is_dtype_like(value) or not callable(value)):
         out[name] = HParam(name, getattr(exp, name), f"{klass.__module__}.{klass.__qualname__}")
   for name, value in getattr(exp, "_overrides", {}).items():
     out[name] = HParam(name, value, SET_SOURCE)

@@ -1,0 +1,148 @@
+"""Shared test setup: 8 fake CPU devices, CLI and in-process run helpers.
+
+XLA_FLAGS must be set before JAX is imported anywhere, so this module sets
+it at import time and imports nothing from JAX at the top.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+DEVICE_FLAG = "--xla_force_host_platform_device_count"
+NUM_FAKE_DEVICES = 8
+
+
+def xla_flags_with_devices(n: int, base: str | None = None) -> str:
+  """base's XLA flags with the fake-device count replaced by n."""
+  base = os.environ.get("XLA_FLAGS", "") if base is None else base
+  kept = [f for f in base.split() if not f.startswith(DEVICE_FLAG)]
+  return " ".join([*kept, f"{DEVICE_FLAG}={n}"])
+
+
+os.environ["XLA_FLAGS"] = xla_flags_with_devices(NUM_FAKE_DEVICES)
+# The suite is written for fake CPU devices, even on a machine with an accelerator.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TINY = "LmCloudSpmdTiny"
+TINY_KEY = "experiments.lm.lm_cloud.LmCloudSpmdTiny"
+TRAINED_RE = re.compile(
+    r"trained steps (\d+)\.\.(\d+): loss ([\d.]+) \(step (\d+)\) -> ([\d.]+) \(step (\d+)\)")
+
+
+def run_cli(args: list[str], cwd: Path, devices: int = 1, script: bool = False,
+            pythonpath: list[Path] = (), timeout: float = 240) -> subprocess.CompletedProcess:
+  """Runs `python -m paxlike.main ARGS` (or `python paxlike/main.py`) in a subprocess."""
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = xla_flags_with_devices(devices)
+  if pythonpath:
+    extra = os.pathsep.join(str(p) for p in pythonpath)
+    env["PYTHONPATH"] = extra + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+  entry = [str(REPO_ROOT / "paxlike" / "main.py")] if script else ["-m", "paxlike.main"]
+  return subprocess.run([sys.executable, *entry, *args], cwd=cwd, env=env, capture_output=True,
+                        text=True, timeout=timeout)
+
+
+def describe(proc: subprocess.CompletedProcess) -> str:
+  """Exit code and output of a finished CLI run, for assertion messages."""
+  return f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-4000:]}"
+
+
+def parse_trained_line(stdout: str) -> dict[str, float]:
+  """The final `trained steps A..B: loss X (step a) -> Y (step b)` line, as numbers."""
+  matches = TRAINED_RE.findall(stdout)
+  assert matches, f"no 'trained steps' line in stdout:\n{stdout}"
+  start, final, first_loss, first_step, last_loss, last_step = matches[-1]
+  return {"start_step": int(start), "final_step": int(final), "first_loss": float(first_loss),
+          "first_step": int(first_step), "last_loss": float(last_loss),
+          "last_step": int(last_step)}
+
+
+def parse_cls_vars(text: str) -> dict[str, dict[str, str]]:
+  """experiment_cls_vars.txt -> {source: {NAME: value text}}."""
+  sections: dict[str, dict[str, str]] = {}
+  current = None
+  for line in text.splitlines():
+    if line.startswith("# from "):
+      current = sections.setdefault(line[len("# from "):].strip(), {})
+    elif " : " in line and current is not None:
+      name, value = line.split(" : ", 1)
+      current[name.strip()] = value.strip()
+  return sections
+
+
+def read_scalars(event_dir: Path) -> dict[str, list[tuple[int, float]]]:
+  """All scalars in a TensorBoard directory: tag -> [(step, value)], in file order."""
+  from tensorboardX.proto import event_pb2
+
+  out: dict[str, list[tuple[int, float]]] = {}
+  for path in sorted(event_dir.glob("events.out.tfevents.*")):
+    data = path.read_bytes()
+    i = 0
+    while i + 12 <= len(data):
+      # TFRecord framing: uint64 length, uint32 crc, payload, uint32 crc.
+      (n,) = struct.unpack("<Q", data[i:i + 8])
+      event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+      i += 12 + n + 4
+      for v in event.summary.value:
+        out.setdefault(v.tag, []).append((event.step, v.simple_value))
+  return out
+
+
+def expected_param_count(num_layers: int, model_dims: int, hidden_dims: int,
+                         vocab_size: int) -> int:
+  """Parameters of the LM: shared embedding, per layer attention (q, k, v, post),
+  FFN with biases and two LayerNorms, and the final LayerNorm."""
+  d, h = model_dims, hidden_dims
+  per_layer = 4 * d * d + (d * h + h) + (h * d + d) + 2 * (2 * d)
+  return vocab_size * d + num_layers * per_layer + 2 * d
+
+
+def parse_model_analysis(text: str) -> tuple[dict[str, dict[str, str]], int]:
+  """model_analysis.txt -> ({param name: {shape, dtype, spec, count}}, total)."""
+  rows, total = {}, None
+  for line in text.splitlines():
+    if line.startswith("total parameters:"):
+      total = int(line.split(":", 1)[1].strip().replace(",", ""))
+      continue
+    name, rest = line.split("  ", 1)
+    fields = dict(re.findall(r"(\w+)=(\([^)]*\)|P\([^)]*\)|\S+)", rest))
+    rows[name] = fields
+  assert total is not None, f"no 'total parameters' line in:\n{text}"
+  return rows, total
+
+
+def train_in_process(exp_name: str, overrides: list[str], job_log_dir: Path,
+                     num_devices: int = 1, **option_kwargs):
+  """What main.run does for a train job, in this process, on the first num_devices devices.
+
+  Returns:
+    (TrainResult, experiment, partitioner).
+  """
+  import jax
+
+  from paxlike import config, experiment, mesh, registry, trainer
+  from paxlike.partitioning import SpmdPartitioner
+
+  exp = experiment.instantiate(registry.get(exp_name), overrides)
+  device_mesh = mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE,
+                           devices=jax.devices()[:num_devices])
+  partitioner = SpmdPartitioner(device_mesh)
+  task = config.build(exp.task())
+  inputs = [config.build(c) for c in exp.datasets()]
+  for inp in inputs:
+    inp.bind_host(jax.process_count(), jax.process_index())
+  train_input = next(i for i in inputs if i.is_training)
+  option_kwargs.setdefault("enable_summary_writer", False)
+  option_kwargs.setdefault("async_checkpoint", False)
+  options = trainer.TrainOptions(**option_kwargs)
+  os.makedirs(job_log_dir, exist_ok=True)
+  result = trainer.train(task, train_input, partitioner, str(job_log_dir), options)
+  return result, exp, partitioner
+
+

@@ -1,0 +1,198 @@
+"""End to end through the CLI: `python -m paxlike.main` in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import textwrap
+
+import pytest
+from conftest import (
+    TINY,
+    TINY_KEY,
+    describe,
+    expected_param_count,
+    parse_cls_vars,
+    parse_model_analysis,
+    parse_trained_line,
+    read_scalars,
+    run_cli,
+)
+
+TINY_SETS = ["--set", "NUM_TRAIN_STEPS=40", "--set", "SUMMARY_INTERVAL_STEPS=10",
+             "--set", "CHECKPOINT_EVERY_N_STEPS=20"]
+
+
+@pytest.fixture(scope="module")
+def tiny_job(tmp_path_factory):
+  """One 40-step LmCloudSpmdTiny run on 1 device, shared by the tests below."""
+  cwd = tmp_path_factory.mktemp("tiny_cwd")
+  job = cwd / "jobs" / "tiny"
+  proc = run_cli([f"--exp={TINY}", "--job_log_dir=jobs/tiny", *TINY_SETS], cwd=cwd)
+  assert proc.returncode == 0, describe(proc)
+  return proc, job
+
+
+def test_tiny_run_trains_and_the_loss_drops(tiny_job):
+  proc, job = tiny_job
+  trained = parse_trained_line(proc.stdout)
+  assert (trained["start_step"], trained["final_step"]) == (0, 40)
+  assert (trained["first_step"], trained["last_step"]) == (1, 40)
+  # ln(256) = 5.5 at the start; the synthetic stream is learnable.
+  assert trained["first_loss"] > 5.0
+  assert trained["last_loss"] < 0.6 * trained["first_loss"], proc.stdout
+  assert str(job) in proc.stdout
+  assert "Traceback" not in proc.stderr
+
+
+def test_tiny_run_writes_checkpoints_at_the_requested_steps(tiny_job):
+  _, job = tiny_job
+  steps = sorted(p.name for p in (job / "checkpoints").iterdir())
+  assert steps == ["checkpoint_00000020", "checkpoint_00000040"]
+  for step in steps:
+    assert (job / "checkpoints" / step / "state").is_dir()
+
+
+def test_tiny_run_writes_train_summaries(tiny_job):
+  _, job = tiny_job
+  train_dir = job / "summaries" / "train"
+  assert list(train_dir.glob("events.out.tfevents.*"))
+  scalars = read_scalars(train_dir)
+  for tag in ("loss", "learning_rate", "grad_norm", "steps_per_sec", "tokens_per_sec"):
+    assert tag in scalars, sorted(scalars)
+  loss = dict(scalars["loss"])
+  assert sorted(loss) == [1, 10, 20, 30, 40]
+  assert loss[40] < 0.6 * loss[1]
+  # The learning rate warms up over LR_COS_WARMUP=20 steps.
+  lr = dict(scalars["learning_rate"])
+  assert lr[1] < lr[10] < lr[20]
+
+
+def test_tiny_run_dumps_hyperparameters_with_provenance(tiny_job):
+  _, job = tiny_job
+  text = (job / "experiment_cls_vars.txt").read_text()
+  assert "NUM_LAYERS : 2" in text.splitlines()
+  sections = parse_cls_vars(text)
+  assert sections[TINY_KEY]["NUM_LAYERS"] == "2"
+  assert sections["--set"] == {"NUM_TRAIN_STEPS": "40", "SUMMARY_INTERVAL_STEPS": "10",
+                               "CHECKPOINT_EVERY_N_STEPS": "20"}
+
+
+def test_tiny_run_dumps_model_params(tiny_job):
+  _, job = tiny_job
+  text = (job / "model_params.txt").read_text()
+  assert re.search(r"^task\.model\.model_dims\b.*\b64$", text, re.M), text
+  assert re.search(r"^task\.model\.num_layers\b.*\b2$", text, re.M), text
+  assert re.search(r"^task\.train\.num_train_steps\b.*\b40$", text, re.M), text
+  assert re.search(r"^datasets\[0\]\.batch_size\b.*\b16$", text, re.M), text
+
+
+def test_tiny_run_dumps_model_analysis(tiny_job):
+  _, job = tiny_job
+  rows, total = parse_model_analysis((job / "model_analysis.txt").read_text())
+  assert total == expected_param_count(num_layers=2, model_dims=64, hidden_dims=256,
+                                       vocab_size=256)
+  assert total == sum(int(r["count"].replace(",", "")) for r in rows.values())
+  assert rows["softmax/embedding"]["shape"] == "(256, 64)"
+  assert rows["softmax/embedding"]["dtype"] == "float32"
+
+
+def test_tiny_run_records_the_environment(tiny_job):
+  _, job = tiny_job
+  env = json.loads((job / "run_env.json").read_text())
+  assert env["device_count"] == 1
+  assert env["experiment"] == TINY_KEY
+  assert "--xla_force_host_platform_device_count=1" in env["XLA_FLAGS"]
+
+
+def test_rerun_in_the_same_dir_resumes_from_the_last_checkpoint(tiny_job, tmp_path):
+  _, job = tiny_job
+  copy = tmp_path / "tiny_copy"
+  shutil.copytree(job, copy)
+  sets = [s.replace("NUM_TRAIN_STEPS=40", "NUM_TRAIN_STEPS=50") for s in TINY_SETS]
+  proc = run_cli([f"--exp={TINY}", f"--job_log_dir={copy}", *sets], cwd=tmp_path)
+  assert proc.returncode == 0, describe(proc)
+  trained = parse_trained_line(proc.stdout)
+  assert (trained["start_step"], trained["final_step"]) == (40, 50)
+  assert (copy / "checkpoints" / "checkpoint_00000050").is_dir()
+  # Training continued from the trained model, not from scratch.
+  first = parse_trained_line(tiny_job[0].stdout)
+  assert trained["first_loss"] < 0.6 * first["first_loss"]
+
+
+def test_script_form_runs(tmp_path):
+  proc = run_cli([f"--exp={TINY}", "--job_log_dir=job", "--set", "NUM_TRAIN_STEPS=2",
+                  "--set", "SUMMARY_INTERVAL_STEPS=1", "--enable_checkpoint_saving=false"],
+                 cwd=tmp_path, script=True)
+  assert proc.returncode == 0, describe(proc)
+  trained = parse_trained_line(proc.stdout)
+  assert (trained["start_step"], trained["final_step"]) == (0, 2)
+  assert (tmp_path / "job" / "model_analysis.txt").is_file()
+  assert not (tmp_path / "job" / "checkpoints").exists() or not any(
+      (tmp_path / "job" / "checkpoints").iterdir())
+
+
+def test_user_experiment_in_its_own_module_runs_through_main(tmp_path):
+  moddir = tmp_path / "src"
+  moddir.mkdir()
+  (moddir / "usermod.py").write_text(textwrap.dedent("""\
+      from experiments.lm.lm_cloud import LmCloudSpmdTiny
+      from paxlike import experiment_registry
+
+
+      @experiment_registry.register
+      class MyTiny(LmCloudSpmdTiny):
+        MODEL_DIMS = 32
+        NUM_LAYERS = 1
+      """))
+  proc = run_cli(["--exp=usermod.MyTiny", "--job_log_dir=job", "--set", "NUM_TRAIN_STEPS=3",
+                  "--set", "SUMMARY_INTERVAL_STEPS=1"], cwd=tmp_path, pythonpath=[moddir])
+  assert proc.returncode == 0, describe(proc)
+  assert parse_trained_line(proc.stdout)["final_step"] == 3
+  job = tmp_path / "job"
+
+  rows, total = parse_model_analysis((job / "model_analysis.txt").read_text())
+  assert rows["softmax/embedding"]["shape"] == "(256, 32)"
+  layer_shapes = {r["shape"] for n, r in rows.items() if n.startswith("transformer/")}
+  assert "(1, 32, 128)" in layer_shapes  # ffn1: 1 layer, 32 -> 4 x 32
+  assert total == expected_param_count(num_layers=1, model_dims=32, hidden_dims=128,
+                                       vocab_size=256)
+
+  sections = parse_cls_vars((job / "experiment_cls_vars.txt").read_text())
+  assert sections["usermod.MyTiny"] == {"MODEL_DIMS": "32", "NUM_LAYERS": "1"}
+  assert sections[TINY_KEY]["NUM_HEADS"] == "4"
+
+
+def _error_line(proc) -> str:
+  assert proc.returncode == 2, describe(proc)
+  assert "Traceback" not in proc.stderr, describe(proc)
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1, describe(proc)
+  return errors[0]
+
+
+@pytest.mark.parametrize("args, devices, expected", [
+    pytest.param(["--exp=LmCloudSpmdTiyn"], 1, ["LmCloudSpmdTiny"], id="unknown_exp"),
+    pytest.param([f"--exp={TINY}", "--set", "MODEL_DIM=128"], 1, ["MODEL_DIM", "MODEL_DIMS"],
+                 id="unknown_set_key"),
+    pytest.param([f"--exp={TINY}", "--set", "NUM_LAYERS=abc"], 1, ["NUM_LAYERS", "int"],
+                 id="wrong_type_set"),
+    pytest.param([f"--exp={TINY}", "--set", "ICI_MESH_SHAPE=[1, 3, 1]"], 8,
+                 [r"\b3\b", r"\b8\b"], id="mesh_device_mismatch"),
+    pytest.param([], 1, ["--exp"], id="missing_exp"),
+    pytest.param([f"--exp={TINY}", "--no_such_flag=1"], 1, ["no_such_flag"], id="unknown_flag"),
+])
+def test_cli_errors_exit_2_with_one_error_line(tmp_path, args, devices, expected):
+  proc = run_cli([*args, "--job_log_dir=job"], cwd=tmp_path, devices=devices)
+  line = _error_line(proc)
+  for pattern in expected:
+    assert re.search(pattern, line), line
+  assert not list((tmp_path / "job").glob("checkpoints/*"))
+
+
+def test_cli_error_for_an_unwritable_job_log_dir(tmp_path):
+  (tmp_path / "a_file").write_text("not a directory")
+  proc = run_cli([f"--exp={TINY}", "--job_log_dir=a_file/job"], cwd=tmp_path)
+  line = _error_line(proc)
+  assert "a_file/job" in line and "job_log_dir" in line
