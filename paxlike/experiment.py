@@ -28,6 +28,14 @@ class BaseExperiment:
   # Mesh: None selects the pmap loop; a 3-list [replica, data, mdl] SPMD.
   ICI_MESH_SHAPE: list[int] | None = None
   DCN_MESH_SHAPE: list[int] | None = None
+  # XLA flags on top of paxlike's platform presets, per platform ('cpu', 'gpu',
+  # 'tpu' or 'all'): {"gpu": {"xla_gpu_enable_triton_gemm": True}}; None as a
+  # value drops a preset flag. Flags exported in XLA_FLAGS/LIBTPU_INIT_ARGS win.
+  XLA_FLAGS_OVERRIDES: dict[str, dict[str, Any]] | None = None
+  # --pgle: how many steps are profiled, and which percentile of the measured
+  # latencies auto PGLE compiles with.
+  PGLE_PROFILING_RUNS = 3
+  PGLE_AGGREGATION_PERCENTILE = 90
 
   def __init__(self) -> None:
     self._overrides: dict[str, Any] = {}

@@ -16,6 +16,8 @@ The factor 6 is 2 (multiply-add) x 3 (forward + two backward matmuls).
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import Any
 
 # Peak dense FLOP/s per chip by device kind substring and dtype (vendor figures).
 PEAK_FLOPS: dict[str, dict[str, float]] = {
@@ -72,3 +74,199 @@ def peak_flops_per_device(device_kind: str, dtype: str = "bfloat16") -> float | 
 def mfu(model_flops_per_step: float, step_seconds: float, num_devices: int,
         peak_per_device: float) -> float:
   return model_flops_per_step / step_seconds / (num_devices * peak_per_device)
+
+
+# ---------------------------------------------------------- hardware FLOPs
+
+
+def model_dims(model: Any, seq_len: int) -> LmDims | None:
+  """LmDims of a paxlike LanguageModel (None for models without those fields)."""
+  if not hasattr(model, "model_dims"):
+    return None
+  return LmDims(model.num_layers, model.model_dims, model.hidden_dims, model.num_heads,
+                model.dim_per_head, model.vocab_size, seq_len)
+
+
+def lm_model_flops_per_step(model: Any, seq_len: int, global_batch: int) -> float | None:
+  """model_flops_per_step() of a paxlike LanguageModel; None for other models."""
+  dims = model_dims(model, seq_len)
+  return model_flops_per_step(dims, global_batch) if dims else None
+
+
+def _sub_jaxprs(eqn: Any) -> list[Any]:
+  out = []
+  for value in eqn.params.values():
+    for v in value if isinstance(value, tuple | list) else (value,):
+      if hasattr(v, "eqns"):
+        out.append(v)
+      elif hasattr(v, "jaxpr") and hasattr(v.jaxpr, "eqns"):
+        out.append(v.jaxpr)
+  return out
+
+
+def jaxpr_matmul_flops(jaxpr: Any, unroll_loops: bool = True) -> float:
+  """2 x multiply-adds of every dot_general in a (closed) jaxpr, globally.
+
+  Scan bodies count `length` times (once with unroll_loops=False, which is
+  what XLA's cost analysis does with a while loop); a shard_map (or pmap)
+  body once per shard; cond its most expensive branch; while loops, whose
+  trip count is unknown here, once.
+  """
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  total = 0.0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == "dot_general":
+      (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      out = eqn.outvars[0].aval.shape
+      total += 2.0 * math.prod(out) * math.prod(lhs[i] for i in lhs_contract)
+      continue
+    subs = [jaxpr_matmul_flops(s, unroll_loops) for s in _sub_jaxprs(eqn)]
+    if not subs:
+      continue
+    if name == "cond":
+      total += max(subs)
+      continue
+    times = 1
+    if name == "scan" and unroll_loops:
+      times = eqn.params["length"]
+    elif name == "xla_pmap":
+      times = eqn.params["axis_size"]
+    elif name == "shard_map":  # the body is one shard's program (pmap is built on it)
+      mesh = eqn.params["mesh"]
+      axes = (eqn.params.get("newly_manual_axes") or eqn.params.get("manual_axes")
+              or mesh.axis_names)
+      times = math.prod(dict(mesh.shape)[a] for a in axes)
+    total += times * sum(subs)
+  return total
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareFlops:
+  """FLOPs one train step makes the devices do, all devices together.
+
+  XLA's cost analysis of the compiled (per-device) step, times the device
+  count, counts a while loop's body once, so a scanned layer stack is
+  counted as one layer; `loop_correction` adds the matmul FLOPs of the other
+  iterations, counted from the step's jaxpr. Rematerialised forward passes
+  are included: these are hardware FLOPs (HFU), not model FLOPs (MFU).
+  """
+
+  xla_flops: float  # cost_analysis()["flops"] x devices
+  loop_correction: float  # (trips - 1) x loop-body matmul FLOPs
+  jaxpr_matmul_flops: float  # every matmul of the step, loops unrolled
+
+  @property
+  def total(self) -> float:
+    return self.xla_flops + self.loop_correction
+
+
+def hardware_flops(step_fn: Any, args: tuple, num_devices: int,
+                   compiled: Any = None) -> HardwareFlops | None:
+  """The compiled step's FLOPs per step (see HardwareFlops), or None if unavailable.
+
+  Args:
+    step_fn: a partitioner's compiled step (with .jitted and .lower).
+    args: (state, batch, key) of the right shapes and shardings.
+    num_devices: devices the step runs on.
+    compiled: the compiled executable when the caller has it; otherwise
+      step_fn.lower(*args).compile(), which after the first jit dispatch is
+      JAX's cached executable, not a second compilation.
+  """
+  import jax
+
+  try:
+    if compiled is None:
+      compiled = step_fn.lower(*args).compile()
+    cost = compiled.cost_analysis()
+  except Exception:  # noqa: BLE001  (no cost analysis on this backend)
+    return None
+  if isinstance(cost, list | tuple):
+    cost = cost[0] if cost else None
+  if not cost or "flops" not in cost:
+    return None
+  jaxpr = jax.make_jaxpr(getattr(step_fn, "jitted", step_fn))(*args)
+  unrolled = jaxpr_matmul_flops(jaxpr)
+  once = jaxpr_matmul_flops(jaxpr, unroll_loops=False)
+  return HardwareFlops(float(cost["flops"]) * num_devices, unrolled - once, unrolled)
+
+
+# -------------------------------------------------------------------- peaks
+
+
+def calibrate_peak_flops(devices: list[Any], dtype: str = "float32", n: int = 512,
+                         repeats: int = 8) -> float:
+  """Peak FLOP/s of one device, measured with all of `devices` multiplying at once.
+
+  Fake CPU devices share the host's cores, so each device's peak is what it
+  reaches while the others work too: a [devices, n, n] batched matmul, one
+  matrix per device, best of `repeats`.
+  """
+  import time
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  sharding = NamedSharding(Mesh(np.asarray(devices), ("d",)), PartitionSpec("d"))
+  a = jax.device_put(jnp.ones((len(devices), n, n), jnp.dtype(dtype)), sharding)
+  matmul = jax.jit(lambda x: jnp.einsum("bij,bjk->bik", x, x), out_shardings=sharding)
+  matmul(a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    t = time.perf_counter()
+    matmul(a).block_until_ready()
+    best = min(best, time.perf_counter() - t)
+  return 2.0 * n ** 3 / best
+
+
+def resolve_peak(devices: list[Any], dtype: str, override_tflops: float | None = None
+                 ) -> tuple[float | None, str]:
+  """Peak FLOP/s per device and where it came from.
+
+  Order: --peak_tflops_per_device; the table for the device kind; on a CPU
+  (no honest table entry), a matmul calibration; otherwise none (no MFU).
+  """
+  if override_tflops:
+    return override_tflops * 1e12, "--peak_tflops_per_device"
+  kind = devices[0].device_kind
+  table = peak_flops_per_device(kind, dtype)
+  if table:
+    return table, f"table: {kind} {dtype}"
+  if devices[0].platform == "cpu":
+    peak = calibrate_peak_flops(devices, dtype)
+    return peak, f"calibrated: {len(devices)}-device {dtype} matmul on {kind}"
+  return None, f"no table entry for {kind!r}; pass --peak_tflops_per_device"
+
+
+def measure_step(step_fn: Any, args: tuple, num_devices: int, may_compile: bool = True
+                 ) -> HardwareFlops | None:
+  """hardware_flops() for the trainer, logged; None (and a line saying why) when unavailable.
+
+  may_compile=False (auto PGLE on a GPU): not measured, since the step's
+  `.lower().compile()` would then be a second, ahead-of-time compilation
+  beside the one JAX recompiles with the profile.
+  """
+  from paxlike import log as logging
+
+  if not may_compile:
+    logging.info("hfu: not measured under --pgle=auto (the cost analysis would need an "
+                 "ahead-of-time compile beside the jit-dispatched step)")
+    return None
+  hw = hardware_flops(step_fn, args, num_devices)
+  if hw is None:
+    logging.info("hfu: this backend gives no cost analysis for the compiled step")
+    return None
+  logging.info("hardware FLOPs per step %.4g (XLA cost analysis %.4g + loop correction %.4g)",
+               hw.total, hw.xla_flops, hw.loop_correction)
+  return hw
+
+
+def compute_dtype(model: Any) -> str:
+  """The name of a model's matmul dtype (its fprop_dtype), bfloat16 when it has none."""
+  import numpy as np
+
+  dtype = getattr(model, "fprop_dtype", None)
+  return np.dtype(dtype).name if dtype is not None else "bfloat16"

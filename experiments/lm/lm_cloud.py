@@ -35,6 +35,40 @@ class LmCloudSpmd2BLimitSteps(LmCloudSpmd2B):
   NUM_TRAIN_STEPS = 300
 
 
+# Pax's pod-scale members: too big for a CPU to train, checked with --mode=dry_run.
+@experiment_registry.register
+class LmCloudSpmd32B(LmCloudSpmd):
+  """32B parameters: 40 layers of 8192 dims (64 heads x 128) on ICI [1, 16, 4]."""
+
+  NUM_LAYERS = 40
+  MODEL_DIMS = 8192
+  NUM_HEADS = 64
+  PERCORE_BATCH_SIZE = 8
+  ICI_MESH_SHAPE = [1, 16, 4]
+
+
+@experiment_registry.register
+class LmCloudSpmd128B(LmCloudSpmd):
+  """128B parameters: 71 layers of 12288 dims (96 heads x 128) on ICI [1, 64, 4]."""
+
+  NUM_LAYERS = 71
+  MODEL_DIMS = 12288
+  NUM_HEADS = 96
+  PERCORE_BATCH_SIZE = 4
+  ICI_MESH_SHAPE = [1, 64, 4]
+
+
+@experiment_registry.register
+class LmCloudSpmd1024B(LmCloudSpmd):
+  """1T parameters: 142 layers of 24576 dims (192 heads x 128) on ICI [1, 256, 8]."""
+
+  NUM_LAYERS = 142
+  MODEL_DIMS = 24576
+  NUM_HEADS = 192
+  PERCORE_BATCH_SIZE = 2
+  ICI_MESH_SHAPE = [1, 256, 8]
+
+
 @experiment_registry.register
 class LmCloudSpmdTiny(LmCloudSpmd):
   """A CPU-sized member of the family: trains in about a minute on 2 cores."""

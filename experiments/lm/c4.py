@@ -1,0 +1,179 @@
+"""Pax's C4 pod-scale experiments (paxml/tasks/lm/params/c4.py), with Pax's numbers.
+
+Pax trains these on C4 through SeqIO/TFDS (gs://mlperf-llm-public2), which
+is not available here. They read `C4StandInDataset` instead: the synthetic
+LM stream with C4's shapes (the experiment's vocabulary and sequence length,
+PERCORE_BATCH_SIZE x local devices per host), so `--mode=dry_run` checks
+them exactly as Pax would run them, and a training run on them measures
+speed, not language modelling. Differences from Pax's models, all small:
+sinusoidal instead of trainable positions, no attention biases (GPT-3 has
+them), and GPT-3's vocabulary padded (see C4SpmdGpt3AdamOrgHP).
+
+Check one on a CPU, without allocating it:
+
+    python -m paxlike.main --exp=C4Spmd16BAdam32Replicas --job_log_dir=jobs/c4_16b \\
+        --mode=dry_run --target=tpu_v4
+"""
+
+import jax.numpy as jnp
+
+from paxlike import experiment_registry
+from paxlike.lm_experiments import SyntheticDataset, TransformerLmSpmdAdam
+
+
+class C4StandInDataset(SyntheticDataset):
+  """Data mixin: C4-shaped batches from the synthetic stream (C4 needs SeqIO and GCS)."""
+
+
+@experiment_registry.register
+class C4SpmdAdam(C4StandInDataset, TransformerLmSpmdAdam):
+  """Pax's base decoder-only LM on C4: Adam, GELU, exponential learning-rate decay."""
+
+  NUM_LAYERS = 24
+  NUM_HEADS = 32
+  MODEL_DIMS = 2048
+  HIDDEN_DIMS = MODEL_DIMS * 4
+  DIMS_PER_HEAD = None
+  VOCAB_SIZE = 32128
+  MAX_SEQ_LEN = 1024
+  PERCORE_BATCH_SIZE = 1
+  ACTIVATION = "gelu"
+  FPROP_DTYPE = jnp.float32
+  CHECKPOINT_POLICY = "SAVE_DOT_FOR_MLPERF_200B"
+  CHECKPOINT_EVERY_N_STEPS = 1000
+
+  LEARNING_RATE = 1e-3
+  ADAM_BETA1 = 0.9
+  ADAM_BETA2 = 0.99
+  ADAM_EPSILON = 1e-6
+  CLIP_GRADIENT_NORM_TO_VALUE = 1.0
+  LR_SCHEDULE = "linear_rampup_exponential_decay"
+  LR_COS_WARMUP = 4000  # Pax's LR_LRED_*: the template names both schedules LR_COS_*
+  LR_COS_DECAY_START = 4001
+  LR_COS_DECAY_END = 300000
+  LR_COS_MIN_RATIO = 0.1
+
+  ICI_MESH_SHAPE = [1, 4, 2]
+
+
+@experiment_registry.register
+class C4Spmd1BAdam4Replicas(C4SpmdAdam):
+  """1B parameters on 4 chips; global batch 1 x 4 x 1 x 32 = 128."""
+
+  NUM_LAYERS = 13
+  MODEL_DIMS = 2560
+  HIDDEN_DIMS = MODEL_DIMS * 4
+  NUM_HEADS = 20
+  DIMS_PER_HEAD = 128
+  PERCORE_BATCH_SIZE = 32
+  MAX_SEQ_LEN = 1024
+  VOCAB_SIZE = 32000
+  FPROP_DTYPE = jnp.bfloat16
+  USE_REPEATED_LAYER = True
+  SUMMARY_INTERVAL_STEPS = 10
+  CHECKPOINT_POLICY = "SAVE_NOTHING"
+  ICI_MESH_SHAPE = [1, 4, 1]
+
+
+@experiment_registry.register
+class C4Spmd16BAdam32Replicas(C4SpmdAdam):
+  """16B parameters on 32 chips; global batch 1 x 16 x 2 x 16 = 512."""
+
+  NUM_LAYERS = 36
+  MODEL_DIMS = 6144
+  HIDDEN_DIMS = MODEL_DIMS * 4
+  NUM_HEADS = 48
+  DIMS_PER_HEAD = 128
+  PERCORE_BATCH_SIZE = 16
+  MAX_SEQ_LEN = 1024
+  VOCAB_SIZE = 32000
+  FPROP_DTYPE = jnp.bfloat16
+  USE_REPEATED_LAYER = True
+  SUMMARY_INTERVAL_STEPS = 10
+  CHECKPOINT_POLICY = "SAVE_NOTHING"
+  ICI_MESH_SHAPE = [1, 16, 2]
+
+
+@experiment_registry.register
+class C4SpmdGpt3AdamOrgHP(C4SpmdAdam):
+  """GPT-3 175B with the paper's hyperparameters; 768 chips, global batch 1536.
+
+  Pax's vocabulary is 50257; it is padded here to 50304 (Pax's own padded
+  size in C4SpmdGpt3AdamHP) because the vocab dim is sharded over 'mdl'
+  (12 or 24 ways), which must divide it: 50257 and Pax's other padding,
+  51200, do not.
+  """
+
+  MAX_SEQ_LEN = 2048
+  NUM_LAYERS = 96
+  NUM_HEADS = 96
+  MODEL_DIMS = 12288
+  HIDDEN_DIMS = MODEL_DIMS * 4
+  DIMS_PER_HEAD = None  # 128
+  VOCAB_SIZE = 50304
+  USE_REPEATED_LAYER = True
+  ACTIVATION = "gelu"
+  CHECKPOINT_POLICY = "SAVE_NOTHING"
+
+  LEARNING_RATE = 6e-5
+  WEIGHT_DECAY = 0.1
+  ADAM_BETA1 = 0.9
+  ADAM_BETA2 = 0.95
+  ADAM_EPSILON = 1e-8
+  CLIP_GRADIENT_NORM_TO_VALUE = 1.0
+  LR_SCHEDULE = "linear_rampup_cosine_decay"
+  LR_COS_WARMUP = 265
+  LR_COS_DECAY_START = 266
+  LR_COS_DECAY_END = 108600
+  LR_COS_MIN_RATIO = 0.1
+
+  EVAL_INTERVAL_STEPS = 100
+  SUMMARY_INTERVAL_STEPS = 10
+  CHECKPOINT_EVERY_N_STEPS = 100
+  MAX_CKPT_TO_KEEP = 10
+
+  # Pax's C4SpmdGpt3Adam: 768 replicas with a 1.5k global batch.
+  PERCORE_BATCH_SIZE = 2
+  ICI_MESH_SHAPE = [1, 64, 12]
+
+
+@experiment_registry.register
+class C4SpmdGpt3AdamOrgHP1536Replicas(C4SpmdGpt3AdamOrgHP):
+  """GPT-3 175B in float32 on 1536 chips, global batch 1536."""
+
+  PERCORE_BATCH_SIZE = 1
+  ICI_MESH_SHAPE = [1, 64, 24]
+  FPROP_DTYPE = jnp.float32
+  MAX_CKPT_TO_KEEP = 100
+  EVAL_INTERVAL_STEPS = 25
+
+
+class C4Spmd22BAdamMaxText(C4SpmdAdam):
+  """22B parameters, MaxText's comparison model (Pax's base of the v4-128 runs)."""
+
+  NUM_LAYERS = 48
+  MODEL_DIMS = 6144
+  HIDDEN_DIMS = MODEL_DIMS * 4
+  NUM_HEADS = 24
+  DIMS_PER_HEAD = 256
+  PERCORE_BATCH_SIZE = 16
+  MAX_SEQ_LEN = 1024
+  VOCAB_SIZE = 32768
+  FPROP_DTYPE = jnp.bfloat16
+  USE_REPEATED_LAYER = True
+  SUMMARY_INTERVAL_STEPS = 10
+  CHECKPOINT_POLICY = "SAVE_NOTHING"
+
+
+@experiment_registry.register
+class C4Spmd22BAdam1xv4_128(C4Spmd22BAdamMaxText):
+  """22B on one v4-128 slice (64 chips); global batch 1 x 64 x 1 x 16 = 1024."""
+
+  ICI_MESH_SHAPE = [1, 64, 1]
+
+
+@experiment_registry.register
+class C4Spmd22BAdam2xv4_128(C4Spmd22BAdam1xv4_128):
+  """22B on two v4-128 slices over DCN (multislice); global batch 2 x 64 x 16 = 2048."""
+
+  DCN_MESH_SHAPE = [2, 1, 1]
