@@ -14,8 +14,12 @@ def build(cfg: Any) -> Any:
   """fdl.build with a UserError for configs whose arguments do not fit."""
   try:
     return fdl.build(cfg)
+  except UserError as e:
+    # fiddle appends a multi-line "Fiddle context" to the message: keep the sentence.
+    raise UserError(str(e).split("\n")[0]) from None
   except TypeError as e:
-    raise UserError(f"the experiment's config does not build: {e}.") from None
+    raise UserError(f"the experiment's config does not build: {str(e).splitlines()[0]}.") \
+        from None
 
 
 def flattened(cfg: Any, prefix: str) -> str:

@@ -18,7 +18,7 @@ from absl import app, flags, logging  # noqa: E402
 from paxlike.errors import UserError  # noqa: E402
 
 FLAGS = flags.FLAGS
-MODES = ("train",)
+MODES = ("train", "eval", "decode", "dry_run")
 
 flags.DEFINE_string("exp", None, "Experiment: full dotted name or a unique suffix.")
 flags.DEFINE_string("job_log_dir", None, "Where checkpoints, summaries and dumps go.")
@@ -31,6 +31,15 @@ flags.DEFINE_bool("enable_summary_writer", True, "Write TensorBoard summaries.")
 flags.DEFINE_string("restore_checkpoint_dir", None,
                     "A checkpoints/ folder to initialise from when job_log_dir has none.")
 flags.DEFINE_integer("restore_checkpoint_step", None, "Restore this step, not the latest.")
+flags.DEFINE_bool("restore_fallback", False,
+                  "If the checkpoint to restore is damaged, move it aside (checkpoint_N.damaged) "
+                  "and restore the newest older step.")
+flags.DEFINE_bool("skip_nonfinite_steps", False,
+                  "Skip updates whose loss or gradient is NaN/Inf instead of stopping the run.")
+flags.DEFINE_bool("decode_during_train", False,
+                  "Decode the decode datasets at every eval interval (always at the end).")
+flags.DEFINE_float("decode_temperature", 0.0, "Sampling temperature; 0 decodes greedily.")
+flags.DEFINE_integer("decode_top_k", 0, "Sample among the k most likely tokens (0: all).")
 flags.DEFINE_bool("pmap_use_tensorstore", False,
                   "pmap runs: save checkpoints through orbax/tensorstore instead of msgpack.")
 flags.DEFINE_string("coordinator_address", None, "Multi-host: HOST:PORT of process 0.")
@@ -44,7 +53,18 @@ flags.DEFINE_alias("server_addr", "coordinator_address")
 flags.DEFINE_alias("num_hosts", "num_processes")
 flags.DEFINE_alias("host_idx", "process_id")
 flags.DEFINE_float("peak_tflops_per_device", None,
-                   "Peak TFLOP/s of one device for MFU (default: the device table).")
+                   "Peak TFLOP/s of one device for MFU (default: the device table; on a "
+                   "CPU, a matmul calibration).")
+flags.DEFINE_enum("pgle", "off", ("off", "auto", "collect", "use"),
+                  "Profile-guided latency estimation (GPU only; see paxlike/pgle.py).")
+flags.DEFINE_string("pgle_profile_path", None, "--pgle=use: the profile to read; collect: "
+                    "where to write it (default job_log_dir/pgle/profile.pb).")
+flags.DEFINE_integer("pgle_profiling_runs", None, "Steps PGLE profiles (default: the "
+                     "experiment's PGLE_PROFILING_RUNS).")
+flags.DEFINE_integer("pgle_aggregation_percentile", None, "Percentile of the profiled "
+                     "latencies auto PGLE uses (default: PGLE_AGGREGATION_PERCENTILE).")
+flags.DEFINE_string("target", "tpu_v5p", "--mode=dry_run: the device kind whose memory the "
+                    "step must fit (tpu_v4, tpu_v5e, tpu_v5p, tpu_v6e, a100, h100, h200).")
 
 
 def _prepare_job_log_dir(path: str | None) -> str:
@@ -53,15 +73,17 @@ def _prepare_job_log_dir(path: str | None) -> str:
   path = os.path.abspath(os.path.expanduser(path))
   if os.path.exists(path) and not os.path.isdir(path):
     raise UserError(f"--job_log_dir {path} exists and is not a directory; pick another path.")
+  probe = os.path.join(path, f".write_probe_{os.getpid()}")
   try:
     os.makedirs(path, exist_ok=True)
-    probe = os.path.join(path, f".write_probe_{os.getpid()}")
     with open(probe, "w") as f:
       f.write("ok")
-    os.remove(probe)
   except OSError as e:
     raise UserError(f"--job_log_dir {path} is not writable ({e.strerror}); "
-                    "pick a directory you can write to.") from None
+                    "pick a directory you can write to, with free space.") from None
+  finally:
+    if os.path.exists(probe):  # also when the write failed (a full disk)
+      os.remove(probe)
   return path
 
 
@@ -83,18 +105,30 @@ def run(argv_flags: flags.FlagValues) -> int:
   exp_cls = registry.get(argv_flags.exp)
   exp = experiment.instantiate(exp_cls, argv_flags.set)
   job_log_dir = _prepare_job_log_dir(argv_flags.job_log_dir)
+  if argv_flags.mode == "dry_run":
+    from paxlike import dry_run
 
-  from paxlike import distributed
+    return dry_run.run(exp, job_log_dir, argv_flags.target)
+
+  from paxlike import distributed, goodput, xla_flags
+
+  run_timer = goodput.Recorder(start=goodput.process_start_time())
+  flag_plan = xla_flags.configure(  # before anything starts a JAX backend
+      exp, argv_flags.pgle, job_log_dir, argv_flags.pgle_profile_path,
+      argv_flags.pgle_profiling_runs, argv_flags.pgle_aggregation_percentile)
 
   distributed.initialize(argv_flags.coordinator_address, argv_flags.num_processes,
                          argv_flags.process_id, argv_flags.distributed_timeout_s)
 
   import jax
 
-  from paxlike import flops, mesh, trainer, xla_flags
+  from paxlike import evaluator, flops, mesh, trainer, xla_flags
 
   log.setup(jax.process_index(), jax.process_count(),
             quiet_libraries=not argv_flags["verbosity"].present)
+  from paxlike import job_lock, preemption, resume
+
+  job_lock.hold(job_log_dir)  # one run per job_log_dir; released when the process exits
   from paxlike.partitioning import PmapPartitioner, SpmdPartitioner
 
   if exp.ICI_MESH_SHAPE is None:  # Pax: no mesh means the pmap loop
@@ -111,9 +145,17 @@ def run(argv_flags: flags.FlagValues) -> int:
   for inp in inputs:
     inp.bind_host(jax.process_count(), jax.process_index())
   train_inputs = [i for i in inputs if i.is_training]
+  decode_inputs = [config.build(c) for c in exp.decode_datasets()]
+  for inp in decode_inputs:
+    inp.bind_host(jax.process_count(), jax.process_index())
   if not train_inputs:
     raise UserError(f"{exp_cls.__name__}.datasets() has no input with is_training=True.")
 
+  # Everything a run can refuse is checked before it writes anything into job_log_dir.
+  resume.preflight_task(task, train_inputs[0], job_log_dir, argv_flags.mode,
+                        argv_flags.restore_checkpoint_dir, argv_flags.restore_checkpoint_step,
+                        argv_flags.restore_fallback,
+                        will_save=argv_flags.enable_checkpoint_saving)
   if jax.process_index() == 0:
     with open(os.path.join(job_log_dir, "experiment_cls_vars.txt"), "w") as f:
       f.write(experiment.format_hparams(exp))
@@ -122,7 +164,7 @@ def run(argv_flags: flags.FlagValues) -> int:
     xla_flags.write_run_env(job_log_dir, xla_flags.run_env({
         "experiment": f"{exp_cls.__module__}.{exp_cls.__qualname__}",
         "mode": argv_flags.mode, "partitioner": partitioner.kind,
-        "mesh": mesh_desc, "overrides": argv_flags.set}))
+        "mesh": mesh_desc, "overrides": argv_flags.set, **flag_plan.record()}))
 
   options = trainer.TrainOptions(
       enable_checkpoint_saving=argv_flags.enable_checkpoint_saving,
@@ -139,17 +181,47 @@ def run(argv_flags: flags.FlagValues) -> int:
                         train_inputs[0].peek_specs()["ids"].shape[1])
     options.model_flops_per_step = flops.model_flops_per_step(
         dims, train_inputs[0].get_global_batch_size())
-  dtype = str(getattr(model, "fprop_dtype", "bfloat16").__name__
-              if isinstance(getattr(model, "fprop_dtype", None), type) else "bfloat16")
-  options.peak_flops_per_device = (argv_flags.peak_tflops_per_device * 1e12
-                                   if argv_flags.peak_tflops_per_device else
-                                   flops.peak_flops_per_device(jax.devices()[0].device_kind, dtype))
+  options.goodput, options.pgle = run_timer, flag_plan.pgle
+  if argv_flags.mode == "train":
+    options.peak_flops_per_device, peak_source = flops.resolve_peak(
+        jax.local_devices(), flops.compute_dtype(model), argv_flags.peak_tflops_per_device)
+    if jax.process_index() == 0:
+      xla_flags.update_run_env(job_log_dir, {"peak_flops_per_device":
+                                             options.peak_flops_per_device,
+                                             "peak_flops_source": peak_source})
+  options.evaluator = evaluator.Evaluator(
+      task.model, partitioner, [i for i in inputs if not i.is_training], decode_inputs,
+      job_log_dir, enable_summary_writer=argv_flags.enable_summary_writer,
+      temperature=argv_flags.decode_temperature, top_k=argv_flags.decode_top_k)
+  options.decode_during_train = argv_flags.decode_during_train
+  options.restore_fallback = argv_flags.restore_fallback
+  options.skip_nonfinite_steps = argv_flags.skip_nonfinite_steps
+  if argv_flags.mode in ("eval", "decode"):
+    state, step = evaluator.restore_for_eval(
+        task, train_inputs[0], partitioner, job_log_dir, argv_flags.restore_checkpoint_step,
+        argv_flags.restore_checkpoint_dir)
+    if argv_flags.mode == "eval":
+      results = options.evaluator.evaluate(state, step)
+    else:
+      results = options.evaluator.decode(state, step)
+    for name, metrics in results.items():
+      print(f"{argv_flags.mode} {name} at step {step}: " +
+            " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    return 0
   result = trainer.train(task, train_inputs[0], partitioner, job_log_dir, options)
   if result.history:
     first, last = result.history[0], result.history[-1]
     print(f"trained steps {result.start_step}..{result.final_step}: loss "
           f"{first['loss']:.4f} (step {first['step']}) -> {last['loss']:.4f} "
           f"(step {last['step']}); outputs in {job_log_dir}")
+  for name, metrics in (result.eval_metrics or {}).items():
+    print(f"{name} at step {result.final_step}: " +
+          " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+  if result.stopped_by:
+    print(f"stopped by {result.stopped_by} after step {result.final_step}, checkpoint saved; "
+          f"exit status {preemption.EXIT_PREEMPTED}: rerun the same command to continue",
+          file=sys.stderr)
+    return preemption.EXIT_PREEMPTED
   return 0
 
 

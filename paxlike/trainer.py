@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from paxlike import checkpoints as ckpt_lib
+from paxlike import faults, flops, goodput, nonfinite, pgle, preemption, resume, summaries
 from paxlike import log as logging
-from paxlike import summaries
 from paxlike import train_state as ts
 from paxlike.inputs.base_input import BaseInput
 from paxlike.steps import make_train_step
@@ -38,6 +38,14 @@ class TrainOptions:
   checkpoint_format: str = "tensorstore"  # "msgpack": pmap's unreplicated default
   model_flops_per_step: float | None = None
   peak_flops_per_device: float | None = None
+  measure_hardware_flops: bool = True  # HFU from the compiled step's cost analysis
+  hardware_flops_per_step: float | None = None  # set by train() when measured
+  goodput: goodput.Recorder | None = None  # None: a recorder started by train()
+  pgle: pgle.PglePlan | None = None  # collect: the step runs under the profiler
+  evaluator: Any = None  # paxlike.evaluator.Evaluator: eval (and decode) at intervals and end
+  decode_during_train: bool = False  # also decode at every eval interval, not only at the end
+  restore_fallback: bool = False  # a damaged checkpoint: move it aside, restore the step before
+  skip_nonfinite_steps: bool = False  # NaN/Inf loss or gradient: skip the update, don't stop
 
 
 @dataclasses.dataclass
@@ -49,6 +57,9 @@ class TrainResult:
   history: list[dict[str, float]]  # one entry per summary: step and scalars
   compile_seconds: float = 0.0
   state: Any = None
+  goodput: dict[str, Any] | None = None  # goodput.Recorder.report()
+  eval_metrics: dict[str, dict[str, float]] | None = None  # the final eval / decode
+  stopped_by: str | None = None  # the signal that stopped the run early (preemption.py)
 
 
 class Prefetcher:
@@ -95,6 +106,54 @@ def input_specs(inp: BaseInput) -> dict[str, jax.ShapeDtypeStruct]:
   return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in inp.peek_specs().items()}
 
 
+@dataclasses.dataclass
+class TrainProgram:
+  """What a run sets up before its first step: optimizer, state layout, compiled step.
+
+  train() and benchmarks/train_step.py both build it, so a benchmark times
+  exactly the step a run executes.
+  """
+
+  task: Task
+  partitioner: Any
+  tx: Any  # optax.GradientTransformation
+  schedule: Any  # optax.Schedule
+  sample_ids: jax.Array  # [1, seq_len] int32: what init traces the model with
+  global_batch: int
+  tokens_per_step: int
+  abstract: ts.TrainState  # ShapeDtypeStructs of the state
+  logical: ts.TrainState  # logical PartitionSpecs of the state
+  step_fn: Any  # partitioner.compile(train_step): (state, batch, key) -> (state, metrics)
+
+  def init_state(self, seed: int) -> ts.TrainState:
+    """A freshly initialised state, created in the partitioner's layout."""
+    return self.partitioner.init_state(
+        ts.init_fn(self.task.model, self.tx, self.sample_ids), seed)
+
+
+def build_train_program(task: Task, train_input: BaseInput, partitioner: Any,
+                        skip_nonfinite: bool = False) -> TrainProgram:
+  """Builds the optimizer and state specs (set on partitioner) and compiles the train step.
+
+  Raises:
+    UserError: the global batch does not divide over the partitioner's batch shards.
+  """
+  tx = task.learner.transform()
+  schedule = task.learner.lr_schedule()
+  seq_shape = input_specs(train_input)["ids"].shape
+  sample_ids = jnp.zeros((1, *seq_shape[1:]), jnp.int32)
+  global_batch = seq_shape[0] * train_input.hosts[0]
+  partitioner.check_global_batch(global_batch)
+  abstract, logical = ts.logical_specs(task.model, tx, sample_ids)
+  partitioner.set_state_specs(logical)
+  step_fn = partitioner.compile(make_train_step(task.model, tx, schedule, partitioner.reduce,
+                                                skip_nonfinite=skip_nonfinite))
+  return TrainProgram(
+      task=task, partitioner=partitioner, tx=tx, schedule=schedule, sample_ids=sample_ids,
+      global_batch=global_batch, tokens_per_step=global_batch * int(np.prod(seq_shape[1:])),
+      abstract=abstract, logical=logical, step_fn=step_fn)
+
+
 def write_model_analysis(path: str, abstract_params: Any, mesh_specs: Any) -> int:
   """model_analysis.txt: path, shape, dtype, partition spec per parameter; the total."""
   rows = []
@@ -124,17 +183,14 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
   options = options or TrainOptions()
   settings = task.train
   is_chief = jax.process_index() == 0
-  tx = task.learner.transform()
-  schedule = task.learner.lr_schedule()
-  specs_in = input_specs(train_input)
-  seq_shape = specs_in["ids"].shape
-  sample_ids = jnp.zeros((1, *seq_shape[1:]), jnp.int32)
-  global_batch = seq_shape[0] * train_input.hosts[0]
-  tokens_per_step = global_batch * int(np.prod(seq_shape[1:]))
-  partitioner.check_global_batch(global_batch)
-
-  abstract, logical = ts.logical_specs(task.model, tx, sample_ids)
-  partitioner.set_state_specs(logical)
+  gp = options.goodput or goodput.Recorder()
+  program = build_train_program(task, train_input, partitioner,
+                                skip_nonfinite=options.skip_nonfinite_steps)
+  tx, sample_ids, tokens_per_step = program.tx, program.sample_ids, program.tokens_per_step
+  abstract, logical = program.abstract, program.logical
+  if options.model_flops_per_step is None:
+    options.model_flops_per_step = flops.lm_model_flops_per_step(
+        task.model, sample_ids.shape[1], program.global_batch)
   if is_chief:
     num_params = write_model_analysis(os.path.join(job_log_dir, "model_analysis.txt"),
                                       abstract.params, partitioner.mesh_specs(logical.params))
@@ -143,8 +199,10 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
   ckpt = ckpt_lib.Checkpointer(
       ckpt_lib.checkpoint_dir(job_log_dir), max_to_keep=settings.max_checkpoints_to_keep,
       async_save=options.async_checkpoint, state_format=options.checkpoint_format)
+  t_restore = time.perf_counter()
   state, start_step = _restore_or_init(task, tx, sample_ids, train_input, partitioner, ckpt,
                                        options, settings.seed)
+  gp.restored(job_log_dir if is_chief else None, start_step, time.perf_counter() - t_restore)
   result = TrainResult(start_step=start_step, final_step=start_step, history=[])
   if start_step >= settings.num_train_steps:
     logging.info("checkpoint at step %d already reaches NUM_TRAIN_STEPS=%d; nothing to train",
@@ -153,29 +211,44 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
     result.state = state
     return result
 
-  step_fn = partitioner.compile(make_train_step(task.model, tx, schedule, partitioner.reduce))
+  step_fn, pgle_collector = pgle.prepare_step(program.step_fn, options.pgle)
+  num_devices = _num_devices(partitioner)
   key = jax.random.key(settings.seed)
   writer = summaries.SummaryWriter(job_log_dir, "train",
                                    enabled=is_chief and options.enable_summary_writer)
   prefetch = Prefetcher(train_input)
   last_saved = start_step
+  guard = nonfinite.FiniteGuard(nonfinite.param_names(abstract.params), partitioner.unshard,
+                                skip=options.skip_nonfinite_steps)
+  watcher = preemption.StopWatcher().install()
   try:
     step = start_step
     t_start = time.perf_counter()
-    host_batch, input_state = prefetch.next()
+    gp.loop_started()
+    with gp.span("input_wait"):
+      host_batch, input_state = prefetch.next()
     batch = partitioner.shard_batch(host_batch)
     t_mark, step_mark = None, step
     while step < settings.num_train_steps:
       state, metrics = step_fn(state, batch, key)
       step += 1
+      metrics = guard.record(step, metrics)  # keeps a device scalar: no sync here
+      faults.hit("step", step)
       if step < settings.num_train_steps:
         # Read and transfer the next batch while the device runs this step.
-        next_host_batch, next_input_state = prefetch.next()
+        with gp.span("input_wait"):
+          next_host_batch, next_input_state = prefetch.next()
         next_batch = partitioner.shard_batch(next_host_batch)
       if t_mark is None:
         jax.block_until_ready(metrics)
         result.compile_seconds = time.perf_counter() - t_start
         logging.info("first step (with compilation) took %.2fs", result.compile_seconds)
+        gp.first_step(result.compile_seconds)
+        if options.measure_hardware_flops:
+          with gp.span("other"):
+            hw = flops.measure_step(step_fn, (state, batch, key), num_devices,
+                                    may_compile=not pgle.auto_active(options.pgle))
+          options.hardware_flops_per_step = hw.total if hw else None
         t_mark, step_mark = time.perf_counter(), step
         values = {k: float(v) for k, v in partitioner.unshard(metrics).items()}
         writer.scalars(step, values)
@@ -187,35 +260,87 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
         if step > step_mark:
           values["steps_per_sec"] = (step - step_mark) / (now - t_mark)
           values["tokens_per_sec"] = values["steps_per_sec"] * tokens_per_step
-          _add_mfu(values, options, jax.device_count())
+          _add_mfu(values, options, num_devices)
+        values["goodput"] = gp.report()["goodput"]
         t_mark, step_mark = now, step
         writer.scalars(step, values)
         summaries.log_step(step, values)
         result.history.append({"step": step, **values})
-      if options.enable_checkpoint_saving and (
-          step % settings.checkpoint_every_n_steps == 0 or step == settings.num_train_steps):
-        ckpt.save(step, partitioner.to_saveable(state), input_state)
+      stop = watcher.reached(step)  # every process stops after the same step
+      save = options.enable_checkpoint_saving and last_saved != step and (
+          stop or step % settings.checkpoint_every_n_steps == 0
+          or step == settings.num_train_steps)
+      if save or stop or step % settings.summary_interval_steps == 0:
+        guard.check(last_saved)  # where the loop waits for the device anyway
+      if save:
+        with gp.span("checkpoint"):
+          ckpt.save(step, partitioner.to_saveable(state), input_state)
         last_saved = step
+        faults.hit("save", step)
+      if stop:
+        result.stopped_by = watcher.signal_name
+        break
+      if (options.evaluator and settings.eval_interval_steps and step < settings.num_train_steps
+          and step % settings.eval_interval_steps == 0):
+        with gp.span("eval"):
+          _run_eval(options, state, step, decode=options.decode_during_train)
+      gp.step_done(step, force_progress=last_saved == step)
       if step < settings.num_train_steps:
         batch, input_state = next_batch, next_input_state
     result.final_step = step
+    gp.loop_ended(step)
+    if options.evaluator and not result.stopped_by:
+      with gp.span("eval"):
+        result.eval_metrics = _run_eval(options, state, step, decode=True)
   finally:
+    watcher.uninstall()
     prefetch.close()
+    if pgle_collector:
+      pgle_collector.close()
+    with gp.span("checkpoint"):
+      ckpt.wait()
+    gp.finish()
+    writer.scalars(result.final_step, gp.scalars())
     writer.close()
-    ckpt.wait()
     ckpt.close()
+  result.goodput = gp.write(job_log_dir) if is_chief else gp.report()
+  logging.info("%s", gp.summary_line())
+  if result.stopped_by:
+    logging.warning("%s: stopped after step %d with its checkpoint saved (%.2fs after the "
+                    "signal); rerun the same command to continue", result.stopped_by,
+                    result.final_step, time.monotonic() - (watcher.requested_at or
+                                                           time.monotonic()))
   logging.info("training done at step %d (last checkpoint %d)", result.final_step, last_saved)
   result.state = state
   return result
 
 
+def _run_eval(options: TrainOptions, state: Any, step: int,
+              decode: bool) -> dict[str, dict[str, float]]:
+  out = {f"eval_test_{k}": v for k, v in options.evaluator.evaluate(state, step).items()}
+  faults.hit("eval", step)
+  if decode:
+    out.update({f"decode_{k}": v for k, v in options.evaluator.decode(state, step).items()})
+  return out
+
+
+def _num_devices(partitioner: Any) -> int:
+  device_mesh = getattr(partitioner, "mesh", None)
+  return device_mesh.size if device_mesh is not None else jax.device_count()
+
+
 def _add_mfu(values: dict[str, float], options: TrainOptions, num_devices: int) -> None:
-  if not options.model_flops_per_step or "steps_per_sec" not in values:
+  """tflops_per_device and mfu (model FLOPs), hfu (hardware FLOPs, remat included)."""
+  if "steps_per_sec" not in values:
     return
-  per_device = options.model_flops_per_step * values["steps_per_sec"] / num_devices
-  values["tflops_per_device"] = per_device / 1e12
-  if options.peak_flops_per_device:
-    values["mfu"] = per_device / options.peak_flops_per_device
+  peak = options.peak_flops_per_device
+  if options.model_flops_per_step:
+    per_device = options.model_flops_per_step * values["steps_per_sec"] / num_devices
+    values["tflops_per_device"] = per_device / 1e12
+    if peak:
+      values["mfu"] = per_device / peak
+  if options.hardware_flops_per_step and peak:
+    values["hfu"] = options.hardware_flops_per_step * values["steps_per_sec"] / num_devices / peak
 
 
 def _restore_or_init(task: Task, tx: Any, sample_ids: jax.Array, train_input: BaseInput,
@@ -223,18 +348,12 @@ def _restore_or_init(task: Task, tx: Any, sample_ids: jax.Array, train_input: Ba
                      seed: int) -> tuple[Any, int]:
   abstract = jax.eval_shape(ts.init_fn(task.model, tx, sample_ids), jax.random.key(0))
   target = partitioner.abstract_state(abstract)
-  step = ckpt.latest_step()
-  source = ckpt
-  if step is None and options.restore_checkpoint_dir:
-    source = ckpt_lib.Checkpointer(options.restore_checkpoint_dir, read_only=True)
-    step = options.restore_checkpoint_step or source.latest_step()
-  elif options.restore_checkpoint_step is not None and step is not None:
-    step = options.restore_checkpoint_step
-  if step is None:
+  restored = resume.restore(ckpt, target, abstract, options.restore_checkpoint_dir,
+                            options.restore_checkpoint_step, fallback=options.restore_fallback)
+  if restored is None:
     logging.info("no checkpoint found: initialising from seed %d", seed)
     return partitioner.init_state(ts.init_fn(task.model, tx, sample_ids), seed), 0
-  state, input_state = source.restore(step, target)
+  state, input_state, step = restored
   state = partitioner.shard_state(state)
   train_input.set_state(input_state)
-  logging.info("restored step %d from %s", step, source.step_path(step))
   return state, int(step)

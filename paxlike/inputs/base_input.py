@@ -45,9 +45,34 @@ class BaseInput:
   def __post_init__(self) -> None:
     if self.batch_size <= 0:
       raise UserError(f"input {self.name!r}: batch_size must be positive, got {self.batch_size}.")
+    self.validate()
+
+  def validate(self) -> None:
+    """Rejects the combinations Pax does not support, with the reason.
+
+    | reset_for_eval | repeat | eval_loop_num_batches | an eval run is            |
+    | True           | False  | ignored               | one full epoch, padded    |
+    | True           | True   | -                     | rejected: never ends      |
+    | False          | True   | N > 0                 | the next N batches        |
+    | False          | True   | <= 0                  | rejected: no fixed size   |
+    | False          | False  | -                     | rejected: would run dry   |
+    """
+    where = f"input {self.name!r}"
+    if self.is_training:
+      if self.reset_for_eval:
+        raise UserError(f"{where}: reset_for_eval applies to eval inputs; a training input "
+                        "(is_training=True) cannot be reset for eval.")
+      return
     if self.reset_for_eval and self.repeat:
-      raise UserError(
-          f"input {self.name!r}: reset_for_eval=True needs a finite input; set repeat=False.")
+      raise UserError(f"{where}: reset_for_eval=True runs one epoch per eval, which a repeating "
+                      "input never ends; set repeat=False.")
+    if not self.reset_for_eval and self.eval_loop_num_batches <= 0:
+      raise UserError(f"{where}: reset_for_eval=False needs eval_loop_num_batches > 0 (a dynamic "
+                      "number of batches without reset is unsupported); set it or reset_for_eval.")
+    if not self.reset_for_eval and not self.repeat:
+      raise UserError(f"{where}: reset_for_eval=False takes the next eval_loop_num_batches "
+                      "batches of a stream, which a finite input (repeat=False) would run out "
+                      "of; set repeat=True or reset_for_eval=True.")
 
   def bind_host(self, num_hosts: int, host_index: int) -> None:
     """Fills in the host layout at run time (a value set by the user wins)."""
@@ -77,6 +102,17 @@ class BaseInput:
   def peek_specs(self) -> dict[str, np.ndarray]:
     """One batch with the shapes and dtypes get_next() returns; the stream does not move."""
     return copy.deepcopy(self).get_next()
+
+  def ids_to_strings(self, ids: np.ndarray, lengths: np.ndarray | None = None) -> list[str]:
+    """Detokenises rows; inputs without a vocabulary show the ids."""
+    rows = np.asarray(ids)
+    return [" ".join(str(int(t)) for t in (r[:int(lengths[i])] if lengths is not None else r))
+            for i, r in enumerate(rows)]
+
+  def score(self, targets: list[str], predictions: list[str]) -> dict[str, float]:
+    """Decode metrics; exact match unless the input knows better."""
+    hits = sum(t.strip() == p.strip() for t, p in zip(targets, predictions, strict=True))
+    return {"exact_match": hits / max(len(targets), 1)}
 
   def get_state(self) -> dict[str, Any]:
     """JSON-able position in the stream, saved with checkpoints."""

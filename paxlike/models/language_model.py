@@ -41,6 +41,7 @@ class LanguageModel(nn.Module):
   use_repeated_layer: bool = True
   checkpoint_policy: str = "SAVE_NOTHING"
   fprop_dtype: Dtype = jnp.float32
+  decode: bool = False  # KV-cached one-position-per-call mode (see models.decoding)
 
   def setup(self) -> None:
     self.softmax = SharedEmbeddingSoftmax(self.vocab_size, self.model_dims, self.fprop_dtype)
@@ -48,12 +49,18 @@ class LanguageModel(nn.Module):
         num_layers=self.num_layers, num_heads=self.num_heads, dim_per_head=self.dim_per_head,
         hidden_dims=self.hidden_dims, activation=self.activation,
         combine_qkv=self.combine_qkv, use_repeated_layer=self.use_repeated_layer,
-        checkpoint_policy=self.checkpoint_policy, dtype=self.fprop_dtype)
+        checkpoint_policy=self.checkpoint_policy, dtype=self.fprop_dtype, decode=self.decode)
     self.final_norm = LayerNorm(dtype=self.fprop_dtype)
+    if self.decode:
+      self.position = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
 
   def __call__(self, ids: jax.Array) -> jax.Array:
     x = self.softmax.embed(ids)
-    pos = sinusoidal_position_embedding(ids.shape[1], self.model_dims)
+    offset = 0
+    if self.decode and not self.is_initializing():
+      offset = self.position.value
+      self.position.value = offset + ids.shape[1]
+    pos = sinusoidal_position_embedding(ids.shape[1], self.model_dims, offset=offset)
     x = x + pos.astype(self.fprop_dtype)[None]
     x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
     x = self.transformer(x)

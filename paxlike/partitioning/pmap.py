@@ -8,6 +8,7 @@ step), so devices draw different randomness, reproducibly.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +90,21 @@ class PmapPartitioner:
   def reduce(tree: Any) -> Any:
     """Mean over devices: the step calls this on gradients and metrics."""
     return jax.lax.pmean(tree, AXIS)
+
+  @staticmethod
+  def reduce_sum(tree: Any) -> Any:
+    """Sum over devices (eval counts)."""
+    return jax.lax.psum(tree, AXIS)
+
+  def context(self) -> Any:
+    return contextlib.nullcontext()
+
+  def decode_params(self, state: Any) -> Any:
+    """Decoding runs on one device with one replica's parameters."""
+    return self.to_saveable(state).params
+
+  def decode_inputs(self, *arrays: np.ndarray) -> tuple[jax.Array, ...]:
+    return tuple(jax.device_put(a, self.devices[0]) for a in arrays)
 
   def compile(self, step: Callable, *, donate_state: bool = True,
               returns_state: bool = True) -> Callable:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import flax.linen as nn
@@ -87,6 +88,24 @@ class SpmdPartitioner:
     """Cross-device mean of per-device values: nothing to do under SPMD."""
     return tree
 
+  @staticmethod
+  def reduce_sum(tree: Any) -> Any:
+    """Cross-device sum of per-device values: nothing to do under SPMD."""
+    return tree
+
+  @contextlib.contextmanager
+  def context(self) -> Iterator[None]:
+    """The mesh and logical-axis rules, for code jitted outside compile()."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      yield
+
+  def decode_params(self, state: Any) -> Any:
+    return state.params
+
+  def decode_inputs(self, *arrays: np.ndarray) -> tuple[jax.Array, ...]:
+    """Host arrays with a leading batch dim -> global arrays sharded like batches."""
+    return tuple(jax.make_array_from_process_local_data(self.batch_sharding, a) for a in arrays)
+
   def compile(self, step: Callable, *, donate_state: bool = True,
               returns_state: bool = True) -> Callable:
     """jit with explicit shardings: (state, batch, key) -> (state, metrics) or metrics."""
@@ -113,3 +132,4 @@ class SpmdPartitioner:
 def _lower(mesh: Mesh, jitted: Any, *args: Any) -> Any:
   with jax.set_mesh(mesh):
     return jitted.lower(*args)
+

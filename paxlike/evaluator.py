@@ -1,0 +1,228 @@
+"""Eval and decode runs over the experiment's non-training inputs.
+
+Eval (Pax semantics): with reset_for_eval=True each run is one full epoch of
+a finite input; hosts with fewer batches pad with weight-0 copies so every
+host stops on the same step, and metrics are sums, so num_examples is exact.
+With reset_for_eval=False each run takes the next eval_loop_num_batches
+batches of a repeating input.
+
+Decode: greedy or sampled generation with the KV cache; process 0 writes
+decoder_out/<name>/decode_<step>.jsonl (prompt, generation, target, score)
+and the metric summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+
+from paxlike import log, summaries
+from paxlike.errors import UserError
+from paxlike.inputs.base_input import BaseInput
+from paxlike.models import decoding
+
+
+def _zero_weights(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  out = dict(batch)
+  out["weights"] = np.zeros_like(batch["weights"])
+  return out
+
+
+def _global_max(n: int) -> int:
+  if jax.process_count() == 1:
+    return n
+  return int(np.max(multihost_utils.process_allgather(np.asarray(n, np.int32))))
+
+
+def eval_batches(inp: BaseInput) -> Iterator[dict[str, np.ndarray]]:
+  """The host batches of one eval run, equally many on every host."""
+  if not inp.reset_for_eval:
+    for _ in range(inp.eval_loop_num_batches):
+      yield inp.get_next()
+    return
+  inp.reset()
+  local = []
+  while True:
+    try:
+      local.append(inp.get_next())
+    except StopIteration:
+      break
+  total = _global_max(len(local))
+  filler = _zero_weights(local[-1] if local else inp.peek_specs())
+  yield from local
+  for _ in range(total - len(local)):
+    yield filler
+
+
+def eval_step_sums(model: Any, reduce_sum: Callable[[Any], Any]) -> Callable:
+  """(state, batch, key) -> sums over the batch: loss, correct, tokens, examples."""
+
+  def step(state, batch, key):
+    del key
+    _, m = model.apply({"params": state.params}, batch, method="fprop")
+    n = m["num_tokens"]
+    sums = {"loss_sum": m["loss"] * n, "correct_sum": m["accuracy"] * n, "num_tokens": n,
+            "num_examples": jnp.sum(jnp.any(batch["weights"] > 0, axis=-1).astype(jnp.float32))}
+    return reduce_sum(sums)
+
+  return step
+
+
+class Evaluator:
+  """Runs eval and decode for a task; the trainer calls it at its intervals.
+
+  Args:
+    model: the task's model.
+    partitioner: the run's partitioner (spmd or pmap).
+    eval_inputs / decode_inputs: built BaseInputs (is_training=False).
+    job_log_dir: where summaries and decoder_out go.
+    enable_summary_writer: write TensorBoard files (process 0 only).
+    temperature / top_k: decoding; temperature 0 is greedy.
+  """
+
+  def __init__(self, model: Any, partitioner: Any, eval_inputs: list[BaseInput],
+               decode_inputs: list[BaseInput], job_log_dir: str,
+               enable_summary_writer: bool = True, temperature: float = 0.0,
+               top_k: int = 0) -> None:
+    self.model = model
+    self.partitioner = partitioner
+    self.eval_inputs = eval_inputs
+    self.decode_inputs = decode_inputs
+    self.job_log_dir = job_log_dir
+    self.is_chief = jax.process_index() == 0
+    self.enable_summary_writer = enable_summary_writer and self.is_chief
+    self.temperature = temperature
+    self.top_k = top_k
+    self._eval_step = None
+    self._decode_fn = None
+
+  def _writer(self, name: str) -> summaries.SummaryWriter:
+    return summaries.SummaryWriter(self.job_log_dir, name, enabled=self.enable_summary_writer)
+
+  def evaluate(self, state: Any, step: int) -> dict[str, dict[str, float]]:
+    """One eval run on every eval input; returns {name: metrics}."""
+    if self._eval_step is None and self.eval_inputs:
+      self._eval_step = self.partitioner.compile(
+          eval_step_sums(self.model, self.partitioner.reduce_sum), donate_state=False,
+          returns_state=False)
+    key = jax.random.key(0)
+    results = {}
+    for inp in self.eval_inputs:
+      total = None
+      for host_batch in eval_batches(inp):
+        sums = self._eval_step(state, self.partitioner.shard_batch(host_batch), key)
+        total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+      if total is None:
+        continue
+      t = {k: float(v) for k, v in self.partitioner.unshard(total).items()}
+      tokens = max(t["num_tokens"], 1e-8)
+      metrics = {"loss": t["loss_sum"] / tokens, "log_pplx": t["loss_sum"] / tokens,
+                 "accuracy": t["correct_sum"] / tokens, "num_examples": t["num_examples"],
+                 "num_tokens": t["num_tokens"]}
+      writer = self._writer(f"eval_test_{inp.name}")
+      writer.scalars(step, metrics)
+      writer.close()
+      log.info("eval %s at step %d: loss %.4f accuracy %.4f num_examples %d", inp.name, step,
+               metrics["loss"], metrics["accuracy"], int(metrics["num_examples"]))
+      results[inp.name] = metrics
+    return results
+
+  def _decoder(self) -> Callable:
+    if self._decode_fn is None:
+      model, temperature, top_k = self.model, self.temperature, self.top_k
+      fn = jax.jit(lambda params, tokens, lens, key: decoding.decode(
+          model, params, tokens, lens, key, temperature=temperature, top_k=top_k))
+      self._decode_fn = fn
+    return self._decode_fn
+
+  def decode(self, state: Any, step: int) -> dict[str, dict[str, float]]:
+    """Decodes every decode input once; writes decoder_out/<name>/."""
+    results = {}
+    params = self.partitioner.decode_params(state)
+    for inp in self.decode_inputs:
+      rows = []
+      inp.reset()
+      n = 0
+      while True:
+        try:
+          hb = inp.get_next()
+        except StopIteration:
+          break
+        lens = hb.get("prompt_lens", np.ones(len(hb["ids"]), np.int32))
+        tokens = np.where(np.arange(hb["ids"].shape[1])[None] < lens[:, None], hb["ids"], 0)
+        with self.partitioner.context():
+          out = self._decoder()(params, *self.partitioner.decode_inputs(
+              tokens.astype(np.int32), lens.astype(np.int32)), jax.random.key(n))
+        out = np.asarray(multihost_utils.process_allgather(out, tiled=True)) \
+            if jax.process_count() > 1 else np.asarray(jax.device_get(out))
+        hb = {k: _gather_host(v) for k, v in hb.items()}
+        lens = hb.get("prompt_lens", np.ones(len(hb["ids"]), np.int32))
+        n += 1
+        for r in range(len(out)):
+          if not hb["weights"][r].any():
+            continue  # padding row
+          target_ids = hb["labels"][r][hb["weights"][r] > 0]
+          rows.append({"prompt": inp.ids_to_strings(hb["ids"][r:r + 1], lens[r:r + 1])[0],
+                       "generation": inp.ids_to_strings(out[r:r + 1, int(lens[r]):])[0],
+                       "target": inp.ids_to_strings(target_ids[None])[0]})
+      metrics = inp.score([r["target"] for r in rows], [r["generation"] for r in rows])
+      for r in rows:
+        r["score"] = float(r["target"].strip() == r["generation"].strip())
+      metrics = {k: float(v) for k, v in metrics.items()}
+      metrics["num_examples"] = float(len(rows))
+      if self.is_chief:
+        out_dir = os.path.join(self.job_log_dir, "decoder_out", inp.name)
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, f"decode_{step:08d}.jsonl"), "w") as f:
+          for r in rows:
+            f.write(json.dumps(r) + "\n")
+        with open(os.path.join(out_dir, f"metrics_{step:08d}.json"), "w") as f:
+          json.dump(metrics, f, indent=2)
+      writer = self._writer(f"decode_test_{inp.name}")
+      writer.scalars(step, metrics)
+      writer.close()
+      log.info("decode %s at step %d: %s", inp.name, step,
+               " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+      results[inp.name] = metrics
+    return results
+
+
+def _gather_host(x: np.ndarray) -> np.ndarray:
+  """Every process's rows of a host batch, in process order."""
+  if jax.process_count() == 1:
+    return np.asarray(x)
+  return np.asarray(multihost_utils.process_allgather(np.asarray(x)))\
+      .reshape(-1, *np.asarray(x).shape[1:])
+
+
+
+def restore_for_eval(task: Any, train_input: BaseInput, partitioner: Any, job_log_dir: str,
+                     step: int | None = None, restore_dir: str | None = None) -> tuple[Any, int]:
+  """The state of a finished or running job, for --mode=eval / decode (nothing written).
+
+  Raises:
+    UserError: there is no checkpoint to read, or not the requested step.
+  """
+  from paxlike import checkpoints as ckpt_lib
+  from paxlike import trainer
+
+  program = trainer.build_train_program(task, train_input, partitioner)
+  directory = restore_dir or ckpt_lib.checkpoint_dir(job_log_dir)
+  if not os.path.isdir(directory):
+    raise UserError(f"no checkpoints in {directory} to restore; train first or pass "
+                    "--restore_checkpoint_dir.")
+  ckpt = ckpt_lib.Checkpointer(directory, read_only=True)
+  step = step if step is not None else ckpt.latest_step()
+  if step is None:
+    raise UserError(f"no complete checkpoint in {directory}; train first.")
+  state, _ = ckpt.restore(step, partitioner.abstract_state(program.abstract))
+  ckpt.close()
+  log.info("restored step %d from %s", step, ckpt.step_path(step))
+  return partitioner.shard_state(state), int(step)

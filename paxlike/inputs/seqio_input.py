@@ -1,0 +1,124 @@
+"""SeqIOInput: a seqio task or mixture as a BaseInput (the `[seqio]` extra).
+
+seqio and TensorFlow are imported only when such an input is built, so the
+core never needs them; without the extra, building one is a UserError that
+names the pip command. Hosts read disjoint shards through
+seqio.ShardInfo(infeed_host_index, num_infeed_hosts). A finite eval input
+pads its last batch with weight-0 rows. The stream position saved with
+checkpoints is the number of batches read; restoring replays the
+deterministic (seeded) stream up to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+import numpy as np
+
+from paxlike.errors import UserError
+from paxlike.inputs.base_input import BaseInput
+
+FEATURE_CONVERTERS = ("prefix_lm", "lm")
+
+
+def _seqio():
+  try:
+    return importlib.import_module("seqio")
+  except ImportError:
+    raise UserError("this experiment reads SeqIO data, which needs the seqio extra; run "
+                    "pip install -e '.[seqio]'.") from None
+
+
+@dataclasses.dataclass
+class SeqIOInput(BaseInput):
+  """Reads `mixture_name` (a seqio task or mixture) at `split_name`."""
+
+  mixture_name: str = ""
+  split_name: str = "train"
+  task_feature_lengths: dict[str, int] = dataclasses.field(
+      default_factory=lambda: {"inputs": 32, "targets": 32})
+  feature_converter: str = "prefix_lm"
+  task_module: str = ""  # imported first: the module that registers the task
+  shuffle: bool | None = None  # None: shuffle training data only
+  use_cached: bool = False
+
+  def __post_init__(self) -> None:
+    super().__post_init__()
+    if self.feature_converter not in FEATURE_CONVERTERS:
+      raise UserError(f"feature_converter {self.feature_converter!r} is not one of "
+                      f"{FEATURE_CONVERTERS}.")
+    self._seqio = _seqio()
+    if self.task_module:
+      importlib.import_module(self.task_module)
+    try:
+      self._task = self._seqio.get_mixture_or_task(self.mixture_name)
+    except ValueError:
+      raise UserError(f"no seqio task or mixture named {self.mixture_name!r}; check "
+                      "mixture_name and task_module.") from None
+    self._iter = None
+    self._read = 0
+
+  def _converter(self):
+    if self.feature_converter == "prefix_lm":
+      return self._seqio.PrefixLMFeatureConverter(pack=False, loss_on_targets_only=True)
+    return self._seqio.LMFeatureConverter(pack=False)
+
+  def _dataset(self):
+    num_hosts, host = self.hosts
+    shuffle = self.is_training if self.shuffle is None else self.shuffle
+    ds = self._seqio.get_dataset(
+        self.mixture_name, task_feature_lengths=dict(self.task_feature_lengths),
+        dataset_split=self.split_name, shuffle=shuffle,
+        num_epochs=None if self.repeat else 1, feature_converter=self._converter(),
+        shard_info=self._seqio.ShardInfo(index=host, num_shards=num_hosts),
+        use_cached=self.use_cached, seed=self.seed)
+    return ds.batch(self.batch_size, drop_remainder=self.repeat).as_numpy_iterator()
+
+  def get_next(self) -> dict[str, np.ndarray]:
+    if self._iter is None:
+      self._iter = self._dataset()
+      for _ in range(self._read):
+        next(self._iter)
+    ex = next(self._iter)  # StopIteration ends a finite input
+    self._read += 1
+    weights = ex["decoder_loss_weights"].astype(np.float32)
+    batch = {"ids": ex["decoder_input_tokens"].astype(np.int32),
+             "labels": ex["decoder_target_tokens"].astype(np.int32), "weights": weights,
+             "prompt_lens": (np.argmax(weights > 0, axis=1) + 1).astype(np.int32)}
+    n = len(weights)
+    if n < self.batch_size:  # the last batch of a finite input: pad with weight-0 rows
+      pad = self.batch_size - n
+      batch = {k: np.concatenate([v, np.repeat(v[-1:], pad, axis=0)]) for k, v in batch.items()}
+      batch["weights"][n:] = 0
+    return batch
+
+  def reset(self) -> None:
+    self._iter, self._read = None, 0
+
+  def get_state(self) -> dict[str, Any]:
+    return {"batches_read": self._read}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._iter, self._read = None, int(state.get("batches_read", 0))
+
+  def peek_specs(self) -> dict[str, np.ndarray]:
+    clone = dataclasses.replace(self)
+    return clone.get_next()
+
+  def ids_to_strings(self, ids: np.ndarray, lengths: np.ndarray | None = None) -> list[str]:
+    vocab = self._task.output_features["targets"].vocabulary
+    out = []
+    for i, row in enumerate(np.asarray(ids)):
+      row = row[:int(lengths[i])] if lengths is not None else row
+      row = [int(t) for t in row if t != 0]
+      out.append(vocab.decode(row))
+    return out
+
+  def score(self, targets: list[str], predictions: list[str]) -> dict[str, float]:
+    """The task's own metric functions (fn(targets, predictions) -> dict)."""
+    out: dict[str, float] = {}
+    for fn in self._task.metric_fns:
+      out.update({k: float(v) for k, v in fn(targets, predictions).items()})
+    return out

@@ -1,0 +1,1 @@
+"""Data tasks: example generators and scorers, exposed natively and through SeqIO."""

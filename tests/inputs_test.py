@@ -1,0 +1,127 @@
+"""Input pipelines: the reset_for_eval table, host sharding, the native text input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from paxlike.errors import UserError
+from paxlike.evaluator import eval_batches
+from paxlike.inputs.synthetic import SyntheticLmInput
+from paxlike.inputs.text import TextInput
+
+
+@pytest.fixture()
+def jsonl(tmp_path):
+  path = tmp_path / "data.jsonl"
+  rows = [{"inputs": f"{i}+1=", "targets": str(i + 1)} for i in range(10)]
+  path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  return path
+
+
+def text_input(path, **kw):
+  kw.setdefault("num_infeed_hosts", 1)
+  kw.setdefault("infeed_host_index", 0)
+  return TextInput(file_pattern=str(path), seq_len=8, **kw)
+
+
+def examples_seen(batches):
+  """The set of (row bytes) with any weight, over batches."""
+  return [tuple(b["ids"][r]) for b in batches for r in range(len(b["ids"]))
+          if b["weights"][r].any()]
+
+
+def test_reset_for_eval_runs_one_full_padded_epoch_each_time(jsonl):
+  inp = text_input(jsonl, name="e", batch_size=4, is_training=False, repeat=False,
+                   reset_for_eval=True)
+  first, second = list(eval_batches(inp)), list(eval_batches(inp))
+  assert len(first) == len(second) == 3  # 10 examples in batches of 4
+  assert len(examples_seen(first)) == 10  # the last batch's 2 padding rows carry weight 0
+  assert examples_seen(first) == examples_seen(second)
+
+
+def test_no_reset_takes_the_next_batches_of_a_repeating_stream(jsonl):
+  inp = text_input(jsonl, name="e", batch_size=4, is_training=False, repeat=True,
+                   reset_for_eval=False, eval_loop_num_batches=2)
+  first, second = list(eval_batches(inp)), list(eval_batches(inp))
+  assert len(first) == len(second) == 2
+  seen1, seen2 = examples_seen(first), examples_seen(second)
+  # Examples 0-7, then the stream goes on: 8, 9, and wraps to 0-5.
+  assert len(set(seen1)) == 8 and not set(seen2[:2]) & set(seen1)
+  assert seen2[2:] == seen1[:6]
+
+
+@pytest.mark.parametrize("kwargs,expected", [
+    (dict(is_training=False, repeat=True, reset_for_eval=True), "never ends"),
+    (dict(is_training=False, repeat=True, reset_for_eval=False, eval_loop_num_batches=0),
+     "eval_loop_num_batches > 0"),
+    (dict(is_training=False, repeat=False, reset_for_eval=False, eval_loop_num_batches=2),
+     "run out"),
+    (dict(is_training=True, repeat=True, reset_for_eval=True), "training input"),
+])
+def test_unsupported_cells_are_rejected_with_the_reason(jsonl, kwargs, expected):
+  with pytest.raises(UserError, match=expected):
+    text_input(jsonl, name="bad", batch_size=2, **kwargs)
+
+
+def test_hosts_never_emit_the_same_training_example_and_together_make_one_global_batch(
+    tmp_path):
+  path = tmp_path / "forty.jsonl"
+  path.write_text("\n".join(json.dumps({"inputs": f"{i}*2=", "targets": str(2 * i)})
+                            for i in range(40)))
+
+  def stream(hosts, index, steps=10):  # one epoch: 10 global batches of 4
+    inp = TextInput(file_pattern=str(path), seq_len=8, batch_size=4 // hosts,
+                    num_infeed_hosts=hosts, infeed_host_index=index, name="t", seed=7)
+    return [inp.get_next() for _ in range(steps)]
+
+  one = stream(1, 0)
+  h0, h1 = stream(2, 0), stream(2, 1)
+  rows0 = {tuple(r) for b in h0 for r in b["ids"]}
+  rows1 = {tuple(r) for b in h1 for r in b["ids"]}
+  assert len(rows0) == len(rows1) == 20 and not rows0 & rows1
+  for step in range(10):
+    np.testing.assert_array_equal(
+        np.concatenate([h0[step]["ids"], h1[step]["ids"]]), one[step]["ids"])
+  # And the synthetic stream behaves the same way.
+  a = SyntheticLmInput(batch_size=4, num_infeed_hosts=1, infeed_host_index=0)
+  b0 = SyntheticLmInput(batch_size=2, num_infeed_hosts=2, infeed_host_index=0)
+  b1 = SyntheticLmInput(batch_size=2, num_infeed_hosts=2, infeed_host_index=1)
+  x, y0, y1 = a.get_next(), b0.get_next(), b1.get_next()
+  assert not set(map(tuple, y0["ids"])) & set(map(tuple, y1["ids"]))
+  np.testing.assert_array_equal(np.concatenate([y0["ids"], y1["ids"]]), x["ids"])
+
+
+def test_text_input_tokenizes_prompts_and_targets_and_resumes_its_position(jsonl):
+  inp = text_input(jsonl, name="t", batch_size=2, shuffle=False)
+  batch = inp.get_next()
+  assert inp.ids_to_strings(batch["ids"], batch["prompt_lens"]) == ["0+1=", "1+1="]
+  target = batch["labels"][0][batch["weights"][0] > 0]
+  assert inp.ids_to_strings(target[None]) == ["1"]  # "1" then end of sequence
+  state = inp.get_state()
+  expected = inp.get_next()
+  again = text_input(jsonl, name="t", batch_size=2, shuffle=False)
+  again.set_state(state)
+  np.testing.assert_array_equal(again.get_next()["ids"], expected["ids"])
+
+
+def test_plain_text_packs_lines(tmp_path):
+  path = tmp_path / "a.txt"
+  path.write_text("hello world\nsecond line here\n")
+  inp = TextInput(file_pattern=str(path), seq_len=8, pack=True, batch_size=2,
+                  num_infeed_hosts=1, infeed_host_index=0, shuffle=False)
+  batch = inp.get_next()
+  assert batch["weights"].all()
+  assert inp.ids_to_strings(batch["ids"][:1]) == ["hello wo"]
+
+
+def test_missing_and_unreadable_data_files_are_user_errors(tmp_path):
+  with pytest.raises(UserError, match="no data file matches"):
+    TextInput(file_pattern=str(tmp_path / "nope*.jsonl"), num_infeed_hosts=1,
+              infeed_host_index=0)
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"inputs": "1+1=", "targets": "2"}\nnot json\n')
+  with pytest.raises(UserError, match="line 2 is not valid JSON"):
+    TextInput(file_pattern=str(bad), num_infeed_hosts=1, infeed_host_index=0)
