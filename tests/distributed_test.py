@@ -97,3 +97,23 @@ def test_dcn_shape_that_differs_from_the_process_count_names_the_numbers(tmp_pat
   assert proc.returncode == 2, describe(proc)
   assert "DCN_MESH_SHAPE=[2, 1, 1]" in proc.stderr and "has 1" in proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+def test_two_processes_evaluate_and_decode_a_finite_set_exactly(tmp_path):
+  # 500 held-out prompts, 120 rows per host: a global batch of 240 does not divide 500.
+  job = tmp_path / "eval"
+  args = ["--exp=ArithmeticAdditionTiny", "--set", "NUM_TRAIN_STEPS=2", "--set",
+          "EVAL_BATCH_SIZE=120", "--set", "DCN_MESH_SHAPE=[2,1,1]", "--set",
+          "PERCORE_BATCH_SIZE=8", f"--job_log_dir={job}"]
+  port = free_port()
+  env = dict(os.environ, XLA_FLAGS=xla_flags_with_devices(1))
+  procs = [subprocess.Popen(
+      [sys.executable, "-m", "paxlike.main", *args, f"--coordinator_address=127.0.0.1:{port}",
+       "--num_processes=2", f"--process_id={i}", "--distributed_timeout_s=120"],
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in (0, 1)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  for p, (out, err) in zip(procs, outs, strict=True):
+    assert p.returncode == 0, f"exit {p.returncode}\n{out}\n{err[-3000:]}"
+    assert "eval_test_test at step 2" in out and "num_examples 500.0000" in out
+  rows = (job / "decoder_out" / "test" / "decode_00000002.jsonl").read_text().splitlines()
+  assert len(rows) == 500
