@@ -42,6 +42,12 @@ TARGETS: dict[str, dict[str, Any]] = {
     "h200": {"bytes": 143771 * MIB, "usable": 0.85, "name": "H200 141GB"},
 }
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
+# XLA's CPU compiler has no native bf16 matmul: it converts a scanned layer
+# stack's saved bf16 activations to f32 and hoists that convert out of the
+# loop, a whole f32 copy of every layer's activations that no TPU/GPU compile
+# makes (+27 GiB per device on C4Spmd16BAdam32Replicas). Loop-invariant code
+# motion is off for the dry run's compile.
+CPU_COMPILE_FLAGS = ("--xla_disable_hlo_passes=while-loop-invariant-code-motion",)
 REEXEC_MARK = "PAXLIKE_DRY_RUN_REEXEC"
 
 
@@ -72,12 +78,14 @@ def ensure_fake_devices(n: int) -> None:
   from paxlike import xla_flags
 
   env = dict(os.environ)
-  ready = env.get("JAX_PLATFORMS", "") == "cpu" and _env_device_count(env) == n
+  flags = env.get("XLA_FLAGS", "").split()
+  ready = (env.get("JAX_PLATFORMS", "") == "cpu" and _env_device_count(env) == n
+           and all(f in flags for f in CPU_COMPILE_FLAGS))
   if xla_flags.backend_started():
     import jax
 
-    if jax.default_backend() == "cpu" and jax.device_count() == n:
-      return
+    if jax.default_backend() == "cpu" and jax.device_count() >= n:
+      return  # in-process (tests): the compile flags are whatever this process has
     raise UserError(f"the dry run needs {n} CPU devices but this process already runs "
                     f"{jax.device_count()} {jax.default_backend()} devices; run it as its own "
                     "command.")
@@ -85,8 +93,8 @@ def ensure_fake_devices(n: int) -> None:
     return
   if env.get(REEXEC_MARK):
     raise UserError(f"could not start {n} fake CPU devices (XLA_FLAGS={env.get('XLA_FLAGS')!r}).")
-  kept = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(DEVICE_FLAG)]
-  env["XLA_FLAGS"] = " ".join([*kept, f"{DEVICE_FLAG}={n}"])
+  kept = [f for f in flags if not f.startswith(DEVICE_FLAG) and f not in CPU_COMPILE_FLAGS]
+  env["XLA_FLAGS"] = " ".join([*kept, *CPU_COMPILE_FLAGS, f"{DEVICE_FLAG}={n}"])
   env["JAX_PLATFORMS"] = "cpu"
   env[REEXEC_MARK] = "1"
   logging.info("dry run: restarting with %d fake CPU devices", n)
@@ -142,7 +150,8 @@ def analyse(exp: Any) -> dict[str, Any]:
   devices = jax.devices()[:n]
   # One process stands in for every slice/host: DCN folds into the mesh axes.
   device_mesh = Mesh(np.asarray(devices).reshape(shape), mesh_lib.MESH_AXES)
-  partitioner = SpmdPartitioner(device_mesh)
+  partitioner = SpmdPartitioner(
+      device_mesh, rules=mesh_lib.logical_axis_rules(exp.TRAINING_OPTIMIZED_SHARDING))
   task = config.build(exp.task())
   train_cfgs = [c for c in exp.datasets() if getattr(c, "is_training", True)]
   if not train_cfgs:
@@ -185,6 +194,7 @@ def analyse(exp: Any) -> dict[str, Any]:
       "global_batch": int(global_batch),
       "seq_len": int(seq_len),
       "compute_dtype": flops.compute_dtype(task.model),
+      "training_optimized_sharding": bool(exp.TRAINING_OPTIMIZED_SHARDING),
       "params": ts.count_params(abstract.params),
       "bytes_per_device": {
           "params": _bytes_per_device(state.params),
@@ -263,6 +273,7 @@ def run(exp: Any, job_log_dir: str, target: str) -> int:
             "overrides": exp.overrides, "target": target}
   report.update(analyse(exp))
   report["fits"] = fits(report)
+  report["xla_flags"] = os.environ.get("XLA_FLAGS", "")
   report["note"] = ("state bytes are exact (from the shardings); compiled memory and FLOPs "
                     "come from XLA's CPU compiler and estimate what a TPU/GPU compile needs")
   with open(os.path.join(job_log_dir, "dry_run.json"), "w") as f:

@@ -36,6 +36,9 @@ class BaseExperiment:
   # latencies auto PGLE compiles with.
   PGLE_PROFILING_RUNS = 3
   PGLE_AGGREGATION_PERCENTILE = 90
+  # SPMD: also shard the activations' embed dim over 'mdl' (Pax's name and idea;
+  # see paxlike.mesh.TRAINING_OPTIMIZED_RULES).
+  TRAINING_OPTIMIZED_SHARDING = False
 
   def __init__(self) -> None:
     self._overrides: dict[str, Any] = {}

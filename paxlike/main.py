@@ -136,7 +136,8 @@ def run(argv_flags: flags.FlagValues) -> int:
     mesh_desc = {"pmap": jax.local_device_count(), "processes": jax.process_count()}
   else:
     device_mesh = mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE)
-    partitioner = SpmdPartitioner(device_mesh)
+    partitioner = SpmdPartitioner(
+        device_mesh, rules=mesh.logical_axis_rules(exp.TRAINING_OPTIMIZED_SHARDING))
     mesh_desc = dict(device_mesh.shape)
   task_cfg = exp.task()
   dataset_cfgs = exp.datasets()

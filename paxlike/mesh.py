@@ -35,6 +35,16 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("activation_heads", "mdl"),
     ("activation_vocab", "mdl"),
 )
+# Pax's TRAINING_OPTIMIZED_SHARDING: the residual stream's embed dim also goes
+# over 'mdl', so the activations a layer saves for its backward pass are split
+# mdl ways instead of replicated (what makes 100B+ models fit).
+TRAINING_OPTIMIZED_RULES = tuple(
+    (name, "mdl" if name == "activation_embed" else axes) for name, axes in LOGICAL_AXIS_RULES)
+
+
+def logical_axis_rules(training_optimized: bool = False):
+  """The rules for an experiment's TRAINING_OPTIMIZED_SHARDING."""
+  return TRAINING_OPTIMIZED_RULES if training_optimized else LOGICAL_AXIS_RULES
 
 
 def _product(shape: Sequence[int] | None) -> int:

@@ -54,6 +54,7 @@ class C4SpmdAdam(C4StandInDataset, TransformerLmSpmdAdam):
   LR_COS_MIN_RATIO = 0.1
 
   ICI_MESH_SHAPE = [1, 4, 2]
+  TRAINING_OPTIMIZED_SHARDING = True  # Pax's default for its SPMD LMs
 
 
 @experiment_registry.register

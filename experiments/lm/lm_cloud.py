@@ -35,9 +35,14 @@ class LmCloudSpmd2BLimitSteps(LmCloudSpmd2B):
   NUM_TRAIN_STEPS = 300
 
 
-# Pax's pod-scale members: too big for a CPU to train, checked with --mode=dry_run.
+class LmCloudSpmdPod(LmCloudSpmd):
+  """Pax's pod-scale members: too big for a CPU to train, checked with --mode=dry_run."""
+
+  TRAINING_OPTIMIZED_SHARDING = True  # Pax's default: saved activations split over 'mdl'
+
+
 @experiment_registry.register
-class LmCloudSpmd32B(LmCloudSpmd):
+class LmCloudSpmd32B(LmCloudSpmdPod):
   """32B parameters: 40 layers of 8192 dims (64 heads x 128) on ICI [1, 16, 4]."""
 
   NUM_LAYERS = 40
@@ -48,7 +53,7 @@ class LmCloudSpmd32B(LmCloudSpmd):
 
 
 @experiment_registry.register
-class LmCloudSpmd128B(LmCloudSpmd):
+class LmCloudSpmd128B(LmCloudSpmdPod):
   """128B parameters: 71 layers of 12288 dims (96 heads x 128) on ICI [1, 64, 4]."""
 
   NUM_LAYERS = 71
@@ -59,7 +64,7 @@ class LmCloudSpmd128B(LmCloudSpmd):
 
 
 @experiment_registry.register
-class LmCloudSpmd1024B(LmCloudSpmd):
+class LmCloudSpmd1024B(LmCloudSpmdPod):
   """1T parameters: 142 layers of 24576 dims (192 heads x 128) on ICI [1, 256, 8]."""
 
   NUM_LAYERS = 142
