@@ -16,6 +16,7 @@ so a pmap checkpoint can initialise an SPMD run and the other way round.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Any
@@ -45,6 +46,8 @@ class MsgpackHandler(ocp.CheckpointHandler):
 
   def restore(self, directory: epath.Path, args: MsgpackRestore) -> Any:
     raw = serialization.msgpack_restore((directory / MSGPACK_FILE).read_bytes())
+    stored = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), raw)
+    _check_fits(args.item, stored)  # Checkpointer.restore adds the step to the message
     return serialization.from_state_dict(args.item, raw)
 
 
@@ -60,8 +63,91 @@ class MsgpackRestore(ocp.args.CheckpointArgs):
   item: Any  # the target pytree (structure; leaves may be ShapeDtypeStructs)
 
 
+class ModelMismatchError(UserError):
+  """A checkpoint of a different model (parameter names, shapes or dtypes)."""
+
+  def __init__(self, problem: str, step: int | None = None, directory: str | None = None):
+    where = f"checkpoint step {step} in {directory}" if step is not None else "the checkpoint"
+    super().__init__(
+        f"{where} does not fit this run's model: {problem}; restore it with the model that "
+        "wrote it, or start this model in a new --job_log_dir.")
+    self.problem = problem
+
+
+def _check_fits(abstract: Any, stored: Any, step: int | None = None,
+                directory: str | None = None) -> None:
+  problem = first_mismatch(abstract, stored)
+  if problem:
+    raise ModelMismatchError(problem, step, directory)
+
+
+class DamagedCheckpointError(UserError):
+  """A checkpoint step whose files cannot be read back."""
+
+  def __init__(self, step: int, path: str, cause: BaseException) -> None:
+    reason = " ".join(str(cause).split())
+    reason = (reason[:160] + "...") if len(reason) > 160 else reason
+    super().__init__(
+        f"checkpoint step {step} at {path} cannot be restored; its files are damaged or "
+        f"incomplete ({type(cause).__name__}: {reason}); rerun with --restore_fallback to "
+        "move it aside and restore the newest older step.")
+    self.step = step
+    self.path = path
+
+
+@contextlib.contextmanager
+def _quiet_absl(quiet: bool):
+  from absl import logging as absl_logging
+
+  before = absl_logging.get_verbosity()
+  if quiet:
+    absl_logging.set_verbosity(absl_logging.ERROR)
+  try:
+    yield
+  finally:
+    absl_logging.set_verbosity(before)
+
+
 def checkpoint_dir(job_log_dir: str) -> str:
   return os.path.join(job_log_dir, "checkpoints")
+
+
+def _path_name(path: tuple[Any, ...]) -> str:
+  parts = []
+  for k in path:
+    for attr in ("key", "name", "idx"):
+      if hasattr(k, attr):
+        parts.append(str(getattr(k, attr)))
+        break
+    else:
+      parts.append(str(k))
+  return "/".join(parts)
+
+
+def _flat(tree: Any) -> dict[str, Any]:
+  return {_path_name(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _fmt(leaf: Any) -> str:
+  return f"shape {tuple(leaf.shape)} {np.dtype(leaf.dtype).name}"
+
+
+def first_mismatch(abstract: Any, stored: Any) -> str | None:
+  """The first difference between this run's abstract state and a checkpoint's, in words.
+
+  Parameters are compared before optimizer slots (train-state field order).
+  """
+  want, have = _flat(abstract), _flat(stored)
+  for name, leaf in want.items():
+    if name not in have:
+      return f"{name} (shape {tuple(leaf.shape)}) is in this run's model but not in the checkpoint"
+    got = have[name]
+    if tuple(got.shape) != tuple(leaf.shape) or np.dtype(got.dtype) != np.dtype(leaf.dtype):
+      return f"{name} has {_fmt(got)} in the checkpoint but {_fmt(leaf)} in this run"
+  for name, got in have.items():
+    if name not in want:
+      return f"{name} ({_fmt(got)}) is in the checkpoint but not in this run's model"
+  return None
 
 
 class Checkpointer:
@@ -90,8 +176,9 @@ class Checkpointer:
         read_only=read_only,
         cleanup_tmp_directories=not read_only,
     )
-    self._manager = ocp.CheckpointManager(
-        epath.Path(directory), options=options, item_names=("state", "input"))
+    with _quiet_absl(read_only):  # orbax warns about every read-only manager
+      self._manager = ocp.CheckpointManager(
+          epath.Path(directory), options=options, item_names=("state", "input"))
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -122,11 +209,54 @@ class Checkpointer:
     if step not in self._manager.all_steps():
       raise UserError(f"no checkpoint for step {step} in {self.directory}; "
                       f"available: {self.all_steps() or 'none'}.")
+    if self.format_of(step) == "tensorstore":  # msgpack: checked as it is read
+      _check_fits(abstract_state, self.state_metadata(step), step, self.directory)
     state_args = (ocp.args.StandardRestore(abstract_state)
                   if self.format_of(step) == "tensorstore" else MsgpackRestore(abstract_state))
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        state=state_args, input=ocp.args.JsonRestore()))
+    try:
+      restored = self._manager.restore(step, args=ocp.args.Composite(
+          state=state_args, input=ocp.args.JsonRestore()))
+    except ModelMismatchError as e:
+      raise ModelMismatchError(e.problem, step, self.directory) from None
+    except UserError:
+      raise
+    except Exception as e:  # noqa: BLE001  (orbax/tensorstore raise plain Exceptions)
+      raise DamagedCheckpointError(step, self.step_path(step), e) from None
     return restored["state"], dict(restored["input"] or {})
+
+  def state_metadata(self, step: int) -> Any:
+    """The stored state's tree with a ShapeDtypeStruct leaf per array; no array is read.
+
+    msgpack states have no separate metadata, so their file is read.
+
+    Raises:
+      DamagedCheckpointError: the metadata cannot be read.
+    """
+    state_dir = os.path.join(self.step_path(step), "state")
+    try:
+      if self.format_of(step) == "msgpack":
+        raw = serialization.msgpack_restore(
+            epath.Path(state_dir, MSGPACK_FILE).read_bytes())
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), raw)
+      tree = ocp.StandardCheckpointHandler().metadata(epath.Path(state_dir)).tree
+      return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), tree)
+    except Exception as e:  # noqa: BLE001
+      raise DamagedCheckpointError(step, self.step_path(step), e) from None
+
+  def quarantine(self, step: int) -> str:
+    """Moves a damaged step aside (checkpoint_N.damaged[.k]); returns the new path.
+
+    The files stay for inspection; orbax no longer lists the step, so a
+    later save of the same step does not collide with it.
+    """
+    src = self.step_path(step)
+    dst = f"{src}.damaged"
+    k = 1
+    while os.path.exists(dst):
+      dst, k = f"{src}.damaged.{k}", k + 1
+    os.rename(src, dst)
+    self._manager.reload()
+    return dst
 
   def wait(self) -> None:
     self._manager.wait_until_finished()

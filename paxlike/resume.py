@@ -1,0 +1,258 @@
+"""Which checkpoint a run starts from, and whether it fits this run's model.
+
+The rule (Pax's): the latest complete step in job_log_dir/checkpoints; if
+there is none, --restore_checkpoint_dir (its latest step, or
+--restore_checkpoint_step); --restore_checkpoint_step also picks an older
+step of job_log_dir itself. Partial steps (orbax's `*.orbax-checkpoint-tmp*`
+directories left by a crash mid-save) are never listed, and the trainer's
+checkpointer removes them when it opens the directory.
+
+`preflight()` runs before a run writes anything: it resolves the step,
+checks that it exists, and compares the checkpoint's stored metadata
+(shapes and dtypes; no array is read) with this run's abstract train state,
+so a changed model is refused with the first mismatched parameter while
+the job_log_dir is still untouched. `restore()` does the actual read; a step
+whose files cannot be read fails naming the step, and with fallback=True the
+damaged step is moved aside (checkpoint_N.damaged, nothing is deleted) and
+the newest older step is tried.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from typing import Any
+
+from paxlike import checkpoints as ckpt_lib
+from paxlike import log as logging
+from paxlike.errors import UserError
+
+
+@dataclasses.dataclass
+class Source:
+  """Where a run's state comes from; step None means a fresh init."""
+
+  checkpointer: ckpt_lib.Checkpointer | None
+  step: int | None
+  own: bool  # job_log_dir's own checkpoints (not --restore_checkpoint_dir)
+
+  @property
+  def directory(self) -> str | None:
+    return self.checkpointer.directory if self.checkpointer else None
+
+
+def _read_only(directory: str) -> ckpt_lib.Checkpointer:
+  return ckpt_lib.Checkpointer(directory, read_only=True)
+
+
+def resolve_restore_dir(path: str) -> str:
+  """--restore_checkpoint_dir as a checkpoints/ folder (a job_log_dir is accepted too).
+
+  Raises:
+    UserError: the path does not exist or is not a directory.
+  """
+  path = os.path.abspath(os.path.expanduser(path))
+  if not os.path.isdir(path):
+    raise UserError(f"--restore_checkpoint_dir {path} does not exist or is not a directory; "
+                    "pass the checkpoints/ folder of an earlier run.")
+  nested = ckpt_lib.checkpoint_dir(path)
+  if os.path.isdir(nested) and not any(n.startswith(ckpt_lib.STEP_PREFIX + "_")
+                                       for n in os.listdir(path)):
+    return nested
+  return path
+
+
+def find_source(own: ckpt_lib.Checkpointer, restore_checkpoint_dir: str | None,
+                restore_checkpoint_step: int | None) -> Source:
+  """Applies the restore rule; see the module docstring.
+
+  Raises:
+    UserError: a requested step or directory does not exist.
+  """
+  own_steps = own.all_steps()
+  if own_steps:
+    if restore_checkpoint_step is None:
+      return Source(own, max(own_steps), True)
+    if restore_checkpoint_step not in own_steps:
+      raise UserError(
+          f"no complete checkpoint for step {restore_checkpoint_step} "
+          f"(--restore_checkpoint_step) in {own.directory}; available: {sorted(own_steps)}.")
+    return Source(own, restore_checkpoint_step, True)
+  if restore_checkpoint_dir:
+    other = _read_only(resolve_restore_dir(restore_checkpoint_dir))
+    steps = other.all_steps()
+    if not steps:
+      raise UserError(f"--restore_checkpoint_dir {other.directory} holds no complete "
+                      "checkpoint; pass the checkpoints/ folder of a run that saved one.")
+    if restore_checkpoint_step is None:
+      return Source(other, max(steps), False)
+    if restore_checkpoint_step not in steps:
+      raise UserError(
+          f"no complete checkpoint for step {restore_checkpoint_step} "
+          f"(--restore_checkpoint_step) in {other.directory}; available: {sorted(steps)}.")
+    return Source(other, restore_checkpoint_step, False)
+  if restore_checkpoint_step is not None:
+    raise UserError(
+        f"no checkpoint for step {restore_checkpoint_step} (--restore_checkpoint_step): "
+        f"{own.directory} has none and no --restore_checkpoint_dir was given; pass the "
+        "checkpoints/ folder that holds that step.")
+  return Source(None, None, True)
+
+
+def check_compatible(source: Source, step: int, abstract: Any) -> None:
+  """Raises UserError when the stored state at step does not fit abstract.
+
+  Raises:
+    UserError: a mismatch (naming the parameter and both shapes), or
+      DamagedCheckpointError when the metadata cannot be read.
+  """
+  stored = source.checkpointer.state_metadata(step)
+  problem = ckpt_lib.first_mismatch(abstract, stored)
+  if problem is None:
+    return
+  hint = ("start this model in a new --job_log_dir (the existing checkpoints stay as they are)"
+          if source.own else "pass the checkpoints of a run of this model")
+  raise UserError(
+      f"checkpoint step {step} in {source.directory} does not fit this run's model: "
+      f"{problem}; {hint}.")
+
+
+def preflight(job_log_dir: str, abstract: Any, restore_checkpoint_dir: str | None,
+              restore_checkpoint_step: int | None, fallback: bool = False) -> Source:
+  """Everything restore() would refuse, found before the run writes anything.
+
+  Args:
+    job_log_dir: the run's directory (only read here).
+    abstract: this run's abstract train state (ShapeDtypeStructs).
+    restore_checkpoint_dir, restore_checkpoint_step: the flags.
+    fallback: --restore_fallback (damaged metadata moves on to older steps).
+
+  Returns:
+    The source and step restore() will start from (its data may still turn
+    out damaged when read).
+  """
+  source = find_source(_read_only(ckpt_lib.checkpoint_dir(job_log_dir)),
+                       restore_checkpoint_dir, restore_checkpoint_step)
+  if source.step is None:
+    return source
+  for step in _candidates(source, fallback):
+    try:
+      check_compatible(source, step, abstract)
+      return Source(source.checkpointer, step, source.own)
+    except ckpt_lib.DamagedCheckpointError:
+      if not fallback:
+        raise
+      logging.warning("checkpoint step %d looks damaged; --restore_fallback tries older steps",
+                      step)
+  raise _no_good_step(source)
+
+
+def abstract_train_state(task: Any, train_input: Any) -> Any:
+  """The task's abstract train state (ShapeDtypeStructs; nothing allocated or compiled)."""
+  import jax
+  import jax.numpy as jnp
+
+  from paxlike import train_state as ts
+
+  seq_shape = train_input.peek_specs()["ids"].shape
+  sample_ids = jnp.zeros((1, *seq_shape[1:]), jnp.int32)
+  return jax.eval_shape(ts.init_fn(task.model, task.learner.transform(), sample_ids),
+                        jax.random.key(0))
+
+
+def state_bytes(abstract: Any) -> int:
+  import jax
+  import numpy as np
+
+  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+             for x in jax.tree.leaves(abstract))
+
+
+def check_free_space(job_log_dir: str, abstract: Any) -> None:
+  """Refuses a job_log_dir whose file system cannot hold one more checkpoint.
+
+  Raises:
+    UserError: fewer free bytes than one uncompressed copy of the state.
+  """
+  need = state_bytes(abstract)
+  free = shutil.disk_usage(job_log_dir).free
+  if free < need:
+    raise UserError(
+        f"--job_log_dir {job_log_dir} has {free / 2**20:.1f} MiB free but one checkpoint of "
+        f"this model needs about {need / 2**20:.1f} MiB; free some space or pick another "
+        "--job_log_dir.")
+
+
+def preflight_task(task: Any, train_input: Any, job_log_dir: str, mode: str,
+                   restore_checkpoint_dir: str | None, restore_checkpoint_step: int | None,
+                   fallback: bool = False, will_save: bool = True) -> Source:
+  """preflight() for main.py: builds the abstract state, checks the space for checkpoints.
+
+  eval and decode read --restore_checkpoint_dir when given (else job_log_dir),
+  as evaluator.restore_for_eval does.
+  """
+  abstract = abstract_train_state(task, train_input)
+  if mode in ("eval", "decode"):
+    directory = (resolve_restore_dir(restore_checkpoint_dir) if restore_checkpoint_dir
+                 else ckpt_lib.checkpoint_dir(job_log_dir))
+    source = find_source(_read_only(directory), None, restore_checkpoint_step)
+    if source.step is not None:
+      check_compatible(Source(source.checkpointer, source.step, not restore_checkpoint_dir),
+                       source.step, abstract)
+    return source
+  source = preflight(job_log_dir, abstract, restore_checkpoint_dir, restore_checkpoint_step,
+                     fallback)
+  if will_save:
+    check_free_space(job_log_dir, abstract)
+  return source
+
+
+def _candidates(source: Source, fallback: bool) -> list[int]:
+  if not fallback:
+    return [source.step]
+  return sorted((s for s in source.checkpointer.all_steps() if s <= source.step), reverse=True)
+
+
+def _no_good_step(source: Source) -> UserError:
+  return UserError(f"no checkpoint in {source.directory} at or before step {source.step} "
+                   "can be restored; every one is damaged. Start fresh in a new --job_log_dir.")
+
+
+def restore(own: ckpt_lib.Checkpointer, target: Any, abstract: Any,
+            restore_checkpoint_dir: str | None, restore_checkpoint_step: int | None,
+            fallback: bool = False) -> tuple[Any, dict[str, Any], int] | None:
+  """Reads the state the restore rule picks; None when the run starts fresh.
+
+  Args:
+    own: job_log_dir's checkpointer (writable: damaged steps are moved aside here).
+    target: the restore target (the partitioner's abstract state, with shardings).
+    abstract: the plain abstract state, for the compatibility check.
+    fallback: move a damaged step aside and try the newest older one.
+
+  Returns:
+    (state, input position, step), or None.
+  """
+  source = find_source(own, restore_checkpoint_dir, restore_checkpoint_step)
+  if source.step is None:
+    return None
+  for step in _candidates(source, fallback):
+    try:
+      check_compatible(source, step, abstract)
+      state, input_state = source.checkpointer.restore(step, target)
+    except ckpt_lib.DamagedCheckpointError as e:
+      if not fallback:
+        raise
+      if source.own:
+        moved = source.checkpointer.quarantine(step)
+        logging.warning("checkpoint step %d is damaged (%s); moved it to %s and trying the "
+                        "step before", step, e, moved)
+      else:
+        logging.warning("checkpoint step %d is damaged (%s); trying the step before", step, e)
+      continue
+    if step != source.step:
+      logging.warning("--restore_fallback: restored step %d instead of step %d", step,
+                      source.step)
+    logging.info("restored step %d from %s", step, source.checkpointer.step_path(step))
+    return state, input_state, step
+  raise _no_good_step(source)

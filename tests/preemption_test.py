@@ -1,0 +1,142 @@
+"""Graceful preemption: SIGTERM / SIGINT -> finish the step, checkpoint it, exit 42."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import threading
+import time
+
+import pytest
+from fault_tools import (
+    FAULT_EXP,
+    complete_steps,
+    describe,
+    error_line,
+    launch,
+    partial_dirs,
+    read_checkpoint,
+    run,
+    use_cache,
+)
+
+from paxlike import preemption
+
+LONG = ["--set", "NUM_TRAIN_STEPS=1000000", "--set", "CHECKPOINT_EVERY_N_STEPS=1000000",
+        "--set", "EVAL_INTERVAL_STEPS=0", "--set", "SUMMARY_INTERVAL_STEPS=10"]
+STOPPED_RE = re.compile(r"stopped by (\w+) after step (\d+), checkpoint saved; exit status 42")
+
+
+class _Tail:
+  """Collects a process's stderr on a thread, so a test can wait for a line."""
+
+  def __init__(self, proc) -> None:
+    self.lines: list[str] = []
+    self._thread = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+    self._thread.start()
+
+  def _read(self, stream) -> None:
+    for line in stream:
+      self.lines.append(line)
+
+  def wait_for(self, pattern: str, timeout: float = 240) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      for line in list(self.lines):
+        m = re.search(pattern, line)
+        if m:
+          return m
+      time.sleep(0.05)
+    raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(self.lines)[-4000:]}")
+
+  def text(self) -> str:
+    self._thread.join(timeout=30)
+    return "".join(self.lines)
+
+
+def test_sigterm_saves_the_current_step_and_exits_42_then_resumes(tmp_path_factory, tmp_path):
+  use_cache(tmp_path_factory)
+  job = tmp_path / "job"
+  args = [FAULT_EXP, f"--job_log_dir={job}", *LONG]
+  proc = launch(args, tmp_path)
+  tail = _Tail(proc)
+  tail.wait_for(r"paxlike step 20 ")
+
+  # While it runs, a second run on the same job_log_dir refuses and names the holder.
+  second = run(args, tmp_path)
+  line = error_line(second)
+  assert f"in use by pid {proc.pid} on host {socket.gethostname()}" in line, line
+
+  sent = time.monotonic()
+  proc.send_signal(signal.SIGTERM)
+  out = proc.stdout.read()
+  proc.wait(timeout=120)
+  exit_seconds = time.monotonic() - sent
+  err = tail.text()
+  proc.stdout, proc.stderr = out, err
+  assert proc.returncode == preemption.EXIT_PREEMPTED, describe(proc)
+  m = STOPPED_RE.search(err)
+  assert m and m.group(1) == "SIGTERM", describe(proc)
+  stopped = int(m.group(2))
+  assert stopped > 20
+  assert complete_steps(job) == [stopped] and partial_dirs(job) == []
+  assert not (job / "job.lock").exists()
+  assert exit_seconds < 60, exit_seconds  # generous: the CI machine is shared
+  print(f"\nSIGTERM -> exit 42 in {exit_seconds:.2f}s, stopped after step {stopped}")
+
+  resumed = run([FAULT_EXP, f"--job_log_dir={job}", *LONG[2:],
+                 "--set", f"NUM_TRAIN_STEPS={stopped + 2}"], tmp_path)
+  assert resumed.returncode == 0, describe(resumed)
+  assert f"restored step {stopped} from" in resumed.stderr
+  assert f"trained steps {stopped}..{stopped + 2}:" in resumed.stdout
+  assert read_checkpoint(job, stopped + 2)["input/step"] == stopped + 2
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_agree_on_the_step_to_save(tmp_path_factory, tmp_path):
+  """SIGTERM to process 1 only: both processes stop after the same step and save it once."""
+  use_cache(tmp_path_factory)
+  job = tmp_path / "job"
+  port = _free_port()
+  procs, tails = [], []
+  for pid in (0, 1):
+    procs.append(launch([FAULT_EXP, f"--job_log_dir={job}", *LONG,
+                         "--set", "DCN_MESH_SHAPE=[2,1,1]", "--set", "PERCORE_BATCH_SIZE=4",
+                         f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                         f"--process_id={pid}", "--distributed_timeout_s=120"], tmp_path))
+    tails.append(_Tail(procs[-1]))
+  for tail in tails:
+    tail.wait_for(r"paxlike \[process \d/2\] step 20 ")
+  procs[1].send_signal(signal.SIGTERM)
+  stopped = []
+  for proc, tail in zip(procs, tails, strict=True):
+    out = proc.stdout.read()
+    proc.wait(timeout=180)
+    proc.stdout, proc.stderr = out, tail.text()
+    assert proc.returncode == preemption.EXIT_PREEMPTED, describe(proc)
+    stopped.append(int(STOPPED_RE.search(proc.stderr).group(2)))
+  assert stopped[0] == stopped[1] > 20, stopped
+  assert complete_steps(job) == [stopped[0]] and partial_dirs(job) == []
+  assert read_checkpoint(job, stopped[0])["input/step"] == stopped[0]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stop_watcher_turns_a_signal_into_a_stop_request(sig):
+  before = signal.getsignal(sig)
+  with preemption.StopWatcher() as watcher:
+    assert not watcher.reached(1)
+    os.kill(os.getpid(), sig)
+    time.sleep(0.05)  # the handler runs between bytecodes of the main thread
+    assert watcher.reached(2) and watcher.signal_name == signal.Signals(sig).name
+    if sig == signal.SIGINT:  # Ctrl-C twice stops at once
+      with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), sig)
+        time.sleep(0.05)
+  assert signal.getsignal(sig) == before
