@@ -128,7 +128,8 @@ def run(argv_flags: flags.FlagValues) -> int:
             quiet_libraries=not argv_flags["verbosity"].present)
   from paxlike import job_lock, preemption, resume
 
-  job_lock.hold(job_log_dir)  # one run per job_log_dir; released when the process exits
+  if argv_flags.mode == "train":  # eval/decode may read a job while it trains (Pax's evaler)
+    job_lock.hold(job_log_dir)  # one training run per job_log_dir; released at exit
   from paxlike.partitioning import PmapPartitioner, SpmdPartitioner
 
   if exp.ICI_MESH_SHAPE is None:  # Pax: no mesh means the pmap loop

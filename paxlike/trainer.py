@@ -270,7 +270,8 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
       save = options.enable_checkpoint_saving and last_saved != step and (
           stop or step % settings.checkpoint_every_n_steps == 0
           or step == settings.num_train_steps)
-      if save or stop or step % settings.summary_interval_steps == 0:
+      if (save or stop or step % settings.summary_interval_steps == 0
+          or step == settings.num_train_steps):
         guard.check(last_saved)  # where the loop waits for the device anyway
       if save:
         with gp.span("checkpoint"):
