@@ -11,6 +11,12 @@ D_attn = heads x dims_per_head. The attention term is 12·L·S·D_attn halved
 for the causal mask: on average each query attends to S/2 keys, which is what
 the work actually needs (MaxText's convention; Levanter does not halve).
 The factor 6 is 2 (multiply-add) x 3 (forward + two backward matmuls).
+
+MFU = model FLOPs per step x steps/s / devices / peak FLOP/s per device.
+HFU uses the compiled step's hardware FLOPs instead (see HardwareFlops:
+XLA's cost analysis, corrected for loop bodies it counts once; remat
+included). The peak comes from --peak_tflops_per_device, the table below,
+or on a CPU a matmul calibration (resolve_peak).
 """
 
 from __future__ import annotations
@@ -229,16 +235,21 @@ def resolve_peak(devices: list[Any], dtype: str, override_tflops: float | None =
   Order: --peak_tflops_per_device; the table for the device kind; on a CPU
   (no honest table entry), a matmul calibration; otherwise none (no MFU).
   """
-  if override_tflops:
-    return override_tflops * 1e12, "--peak_tflops_per_device"
+  from paxlike import log as logging
+
   kind = devices[0].device_kind
-  table = peak_flops_per_device(kind, dtype)
-  if table:
-    return table, f"table: {kind} {dtype}"
-  if devices[0].platform == "cpu":
+  if override_tflops:
+    peak, source = override_tflops * 1e12, "--peak_tflops_per_device"
+  elif peak_flops_per_device(kind, dtype):
+    peak, source = peak_flops_per_device(kind, dtype), f"table: {kind} {dtype}"
+  elif devices[0].platform == "cpu":
     peak = calibrate_peak_flops(devices, dtype)
-    return peak, f"calibrated: {len(devices)}-device {dtype} matmul on {kind}"
-  return None, f"no table entry for {kind!r}; pass --peak_tflops_per_device"
+    source = f"calibrated: {len(devices)}-device {dtype} matmul on {kind}"
+  else:
+    peak, source = None, f"no table entry for {kind!r}; pass --peak_tflops_per_device"
+  logging.info("peak per device for MFU: %s (%s)",
+               f"{peak / 1e12:.4g} TFLOP/s" if peak else "none", source)
+  return peak, source
 
 
 def measure_step(step_fn: Any, args: tuple, num_devices: int, may_compile: bool = True
