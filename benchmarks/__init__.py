@@ -1,0 +1,1 @@
+"""Step-time and MFU benchmarks: paxlike measured against plain-JAX references."""
