@@ -220,7 +220,9 @@ def run(argv_flags: flags.FlagValues) -> int:
     print(f"{name} at step {result.final_step}: " +
           " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
   if result.stopped_by:
-    print(f"stopped by {result.stopped_by} after step {result.final_step}, checkpoint saved; "
+    saved = ("checkpoint saved" if options.enable_checkpoint_saving else
+             "not saved (--enable_checkpoint_saving=false)")
+    print(f"stopped by {result.stopped_by} after step {result.final_step}, {saved}; "
           f"exit status {preemption.EXIT_PREEMPTED}: rerun the same command to continue",
           file=sys.stderr)
     return preemption.EXIT_PREEMPTED

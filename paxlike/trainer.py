@@ -307,10 +307,10 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
   result.goodput = gp.write(job_log_dir) if is_chief else gp.report()
   logging.info("%s", gp.summary_line())
   if result.stopped_by:
-    logging.warning("%s: stopped after step %d with its checkpoint saved (%.2fs after the "
+    logging.warning("%s: stopped after step %d, last checkpoint %d (%.2fs after the "
                     "signal); rerun the same command to continue", result.stopped_by,
-                    result.final_step, time.monotonic() - (watcher.requested_at or
-                                                           time.monotonic()))
+                    result.final_step, last_saved, time.monotonic() - (watcher.requested_at or
+                                                                       time.monotonic()))
   logging.info("training done at step %d (last checkpoint %d)", result.final_step, last_saved)
   result.state = state
   return result
