@@ -161,10 +161,8 @@ def analyse(exp: Any) -> dict[str, Any]:
   partitioner.check_global_batch(global_batch)
 
   tx = task.learner.transform()
-  sample_ids = jax.ShapeDtypeStruct((1, seq_len), np.int32)
   t0 = time.perf_counter()
   abstract, logical = ts.logical_specs(task.model, tx, np.zeros((1, seq_len), np.int32))
-  del sample_ids
   partitioner.set_state_specs(logical)
   state = partitioner.abstract_state(abstract)
   batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=partitioner.batch_sharding)
@@ -172,7 +170,11 @@ def analyse(exp: Any) -> dict[str, Any]:
   key = jax.eval_shape(lambda: jax.random.key(0))
   step_fn = partitioner.compile(make_train_step(task.model, tx, task.learner.lr_schedule(),
                                                 partitioner.reduce))
-  lowered = step_fn.lower(state, batch, key)
+  try:
+    lowered = step_fn.lower(state, batch, key)
+  except ValueError as e:  # a dim the mesh does not divide (jax names the array and dim)
+    raise UserError(f"the train state does not shard over the mesh {shape}: "
+                    f"{str(e).splitlines()[0]}; change the mesh or pad that dimension.") from None
   t_lower = time.perf_counter() - t0
   t0 = time.perf_counter()
   compiled = lowered.compile()

@@ -90,3 +90,9 @@ def test_in_process_analysis_splits_state_over_the_mesh():
   assert report["params"] == expected_param_count(1, 64, 256, 256)
   ratio = report["bytes_per_device"]["params"] / (report["params"] * 4)
   assert 1 / 8 <= ratio < 1 / 7
+
+
+def test_a_dimension_the_mesh_does_not_divide_is_a_user_error():
+  exp = experiment.instantiate(registry.get(TINY), ["VOCAB_SIZE=255", "ICI_MESH_SHAPE=[1,1,2]"])
+  with pytest.raises(UserError, match=r"does not shard over the mesh \[1, 1, 2\].*255.*pad"):
+    dry_run.analyse(exp)
