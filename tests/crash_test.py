@@ -7,6 +7,7 @@ evals every 4).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -55,6 +56,12 @@ def _pick_step(rng: random.Random, kind: str, resume: int) -> int | None:
   return rng.choice(choices) if choices else None
 
 
+def _lock_holder(job) -> int | None:
+  """The pid in job.lock, which only a killed run leaves behind."""
+  lock = job / "job.lock"
+  return json.loads(lock.read_text())["pid"] if lock.exists() else None
+
+
 def _kill_after_first_step(args, cwd, delay: float):
   """Starts a run and SIGKILLs it `delay` seconds after its first step completed."""
   proc = launch(args, cwd)
@@ -99,7 +106,9 @@ def test_killed_anywhere_resumes_bitwise(tmp_path_factory, tmp_path):
       assert f"restored step {resume} from" in err, describe(proc)
     if killed_pid is not None:  # kill -9 left its lock behind; this run took it over
       assert f"took over the stale lock of pid {killed_pid} " in err, describe(proc)
-    killed_pid = proc.pid if proc.returncode == -signal.SIGKILL else None
+    killed_pid = _lock_holder(job)
+    if proc.returncode == -signal.SIGKILL and killed_pid is None:
+      log.append("(killed after it had released its lock, while exiting)")
     if action == "term":
       assert proc.returncode == 42, describe(proc)
       assert step in complete_steps(job), describe(proc)
