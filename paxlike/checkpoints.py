@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 from typing import Any
 
@@ -167,6 +168,7 @@ class Checkpointer:
       raise ValueError(f"state_format must be one of {FORMATS}, got {state_format!r}")
     self.directory = directory
     self.state_format = state_format
+    self._write_failed = False
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep,
         step_prefix=STEP_PREFIX,
@@ -193,8 +195,9 @@ class Checkpointer:
     """Starts saving; returns once the arrays are copied off the device."""
     state_args = (ocp.args.StandardSave(state) if self.state_format == "tensorstore"
                   else MsgpackSave(state))
-    self._manager.save(step, args=ocp.args.Composite(
-        state=state_args, input=ocp.args.JsonSave(input_state)), force=True)
+    with self._write_errors():
+      self._manager.save(step, args=ocp.args.Composite(
+          state=state_args, input=ocp.args.JsonSave(input_state)), force=True)
 
   def format_of(self, step: int) -> str:
     state_dir = os.path.join(self.step_path(step), "state")
@@ -258,8 +261,30 @@ class Checkpointer:
     self._manager.reload()
     return dst
 
+  @contextlib.contextmanager
+  def _write_errors(self):
+    """A full disk while orbax writes (now or in the background) -> one UserError.
+
+    Orbax reports a failed background write at the next save or wait; after
+    the first report later ones are dropped, so cleanup can finish.
+    """
+    try:
+      yield
+    except Exception as e:  # noqa: BLE001  (tensorstore raises ValueError, the OS OSError)
+      if self._write_failed:
+        return
+      if not (getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e)):
+        raise
+      self._write_failed = True
+      raise UserError(
+          f"writing a checkpoint into {self.directory} failed: no space left on device; the "
+          f"complete checkpoints ({self.all_steps() or 'none'}) are intact: free some space "
+          "and rerun the same command to continue.") from None
+
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    with self._write_errors():
+      self._manager.wait_until_finished()
 
   def close(self) -> None:
-    self._manager.close()
+    with self._write_errors():
+      self._manager.close()

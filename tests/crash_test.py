@@ -11,8 +11,10 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import signal
+import subprocess
 import time
 
 import jax
@@ -23,8 +25,10 @@ from fault_tools import (
     FAULT_EXP,
     FAULT_STEPS,
     assert_checkpoints_equal,
+    command,
     complete_steps,
     describe,
+    env,
     error_line,
     launch,
     partial_dirs,
@@ -204,3 +208,23 @@ def test_guard_names_the_first_bad_gradient_and_step():
   assert guard.describe(int(bad_loss), float("inf")) == "the loss is +Inf"
   assert "gradient norm" in guard.describe(int(overflow), 1.0)
   guard.check()  # nothing pending: no error, no sync
+
+
+def test_disk_filling_up_mid_run_is_a_clear_error(tmp_path_factory, tmp_path):
+  """A 3 MiB file system holds two checkpoints of FaultTiny; the third write fails."""
+  use_cache(tmp_path_factory)
+  if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
+    pytest.skip("unshare -rm (user + mount namespaces) is not available here")
+  mnt = tmp_path / "mnt"
+  mnt.mkdir()
+  cmd = " ".join(shlex.quote(c) for c in command(
+      [FAULT_EXP, f"--job_log_dir={mnt / 'job'}", "--set", "EVAL_INTERVAL_STEPS=0",
+       "--set", "MAX_CKPT_TO_KEEP=10"]))
+  proc = subprocess.run(
+      ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=3m tmpfs {mnt} && exec {cmd}"],
+      cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, describe(proc)
+  # orbax's writer threads log their own tracebacks; the run ends with one error line.
+  line = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")][-1]
+  assert re.search(r"no space left on device; the complete checkpoints \(\[4, 8\]\) are "
+                   r"intact", line), line
