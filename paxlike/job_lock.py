@@ -126,6 +126,8 @@ class JobLock:
       # Empty or torn: a writer died between create and write, or is writing right now.
       return age > 5.0
     if info.get("host") == self.host:
+      if info.get("pid") == self.pid:
+        return True  # an earlier run in this same process (main.run called twice)
       return not pid_running(int(info.get("pid", -1)), info.get("start_ticks"))
     return age > self.stale_after_s
 
@@ -156,8 +158,9 @@ class JobLock:
         with contextlib.suppress(OSError):
           os.remove(aside)
         self.took_over = info or {}
-        logging.warning("took over the stale lock of %s (not running any more)",
-                        describe_holder(info or {}))
+        if self.took_over.get("pid") != self.pid:
+          logging.warning("took over the stale lock of %s (not running any more)",
+                          describe_holder(self.took_over))
         continue
       except OSError as e:
         raise UserError(f"cannot create the lock file {self.path} ({e.strerror}); "

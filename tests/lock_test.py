@@ -23,16 +23,24 @@ def _write_lock(job, **info):
 
 
 def test_second_lock_refuses_and_names_the_holder(tmp_path):
-  with job_lock.JobLock(str(tmp_path)) as first:
-    assert first.held
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys, time; from paxlike import job_lock; "
+       f"job_lock.JobLock({str(tmp_path)!r}).acquire(); print('held', flush=True); "
+       "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
     info = json.loads((tmp_path / job_lock.LOCK_NAME).read_text())
-    assert info["pid"] == os.getpid() and info["host"] == socket.gethostname()
-    with pytest.raises(UserError, match=rf"in use by pid {os.getpid()} on host "
+    assert info["pid"] == holder.pid and info["host"] == socket.gethostname()
+    with pytest.raises(UserError, match=rf"in use by pid {holder.pid} on host "
                                         rf"{socket.gethostname()}.*another --job_log_dir"):
       job_lock.JobLock(str(tmp_path)).acquire()
-  assert not (tmp_path / job_lock.LOCK_NAME).exists()  # released on exit
-  with job_lock.JobLock(str(tmp_path)):  # and free again
-    pass
+  finally:
+    holder.kill()
+    holder.wait()
+  # kill -9 left the lock behind: the next run takes it over, and releases it at the end.
+  with job_lock.JobLock(str(tmp_path)) as lock:
+    assert lock.took_over["pid"] == holder.pid
+  assert not (tmp_path / job_lock.LOCK_NAME).exists()
 
 
 def _dead_pid() -> int:
@@ -91,3 +99,12 @@ def test_release_leaves_another_runs_lock_alone(tmp_path):
   _write_lock(tmp_path, pid=os.getpid() + 1, host="other")  # someone replaced it
   lock.release()
   assert (tmp_path / job_lock.LOCK_NAME).exists()
+
+
+def test_a_second_run_in_the_same_process_reuses_the_lock(tmp_path):
+  first = job_lock.JobLock(str(tmp_path))
+  first.acquire()  # e.g. main.run() returned without releasing (released at exit)
+  second = job_lock.JobLock(str(tmp_path))
+  second.acquire()
+  assert second.held and second.took_over["pid"] == os.getpid()
+  second.release()
