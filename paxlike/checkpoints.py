@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import logging
 import os
+import sys
 from typing import Any
 
 import jax
@@ -96,6 +98,44 @@ class DamagedCheckpointError(UserError):
     self.path = path
 
 
+# What orbax/tensorstore operations still in flight print after a read or write has
+# failed: each straggler fails on orbax's closed event loop and Python prints it as an
+# "Exception ignored" traceback. The failure itself reaches the caller (save, wait or
+# restore) and becomes one UserError; the stragglers add nothing.
+_STRAGGLER_MARKS = ("Event loop is closed", "Encountered error while reading",
+                    "No space left on device", "sys.meta_path is None", "RESOURCE_EXHAUSTED")
+
+
+def _quiet_stragglers() -> None:
+  """Drops (only) the straggler tracebacks of a failed orbax read or write."""
+  previous = sys.unraisablehook
+  if getattr(previous, "paxlike_quiet", False):
+    return
+
+  def hook(unraisable: Any) -> None:
+    if not any(m in str(unraisable.exc_value) for m in _STRAGGLER_MARKS):
+      previous(unraisable)
+
+  hook.paxlike_quiet = True
+  sys.unraisablehook = hook
+
+
+class _StragglerTraceback(logging.Filter):
+  """orbax's threads and asyncio log a failed read/write with its traceback: keep one line."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.exc_info and any(m in str(record.exc_info[1]) for m in _STRAGGLER_MARKS):
+      record.exc_info, record.exc_text = None, None
+    return True
+
+
+def _install_log_filter() -> None:
+  for name in ("absl", "asyncio"):
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _StragglerTraceback) for f in logger.filters):
+      logger.addFilter(_StragglerTraceback())
+
+
 @contextlib.contextmanager
 def _quiet_absl(quiet: bool):
   from absl import logging as absl_logging
@@ -169,6 +209,8 @@ class Checkpointer:
     self.directory = directory
     self.state_format = state_format
     self._write_failed = False
+    _install_log_filter()
+    _quiet_stragglers()
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep,
         step_prefix=STEP_PREFIX,
