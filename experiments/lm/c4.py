@@ -32,7 +32,7 @@ class C4SpmdAdam(C4StandInDataset, TransformerLmSpmdAdam):
   NUM_LAYERS = 24
   NUM_HEADS = 32
   MODEL_DIMS = 2048
-  HIDDEN_DIMS = MODEL_DIMS * 4
+  HIDDEN_DIMS = None  # 4 x MODEL_DIMS, derived so that --set MODEL_DIMS reaches it
   DIMS_PER_HEAD = None
   VOCAB_SIZE = 32128
   MAX_SEQ_LEN = 1024
@@ -57,41 +57,38 @@ class C4SpmdAdam(C4StandInDataset, TransformerLmSpmdAdam):
   TRAINING_OPTIMIZED_SHARDING = True  # Pax's default for its SPMD LMs
 
 
+class C4SpmdAdamBf16(C4SpmdAdam):
+  """What Pax's 1B, 16B and 22B C4 runs share: bf16, 32k vocabulary, no saved activations."""
+
+  MAX_SEQ_LEN = 1024
+  VOCAB_SIZE = 32000
+  FPROP_DTYPE = jnp.bfloat16
+  USE_REPEATED_LAYER = True
+  SUMMARY_INTERVAL_STEPS = 10
+  CHECKPOINT_POLICY = "SAVE_NOTHING"
+
+
 @experiment_registry.register
-class C4Spmd1BAdam4Replicas(C4SpmdAdam):
+class C4Spmd1BAdam4Replicas(C4SpmdAdamBf16):
   """1B parameters on 4 chips; global batch 1 x 4 x 1 x 32 = 128."""
 
   NUM_LAYERS = 13
   MODEL_DIMS = 2560
-  HIDDEN_DIMS = MODEL_DIMS * 4
   NUM_HEADS = 20
   DIMS_PER_HEAD = 128
   PERCORE_BATCH_SIZE = 32
-  MAX_SEQ_LEN = 1024
-  VOCAB_SIZE = 32000
-  FPROP_DTYPE = jnp.bfloat16
-  USE_REPEATED_LAYER = True
-  SUMMARY_INTERVAL_STEPS = 10
-  CHECKPOINT_POLICY = "SAVE_NOTHING"
   ICI_MESH_SHAPE = [1, 4, 1]
 
 
 @experiment_registry.register
-class C4Spmd16BAdam32Replicas(C4SpmdAdam):
+class C4Spmd16BAdam32Replicas(C4SpmdAdamBf16):
   """16B parameters on 32 chips; global batch 1 x 16 x 2 x 16 = 512."""
 
   NUM_LAYERS = 36
   MODEL_DIMS = 6144
-  HIDDEN_DIMS = MODEL_DIMS * 4
   NUM_HEADS = 48
   DIMS_PER_HEAD = 128
   PERCORE_BATCH_SIZE = 16
-  MAX_SEQ_LEN = 1024
-  VOCAB_SIZE = 32000
-  FPROP_DTYPE = jnp.bfloat16
-  USE_REPEATED_LAYER = True
-  SUMMARY_INTERVAL_STEPS = 10
-  CHECKPOINT_POLICY = "SAVE_NOTHING"
   ICI_MESH_SHAPE = [1, 16, 2]
 
 
@@ -109,7 +106,6 @@ class C4SpmdGpt3AdamOrgHP(C4SpmdAdam):
   NUM_LAYERS = 96
   NUM_HEADS = 96
   MODEL_DIMS = 12288
-  HIDDEN_DIMS = MODEL_DIMS * 4
   DIMS_PER_HEAD = None  # 128
   VOCAB_SIZE = 50304
   USE_REPEATED_LAYER = True
@@ -149,21 +145,15 @@ class C4SpmdGpt3AdamOrgHP1536Replicas(C4SpmdGpt3AdamOrgHP):
   EVAL_INTERVAL_STEPS = 25
 
 
-class C4Spmd22BAdamMaxText(C4SpmdAdam):
+class C4Spmd22BAdamMaxText(C4SpmdAdamBf16):
   """22B parameters, MaxText's comparison model (Pax's base of the v4-128 runs)."""
 
   NUM_LAYERS = 48
   MODEL_DIMS = 6144
-  HIDDEN_DIMS = MODEL_DIMS * 4
   NUM_HEADS = 24
   DIMS_PER_HEAD = 256
   PERCORE_BATCH_SIZE = 16
-  MAX_SEQ_LEN = 1024
   VOCAB_SIZE = 32768
-  FPROP_DTYPE = jnp.bfloat16
-  USE_REPEATED_LAYER = True
-  SUMMARY_INTERVAL_STEPS = 10
-  CHECKPOINT_POLICY = "SAVE_NOTHING"
 
 
 @experiment_registry.register
