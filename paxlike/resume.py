@@ -63,6 +63,18 @@ def resolve_restore_dir(path: str) -> str:
   return path
 
 
+def _pick(ckpt: ckpt_lib.Checkpointer, steps: list[int], step: int | None,
+          own: bool) -> Source:
+  """The requested step of ckpt (the latest when None)."""
+  if step is None:
+    return Source(ckpt, max(steps), own)
+  if step not in steps:
+    raise UserError(
+        f"no complete checkpoint for step {step} (--restore_checkpoint_step) in "
+        f"{ckpt.directory}; available: {sorted(steps)}.")
+  return Source(ckpt, step, own)
+
+
 def find_source(own: ckpt_lib.Checkpointer, restore_checkpoint_dir: str | None,
                 restore_checkpoint_step: int | None) -> Source:
   """Applies the restore rule; see the module docstring.
@@ -72,26 +84,14 @@ def find_source(own: ckpt_lib.Checkpointer, restore_checkpoint_dir: str | None,
   """
   own_steps = own.all_steps()
   if own_steps:
-    if restore_checkpoint_step is None:
-      return Source(own, max(own_steps), True)
-    if restore_checkpoint_step not in own_steps:
-      raise UserError(
-          f"no complete checkpoint for step {restore_checkpoint_step} "
-          f"(--restore_checkpoint_step) in {own.directory}; available: {sorted(own_steps)}.")
-    return Source(own, restore_checkpoint_step, True)
+    return _pick(own, own_steps, restore_checkpoint_step, True)
   if restore_checkpoint_dir:
     other = _read_only(resolve_restore_dir(restore_checkpoint_dir))
     steps = other.all_steps()
     if not steps:
       raise UserError(f"--restore_checkpoint_dir {other.directory} holds no complete "
                       "checkpoint; pass the checkpoints/ folder of a run that saved one.")
-    if restore_checkpoint_step is None:
-      return Source(other, max(steps), False)
-    if restore_checkpoint_step not in steps:
-      raise UserError(
-          f"no complete checkpoint for step {restore_checkpoint_step} "
-          f"(--restore_checkpoint_step) in {other.directory}; available: {sorted(steps)}.")
-    return Source(other, restore_checkpoint_step, False)
+    return _pick(other, steps, restore_checkpoint_step, False)
   if restore_checkpoint_step is not None:
     raise UserError(
         f"no checkpoint for step {restore_checkpoint_step} (--restore_checkpoint_step): "
