@@ -23,10 +23,16 @@ def build(cfg: Any) -> Any:
 
 
 def flattened(cfg: Any, prefix: str) -> str:
-  """One `path = value` line per leaf of a fiddle config."""
+  """One `path = value` line per leaf of a fiddle config.
+
+  flax modules' unset `parent` field is left out: its default prints with a
+  memory address, which would make the dump differ between identical runs.
+  """
   if not isinstance(cfg, fdl.Buildable):
     return f"{prefix} = {cfg!r}\n"
-  return "".join(f"{prefix}.{line}\n" for line in printing.as_str_flattened(cfg).splitlines())
+  lines = printing.as_str_flattened(cfg).splitlines()
+  return "".join(f"{prefix}.{line}\n" for line in lines
+                 if not (line.split(":", 1)[0].endswith("parent") and "<[unset" in line))
 
 
 def dump_model_params(task_cfg: Any, dataset_cfgs: list[Any]) -> str:
