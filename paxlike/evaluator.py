@@ -155,7 +155,8 @@ class Evaluator:
           hb = inp.get_next()
         except StopIteration:
           break
-        lens = hb.get("prompt_lens", np.ones(len(hb["ids"]), np.int32))
+        hb.setdefault("prompt_lens", np.ones(len(hb["ids"]), np.int32))
+        lens = hb["prompt_lens"]
         tokens = np.where(np.arange(hb["ids"].shape[1])[None] < lens[:, None], hb["ids"], 0)
         with self.partitioner.context():
           out = self._decoder()(params, *self.partitioner.decode_inputs(
@@ -163,13 +164,14 @@ class Evaluator:
         out = np.asarray(multihost_utils.process_allgather(out, tiled=True)) \
             if jax.process_count() > 1 else np.asarray(jax.device_get(out))
         hb = {k: _gather_host(v) for k, v in hb.items()}
-        lens = hb.get("prompt_lens", np.ones(len(hb["ids"]), np.int32))
+        lens = hb["prompt_lens"]
+        prompts = inp.ids_to_strings(hb["ids"], lens)
         n += 1
         for r in range(len(out)):
           if not hb["weights"][r].any():
             continue  # padding row
           target_ids = hb["labels"][r][hb["weights"][r] > 0]
-          rows.append({"prompt": inp.ids_to_strings(hb["ids"][r:r + 1], lens[r:r + 1])[0],
+          rows.append({"prompt": prompts[r],
                        "generation": inp.ids_to_strings(out[r:r + 1, int(lens[r]):])[0],
                        "target": inp.ids_to_strings(target_ids[None])[0]})
       metrics = inp.score([r["target"] for r in rows], [r["generation"] for r in rows])
