@@ -93,42 +93,24 @@ def build(exp_name: str, overrides: Sequence[str], skip_nonfinite: bool = False)
                partitioner, program)
 
 
-def check_lm(task: Any) -> None:
-  model = task.model
-  if not hasattr(model, "model_dims"):
-    raise UserError(f"the experiment's model {type(model).__name__} is not a Transformer LM; "
-                    "this benchmark measures paxlike.models.language_model.LanguageModel.")
-
-
-def lm_dims(task: Any, seq_len: int) -> Any:
-  from paxlike import flops
-
-  model = task.model
-  return flops.LmDims(model.num_layers, model.model_dims, model.hidden_dims, model.num_heads,
-                      model.dim_per_head, model.vocab_size, seq_len)
-
-
-def dtype_name(dtype: Any) -> str:
-  import numpy as np
-
-  return np.dtype(dtype).name
-
-
-def ref_config(task: Any, partitioner: Any = None) -> Any:
-  """The reference's config from the built task (and, under SPMD, the partitioner's layout).
-
-  Raises:
-    UserError: the experiment uses something the reference does not implement.
-  """
-  from benchmarks import reference_lm as ref
-
-  model, learner = task.model, task.learner
-  if model.combine_qkv:
-    raise UserError("the reference implements separate q/k/v projections; "
-                    "drop COMBINE_QKV=True or pass --no-reference.")
+def optimizer_fields(learner: Any) -> dict[str, Any]:
+  """The learner's settings both references take (clip + adamw, Pax's schedules)."""
   if learner.optimizer != "adam":
     raise UserError(f"the reference implements adamw, not OPTIMIZER={learner.optimizer!r}; "
                     "pass --no-reference.")
+  return dict(learning_rate=learner.learning_rate, schedule=learner.schedule,
+              warmup_steps=learner.warmup_steps, decay_start=learner.decay_start,
+              decay_end=learner.decay_end, min_ratio=learner.min_ratio, beta1=learner.beta1,
+              beta2=learner.beta2, epsilon=learner.epsilon, weight_decay=learner.weight_decay,
+              clip_gradient_norm_to_value=learner.clip_gradient_norm_to_value)
+
+
+def lm_ref_config(model: Any, learner: Any, layout: dict[str, Any]) -> Any:
+  from benchmarks import reference_lm as ref
+
+  if model.combine_qkv:
+    raise UserError("the reference implements separate q/k/v projections; "
+                    "drop COMBINE_QKV=True or pass --no-reference.")
   if model.activation not in ref.ACTIVATIONS:
     raise UserError(f"the reference has no activation {model.activation!r}; "
                     "pass --no-reference.")
@@ -137,12 +119,49 @@ def ref_config(task: Any, partitioner: Any = None) -> Any:
       num_heads=model.num_heads, dim_per_head=model.dim_per_head,
       hidden_dims=model.hidden_dims, dtype=model.fprop_dtype, activation=model.activation,
       use_repeated_layer=model.use_repeated_layer, checkpoint_policy=model.checkpoint_policy,
-      learning_rate=learner.learning_rate, schedule=learner.schedule,
-      warmup_steps=learner.warmup_steps, decay_start=learner.decay_start,
-      decay_end=learner.decay_end, min_ratio=learner.min_ratio, beta1=learner.beta1,
-      beta2=learner.beta2, epsilon=learner.epsilon, weight_decay=learner.weight_decay,
-      clip_gradient_norm_to_value=learner.clip_gradient_norm_to_value,
-      **activation_layout(partitioner))
+      **optimizer_fields(learner), **layout)
+
+
+def t5_ref_config(model: Any, learner: Any, layout: dict[str, Any]) -> Any:
+  from benchmarks import reference_t5 as ref
+
+  if model.dropout_rate:
+    raise UserError("the T5 reference has no dropout; --set DROPOUT_RATE=0.0 or pass "
+                    "--no-reference.")
+  return ref.T5RefConfig(
+      vocab_size=model.vocab_size, model_dims=model.model_dims,
+      num_encoder_layers=model.num_encoder_layers, num_decoder_layers=model.num_decoder_layers,
+      num_heads=model.num_heads, dim_per_head=model.dim_per_head,
+      hidden_dims=model.hidden_dims, activation=model.activation,
+      tie_embeddings=model.tie_embeddings,
+      relative_attention_num_buckets=model.relative_attention_num_buckets,
+      relative_attention_max_distance=model.relative_attention_max_distance,
+      layer_norm_epsilon=model.layer_norm_epsilon, dtype=model.fprop_dtype,
+      use_repeated_layer=model.use_repeated_layer, checkpoint_policy=model.checkpoint_policy,
+      **optimizer_fields(learner), **layout)
+
+
+# The hand-written reference of each model family: (its module, its config builder).
+REFERENCES: dict[str, tuple[str, Callable[..., Any]]] = {
+    "LanguageModel": ("benchmarks.reference_lm", lm_ref_config),
+    "T5Model": ("benchmarks.reference_t5", t5_ref_config),
+}
+
+
+def reference_for(task: Any, partitioner: Any = None) -> tuple[Any, Any]:
+  """(the reference module, its config) for the task's model family.
+
+  Raises:
+    UserError: the family has no reference, or uses something it does not implement.
+  """
+  import importlib
+
+  family = type(task.model).__name__
+  if family not in REFERENCES:
+    raise UserError(f"there is no hand-written reference for {family}; pass --no-reference.")
+  module, builder = REFERENCES[family]
+  return importlib.import_module(module), builder(task.model, task.learner,
+                                                  activation_layout(partitioner))
 
 
 # paxlike's activation constraints (models/, layers/): reference kind -> logical axes.
@@ -315,21 +334,19 @@ def dump_hlo(hlo_dir: str, texts: dict[str, str]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
   """Builds, compiles, times; returns (the JSON record, whether all checks passed)."""
   setup = build(args.exp, args.set, args.skip_nonfinite_steps)
-  check_lm(setup.task)
-  cfg = ref_config(setup.task, setup.partitioner) if args.reference else None
+  ref_mod, cfg = reference_for(setup.task, setup.partitioner) if args.reference else (None, None)
 
   import jax
 
-  from benchmarks import reference_lm as ref_mod
   from paxlike import flops
   from paxlike.train_state import count_params
 
   task, program, part = setup.task, setup.program, setup.partitioner
   model = task.model
-  host_batches = [setup.train_input.get_next() for _ in range(args.num_batches)]
-  seq_len = int(host_batches[0]["ids"].shape[1])
-  dims = lm_dims(task, seq_len)
-  dtype = dtype_name(model.fprop_dtype)
+  features = model.input_features()
+  host_batches = [{k: b[k] for k in features}
+                  for b in (setup.train_input.get_next() for _ in range(args.num_batches))]
+  dtype = model.compute_dtype()
   key = jax.random.key(task.train.seed)
 
   state = program.init_state(task.train.seed)
@@ -370,7 +387,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
   time_interleaved(runners, args.steps, args.block)
 
   step_s = statistics.median(pax.times)
-  flops_per_step = flops.model_flops_per_step(dims, program.global_batch)
+  flops_per_step = model.model_flops_per_step(program.global_specs)
   device = jax.devices()[0]
   peak = flops.peak_flops_per_device(device.device_kind, dtype)
   record: dict[str, Any] = {
@@ -379,13 +396,8 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
       "tokens_per_sec": program.tokens_per_step / step_s,
       "num_params": count_params(program.abstract.params),
       "model_flops_per_step": flops_per_step,
-      "layers": dims.num_layers,
-      "model_dims": dims.model_dims,
-      "hidden_dims": dims.hidden_dims,
-      "num_heads": dims.num_heads,
-      "dims_per_head": dims.dims_per_head,
-      "vocab_size": dims.vocab_size,
-      "seq_len": seq_len,
+      "model": type(model).__name__,
+      "features": {k: list(program.global_specs[k].shape[1:]) for k in features},
       "global_batch": program.global_batch,
       "fprop_dtype": dtype,
       "devices": jax.device_count(),

@@ -157,12 +157,12 @@ def analyse(exp: Any) -> dict[str, Any]:
   if not train_cfgs:
     raise UserError(f"{type(exp).__name__}.datasets() has no input with is_training=True.")
   specs = input_specs(train_cfgs[0])
-  global_batch, seq_len = specs["ids"].shape[:2]
+  global_batch = next(iter(specs.values())).shape[0]
   partitioner.check_global_batch(global_batch)
 
   tx = task.learner.transform()
   t0 = time.perf_counter()
-  abstract, logical = ts.logical_specs(task.model, tx, np.zeros((1, seq_len), np.int32))
+  abstract, logical = ts.logical_specs(task.model, tx, task.model.init_batch(specs))
   partitioner.set_state_specs(logical)
   state = partitioner.abstract_state(abstract)
   batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=partitioner.batch_sharding)
@@ -187,15 +187,15 @@ def analyse(exp: Any) -> dict[str, Any]:
   memory["peak"] = (memory["argument"] + memory["output"] - memory["alias"] + memory["temp"]
                     + memory["generated_code"])
   hw = flops.hardware_flops(step_fn, (state, batch, key), n, compiled=compiled)
-  model_flops = flops.lm_model_flops_per_step(task.model, seq_len, global_batch)
+  model_flops = task.model.model_flops_per_step(specs)
   return {
       "mesh": dict(zip(mesh_lib.MESH_AXES, shape, strict=True)),
       "ici_mesh_shape": list(exp.ICI_MESH_SHAPE),
       "dcn_mesh_shape": list(exp.DCN_MESH_SHAPE) if exp.DCN_MESH_SHAPE else None,
       "num_devices": n,
       "global_batch": int(global_batch),
-      "seq_len": int(seq_len),
-      "compute_dtype": flops.compute_dtype(task.model),
+      "features": {k: list(v.shape[1:]) for k, v in specs.items()},
+      "compute_dtype": task.model.compute_dtype(),
       "training_optimized_sharding": bool(exp.TRAINING_OPTIMIZED_SHARDING),
       "params": ts.count_params(abstract.params),
       "bytes_per_device": {
@@ -241,8 +241,9 @@ def format_table(report: dict[str, Any], target: str) -> str:
       ("mesh (replica, data, mdl)", f"{list(report['mesh'].values())} = "
        f"{report['num_devices']} devices (ICI {report['ici_mesh_shape']}, "
        f"DCN {report['dcn_mesh_shape']})"),
-      ("global batch x seq", f"{report['global_batch']} x {report['seq_len']} "
-       f"({report['compute_dtype']})"),
+      ("global batch x features", f"{report['global_batch']} x "
+       + ", ".join(f"{k} {v}" for k, v in report["features"].items())
+       + f" ({report['compute_dtype']})"),
       ("parameters", f"{report['params']:,} ({report['params'] / 1e9:.2f} B)"),
       ("params / device", _gib(by["params"])),
       ("optimizer state / device", _gib(by["opt_state"])),

@@ -6,9 +6,11 @@ host stops on the same step, and metrics are sums, so num_examples is exact.
 With reset_for_eval=False each run takes the next eval_loop_num_batches
 batches of a repeating input.
 
-Decode: greedy or sampled generation with the KV cache; process 0 writes
-decoder_out/<name>/decode_<step>.jsonl (prompt, generation, target, score)
-and the metric summary.
+Decode: greedy, sampled or beam-search generation through the model
+contract (prefill, then one-position extends over the KV cache); process 0
+writes decoder_out/<name>/decode_<step>.jsonl (prompt, generation, target,
+score, and the beams with their scores under beam search) and the metric
+summary.
 """
 
 from __future__ import annotations
@@ -23,16 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from paxlike import log, summaries
+from paxlike import decoding, log, summaries
 from paxlike.errors import UserError
 from paxlike.inputs.base_input import BaseInput
-from paxlike.models import decoding
-
-
-def _zero_weights(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  out = dict(batch)
-  out["weights"] = np.zeros_like(batch["weights"])
-  return out
 
 
 def _global_max(n: int) -> int:
@@ -41,7 +36,7 @@ def _global_max(n: int) -> int:
   return int(np.max(multihost_utils.process_allgather(np.asarray(n, np.int32))))
 
 
-def eval_batches(inp: BaseInput) -> Iterator[dict[str, np.ndarray]]:
+def eval_batches(inp: BaseInput, model: Any) -> Iterator[dict[str, np.ndarray]]:
   """The host batches of one eval run, equally many on every host."""
   if not inp.reset_for_eval:
     for _ in range(inp.eval_loop_num_batches):
@@ -55,7 +50,7 @@ def eval_batches(inp: BaseInput) -> Iterator[dict[str, np.ndarray]]:
     except StopIteration:
       break
   total = _global_max(len(local))
-  filler = _zero_weights(local[-1] if local else inp.peek_specs())
+  filler = model.padding_batch(local[-1] if local else inp.peek_specs())
   yield from local
   for _ in range(total - len(local)):
     yield filler
@@ -69,7 +64,7 @@ def eval_step_sums(model: Any, reduce_sum: Callable[[Any], Any]) -> Callable:
     _, m = model.apply({"params": state.params}, batch, method="fprop")
     n = m["num_tokens"]
     sums = {"loss_sum": m["loss"] * n, "correct_sum": m["accuracy"] * n, "num_tokens": n,
-            "num_examples": jnp.sum(jnp.any(batch["weights"] > 0, axis=-1).astype(jnp.float32))}
+            "num_examples": m["num_examples"]}
     return reduce_sum(sums)
 
   return step
@@ -84,13 +79,13 @@ class Evaluator:
     eval_inputs / decode_inputs: built BaseInputs (is_training=False).
     job_log_dir: where summaries and decoder_out go.
     enable_summary_writer: write TensorBoard files (process 0 only).
-    temperature / top_k: decoding; temperature 0 is greedy.
+    settings: how to decode (greedy by default).
   """
 
   def __init__(self, model: Any, partitioner: Any, eval_inputs: list[BaseInput],
                decode_inputs: list[BaseInput], job_log_dir: str,
-               enable_summary_writer: bool = True, temperature: float = 0.0,
-               top_k: int = 0) -> None:
+               enable_summary_writer: bool = True,
+               settings: decoding.DecodeSettings | None = None) -> None:
     self.model = model
     self.partitioner = partitioner
     self.eval_inputs = eval_inputs
@@ -98,8 +93,7 @@ class Evaluator:
     self.job_log_dir = job_log_dir
     self.is_chief = jax.process_index() == 0
     self.enable_summary_writer = enable_summary_writer and self.is_chief
-    self.temperature = temperature
-    self.top_k = top_k
+    self.settings = settings or decoding.DecodeSettings()
     self._eval_step = None
     self._decode_fn = None
 
@@ -116,7 +110,7 @@ class Evaluator:
     results = {}
     for inp in self.eval_inputs:
       total = None
-      for host_batch in eval_batches(inp):
+      for host_batch in eval_batches(inp, self.model):
         sums = self._eval_step(state, self.partitioner.shard_batch(host_batch), key)
         total = sums if total is None else jax.tree.map(jnp.add, total, sums)
       if total is None:
@@ -136,16 +130,16 @@ class Evaluator:
 
   def _decoder(self) -> Callable:
     if self._decode_fn is None:
-      model, temperature, top_k = self.model, self.temperature, self.top_k
-      fn = jax.jit(lambda params, tokens, lens, key: decoding.decode(
-          model, params, tokens, lens, key, temperature=temperature, top_k=top_k))
-      self._decode_fn = fn
+      model, settings = self.model, self.settings
+      self._decode_fn = jax.jit(
+          lambda params, batch, key: model.decode(params, batch, key, settings))
     return self._decode_fn
 
   def decode(self, state: Any, step: int) -> dict[str, dict[str, float]]:
     """Decodes every decode input once; writes decoder_out/<name>/."""
     results = {}
     params = self.partitioner.decode_params(state)
+    features = self.model.decode_features()
     for inp in self.decode_inputs:
       rows = []
       inp.reset()
@@ -155,25 +149,23 @@ class Evaluator:
           hb = inp.get_next()
         except StopIteration:
           break
-        hb.setdefault("prompt_lens", np.ones(len(hb["ids"]), np.int32))
-        lens = hb["prompt_lens"]
-        tokens = np.where(np.arange(hb["ids"].shape[1])[None] < lens[:, None], hb["ids"], 0)
+        names = [k for k in features if k in hb]
+        arrays = self.partitioner.decode_inputs(*(hb[k] for k in names))
         with self.partitioner.context():
-          out = self._decoder()(params, *self.partitioner.decode_inputs(
-              tokens.astype(np.int32), lens.astype(np.int32)), jax.random.key(n))
-        out = np.asarray(multihost_utils.process_allgather(out, tiled=True)) \
-            if jax.process_count() > 1 else np.asarray(jax.device_get(out))
+          out = self._decoder()(params, dict(zip(names, arrays, strict=True)),
+                                jax.random.key(n))
+        out = jax.tree.map(_gather_device, out)
         hb = {k: _gather_host(v) for k, v in hb.items()}
-        lens = hb["prompt_lens"]
-        prompts = inp.ids_to_strings(hb["ids"], lens)
+        prompts, targets, real = self.model.prompt_and_target(hb)
         n += 1
-        for r in range(len(out)):
-          if not hb["weights"][r].any():
-            continue  # padding row
-          target_ids = hb["labels"][r][hb["weights"][r] > 0]
-          rows.append({"prompt": prompts[r],
-                       "generation": inp.ids_to_strings(out[r:r + 1, int(lens[r]):])[0],
-                       "target": inp.ids_to_strings(target_ids[None])[0]})
+        for r in np.flatnonzero(real):
+          row = {"prompt": inp.ids_to_strings(prompts[r][None])[0],
+                 "generation": inp.ids_to_strings(out.tokens[r, :1])[0],
+                 "target": inp.ids_to_strings(targets[r][None])[0]}
+          if out.tokens.shape[1] > 1:
+            row["beams"] = [{"generation": g, "score": float(s)} for g, s in zip(
+                inp.ids_to_strings(out.tokens[r]), out.scores[r], strict=True)]
+          rows.append(row)
       metrics = inp.score([r["target"] for r in rows], [r["generation"] for r in rows])
       for r in rows:
         r["score"] = float(r["target"].strip() == r["generation"].strip())
@@ -196,6 +188,13 @@ class Evaluator:
     return results
 
 
+def _gather_device(x: jax.Array) -> np.ndarray:
+  """A decode output sharded over processes, whole on every host."""
+  if jax.process_count() > 1:
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))
+
+
 def _gather_host(x: np.ndarray) -> np.ndarray:
   """Every process's rows of a host batch, in process order."""
   if jax.process_count() == 1:
@@ -206,22 +205,33 @@ def _gather_host(x: np.ndarray) -> np.ndarray:
 
 
 def restore_for_eval(task: Any, train_input: BaseInput, partitioner: Any, job_log_dir: str,
-                     step: int | None = None, restore_dir: str | None = None) -> tuple[Any, int]:
-  """The state of a finished or running job, for --mode=eval / decode (nothing written).
+                     step: int | None = None, restore_dir: str | None = None,
+                     init_from: str | None = None) -> tuple[Any, int]:
+  """The state of a finished or running job, for --mode=eval / decode / export.
+
+  Nothing is written. With no checkpoint to read (and no step asked for),
+  init_from's weights stand in as step 0: a user can score the imported
+  model before fine-tuning it.
 
   Raises:
     UserError: there is no checkpoint to read, or not the requested step.
   """
   from paxlike import checkpoints as ckpt_lib
-  from paxlike import trainer
+  from paxlike import initial, trainer
 
   program = trainer.build_train_program(task, train_input, partitioner)
   directory = restore_dir or ckpt_lib.checkpoint_dir(job_log_dir)
-  if not os.path.isdir(directory):
+  has_dir = os.path.isdir(directory)
+  ckpt = ckpt_lib.Checkpointer(directory, read_only=True) if has_dir else None
+  latest = ckpt.latest_step() if ckpt else None
+  if init_from and step is None and latest is None:
+    params = initial.load_params(init_from, task.model, program.abstract.params)
+    log.info("no checkpoint in %s: using the weights of %s", directory, init_from)
+    return initial.state_from_params(params, program.tx, partitioner), 0
+  if not has_dir:
     raise UserError(f"no checkpoints in {directory} to restore; train first or pass "
                     "--restore_checkpoint_dir.")
-  ckpt = ckpt_lib.Checkpointer(directory, read_only=True)
-  step = step if step is not None else ckpt.latest_step()
+  step = step if step is not None else latest
   if step is None:
     raise UserError(f"no complete checkpoint in {directory}; train first.")
   state, _ = ckpt.restore(step, partitioner.abstract_state(program.abstract))

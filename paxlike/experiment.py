@@ -39,6 +39,9 @@ class BaseExperiment:
   # SPMD: also shard the activations' embed dim over 'mdl' (Pax's name and idea;
   # see paxlike.mesh.TRAINING_OPTIMIZED_RULES).
   TRAINING_OPTIMIZED_SHARDING = False
+  # Initial weights for a run with no checkpoint of its own (paxlike.initial):
+  # "hf:/path/to/flan-t5-base". The flag --init_from overrides it.
+  INIT_FROM: str | None = None
 
   def __init__(self) -> None:
     self._overrides: dict[str, Any] = {}

@@ -1,6 +1,8 @@
-"""Model FLOPs of the Transformer LM, device peaks, and MFU.
+"""Model FLOPs of paxlike's model families, device peaks, and MFU.
 
-Model FLOPs per token (PaLM's definition, rematerialisation excluded):
+Each model family answers `model_flops_per_step(specs)` from the formulas
+here (paxlike.models.base). Decoder-only LM, model FLOPs per token (PaLM's
+definition, rematerialisation excluded):
 
     6 * N  +  6 * L * S * D_attn
 
@@ -11,6 +13,8 @@ D_attn = heads x dims_per_head. The attention term is 12·L·S·D_attn halved
 for the causal mask: on average each query attends to S/2 keys, which is what
 the work actually needs (MaxText's convention; Levanter does not halve).
 The factor 6 is 2 (multiply-add) x 3 (forward + two backward matmuls).
+Encoder-decoder (T5): see enc_dec_flops_per_example; the same 6 x weights
+plus attention, counted per encoder and per decoder position.
 
 MFU = model FLOPs per step x steps/s / devices / peak FLOP/s per device.
 HFU uses the compiled step's hardware FLOPs instead (see HardwareFlops:
@@ -68,6 +72,54 @@ def model_flops_per_step(d: LmDims, global_batch: int, causal_halving: bool = Tr
   return model_flops_per_token(d, causal_halving) * global_batch * d.seq_len
 
 
+@dataclasses.dataclass(frozen=True)
+class EncDecDims:
+  """An encoder-decoder Transformer (T5) for its model FLOPs."""
+
+  num_encoder_layers: int
+  num_decoder_layers: int
+  model_dims: int
+  hidden_dims: int
+  num_heads: int
+  dims_per_head: int
+  vocab_size: int
+  input_len: int  # encoder positions per example
+  target_len: int  # decoder positions per example
+  gated: bool = True  # gated FFN (wi_0, wi_1, wo): three matrices instead of two
+
+
+def enc_dec_flops_per_example(d: EncDecDims) -> float:
+  """Model FLOPs of one (input, target) example, forward and backward.
+
+  With A = heads x dims_per_head, F = FFN matrices x model_dims x hidden_dims,
+  S input and T target positions:
+
+      6 * [ S * (L_enc * (4*d*A + F) + L_dec * 2*d*A)     encoder; cross-attention k, v
+          + T * (L_dec * (4*d*A + 2*d*A + F) + d*V) ]     decoder self q,k,v,o; cross q,o;
+                                                          FFN; output projection
+      + 12 * L_enc * S*S * A                              bidirectional self-attention
+      +  6 * L_dec * T*T * A                              causal self-attention (halved)
+      + 12 * L_dec * T*S * A                              cross-attention
+
+  The token embedding is a gather, not a matmul, so it is not counted; a
+  tied output projection is counted once, as the matmul it is.
+  """
+  a = d.num_heads * d.dims_per_head
+  f = (3 if d.gated else 2) * d.model_dims * d.hidden_dims
+  s, t = d.input_len, d.target_len
+  weights = (s * (d.num_encoder_layers * (4 * d.model_dims * a + f)
+                  + d.num_decoder_layers * 2 * d.model_dims * a)
+             + t * (d.num_decoder_layers * (6 * d.model_dims * a + f)
+                    + d.model_dims * d.vocab_size))
+  attention = (12 * d.num_encoder_layers * s * s * a + 6 * d.num_decoder_layers * t * t * a
+               + 12 * d.num_decoder_layers * t * s * a)
+  return 6.0 * weights + attention
+
+
+def enc_dec_flops_per_step(d: EncDecDims, global_batch: int) -> float:
+  return enc_dec_flops_per_example(d) * global_batch
+
+
 def peak_flops_per_device(device_kind: str, dtype: str = "bfloat16") -> float | None:
   """The table's peak for a device kind (longest matching key), or None."""
   for key in sorted(PEAK_FLOPS, key=len, reverse=True):
@@ -83,20 +135,6 @@ def mfu(model_flops_per_step: float, step_seconds: float, num_devices: int,
 
 
 # ---------------------------------------------------------- hardware FLOPs
-
-
-def model_dims(model: Any, seq_len: int) -> LmDims | None:
-  """LmDims of a paxlike LanguageModel (None for models without those fields)."""
-  if not hasattr(model, "model_dims"):
-    return None
-  return LmDims(model.num_layers, model.model_dims, model.hidden_dims, model.num_heads,
-                model.dim_per_head, model.vocab_size, seq_len)
-
-
-def lm_model_flops_per_step(model: Any, seq_len: int, global_batch: int) -> float | None:
-  """model_flops_per_step() of a paxlike LanguageModel; None for other models."""
-  dims = model_dims(model, seq_len)
-  return model_flops_per_step(dims, global_batch) if dims else None
 
 
 def _sub_jaxprs(eqn: Any) -> list[Any]:
@@ -273,11 +311,3 @@ def measure_step(step_fn: Any, args: tuple, num_devices: int, may_compile: bool 
   logging.info("hardware FLOPs per step %.4g (XLA cost analysis %.4g + loop correction %.4g)",
                hw.total, hw.xla_flops, hw.loop_correction)
   return hw
-
-
-def compute_dtype(model: Any) -> str:
-  """The name of a model's matmul dtype (its fprop_dtype), bfloat16 when it has none."""
-  import numpy as np
-
-  dtype = getattr(model, "fprop_dtype", None)
-  return np.dtype(dtype).name if dtype is not None else "bfloat16"

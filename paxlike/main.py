@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 if __package__ in (None, ""):
   # `python paxlike/main.py`: import the package, not sibling modules by bare name.
@@ -18,7 +19,8 @@ from absl import app, flags, logging  # noqa: E402
 from paxlike.errors import UserError  # noqa: E402
 
 FLAGS = flags.FLAGS
-MODES = ("train", "eval", "decode", "dry_run")
+MODES = ("train", "eval", "decode", "export", "dry_run")
+EXPORT_FORMATS = ("hf", "stablehlo", "savedmodel")  # paxlike.export.EXPORTERS
 
 flags.DEFINE_string("exp", None, "Experiment: full dotted name or a unique suffix.")
 flags.DEFINE_string("job_log_dir", None, "Where checkpoints, summaries and dumps go.")
@@ -40,6 +42,26 @@ flags.DEFINE_bool("decode_during_train", False,
                   "Decode the decode datasets at every eval interval (always at the end).")
 flags.DEFINE_float("decode_temperature", 0.0, "Sampling temperature; 0 decodes greedily.")
 flags.DEFINE_integer("decode_top_k", 0, "Sample among the k most likely tokens (0: all).")
+flags.DEFINE_float("decode_top_p", 1.0, "Sample from the smallest set of most likely tokens "
+                   "whose probability reaches p (1.0: all).")
+flags.DEFINE_integer("decode_num_beams", 1, "Beam search with this many beams (1: no beam "
+                     "search).")
+flags.DEFINE_float("decode_alpha", 0.6, "Beam search brevity penalty ((5 + length) / 6) ** alpha.")
+flags.DEFINE_integer("decode_max_length", None, "Generate at most this many tokens (default: "
+                     "the rest of the LM's row, or T5's MAX_TARGET_LEN).")
+flags.DEFINE_string("init_from", None, "With no checkpoint in job_log_dir, start from these "
+                    "weights (overrides the experiment's INIT_FROM): hf:DIR, a Hugging Face "
+                    "save_pretrained directory.")
+flags.DEFINE_enum("export_format", "hf", EXPORT_FORMATS, "--mode=export: what to write (hf: a "
+                  "Hugging Face directory that from_pretrained loads; stablehlo: the decode "
+                  "(--decode_* flags) as jax.export StableHLO + weights + run.py; savedmodel: a "
+                  "TF SavedModel of it for TF Serving, needs the [export] extra).")
+flags.DEFINE_string("export_dir", None, "--mode=export: where (default job_log_dir/export/"
+                    "<step>/<format>); never overwritten without --export_overwrite.")
+flags.DEFINE_bool("export_overwrite", False, "--mode=export: replace an earlier export in the "
+                  "export directory.")
+flags.DEFINE_string("export_platforms", "cpu,cuda,tpu", "--mode=export (stablehlo, "
+                    "savedmodel): the platforms the decode is lowered for, in one artifact.")
 flags.DEFINE_bool("pmap_use_tensorstore", False,
                   "pmap runs: save checkpoints through orbax/tensorstore instead of msgpack.")
 flags.DEFINE_string("coordinator_address", None, "Multi-host: HOST:PORT of process 0.")
@@ -123,6 +145,7 @@ def run(argv_flags: flags.FlagValues) -> int:
   import jax
 
   from paxlike import evaluator, flops, mesh, trainer, xla_flags
+  from paxlike import export as export_lib
 
   log.setup(jax.process_index(), jax.process_count(),
             quiet_libraries=not argv_flags["verbosity"].present)
@@ -153,11 +176,25 @@ def run(argv_flags: flags.FlagValues) -> int:
   if not train_inputs:
     raise UserError(f"{exp_cls.__name__}.datasets() has no input with is_training=True.")
 
+  init_from = argv_flags.init_from or exp.INIT_FROM
+  if argv_flags.mode == "export":
+    exporter = export_lib.get(argv_flags.export_format)
   # Everything a run can refuse is checked before it writes anything into job_log_dir.
-  resume.preflight_task(task, train_inputs[0], job_log_dir, argv_flags.mode,
-                        argv_flags.restore_checkpoint_dir, argv_flags.restore_checkpoint_step,
-                        argv_flags.restore_fallback,
-                        will_save=argv_flags.enable_checkpoint_saving)
+  source = resume.preflight_task(
+      task, train_inputs[0], job_log_dir, argv_flags.mode, argv_flags.restore_checkpoint_dir,
+      argv_flags.restore_checkpoint_step, argv_flags.restore_fallback,
+      will_save=argv_flags.enable_checkpoint_saving, init_from=init_from)
+  if argv_flags.mode == "export":
+    if source.step is None and not init_from:
+      raise UserError(f"{job_log_dir} has no checkpoint to export; train first, or pass "
+                      "--restore_checkpoint_dir or --init_from.")
+    export_dir = export_lib.out_dir(job_log_dir, source.step or 0, exporter.name,
+                                    argv_flags.export_dir)
+    export_lib.check_free(export_dir, argv_flags.export_overwrite)
+    export_plan = exporter.check(export_lib.describe(
+        f"{exp_cls.__module__}.{exp_cls.__qualname__}", task, train_inputs[0], decode_inputs,
+        decode_settings(argv_flags, task.model),
+        export_lib.parse_platforms(argv_flags.export_platforms), job_log_dir))
   if jax.process_index() == 0:
     with open(os.path.join(job_log_dir, "experiment_cls_vars.txt"), "w") as f:
       f.write(experiment.format_hparams(exp))
@@ -177,16 +214,11 @@ def run(argv_flags: flags.FlagValues) -> int:
       checkpoint_format="msgpack" if (partitioner.kind == "pmap"
                                       and not argv_flags.pmap_use_tensorstore) else "tensorstore")
   model = task.model
-  if hasattr(model, "model_dims"):
-    dims = flops.LmDims(model.num_layers, model.model_dims, model.hidden_dims,
-                        model.num_heads, model.dim_per_head, model.vocab_size,
-                        train_inputs[0].peek_specs()["ids"].shape[1])
-    options.model_flops_per_step = flops.model_flops_per_step(
-        dims, train_inputs[0].get_global_batch_size())
+  options.init_from = init_from
   options.goodput, options.pgle = run_timer, flag_plan.pgle
   if argv_flags.mode == "train":
     options.peak_flops_per_device, peak_source = flops.resolve_peak(
-        jax.local_devices(), flops.compute_dtype(model), argv_flags.peak_tflops_per_device)
+        jax.local_devices(), model.compute_dtype(), argv_flags.peak_tflops_per_device)
     if jax.process_index() == 0:
       xla_flags.update_run_env(job_log_dir, {"peak_flops_per_device":
                                              options.peak_flops_per_device,
@@ -194,14 +226,20 @@ def run(argv_flags: flags.FlagValues) -> int:
   options.evaluator = evaluator.Evaluator(
       task.model, partitioner, [i for i in inputs if not i.is_training], decode_inputs,
       job_log_dir, enable_summary_writer=argv_flags.enable_summary_writer,
-      temperature=argv_flags.decode_temperature, top_k=argv_flags.decode_top_k)
+      settings=decode_settings(argv_flags, model))
   options.decode_during_train = argv_flags.decode_during_train
   options.restore_fallback = argv_flags.restore_fallback
   options.skip_nonfinite_steps = argv_flags.skip_nonfinite_steps
-  if argv_flags.mode in ("eval", "decode"):
+  if argv_flags.mode in ("eval", "decode", "export"):
     state, step = evaluator.restore_for_eval(
         task, train_inputs[0], partitioner, job_log_dir, argv_flags.restore_checkpoint_step,
-        argv_flags.restore_checkpoint_dir)
+        argv_flags.restore_checkpoint_dir, init_from=init_from)
+    if argv_flags.mode == "export":
+      params = partitioner.to_saveable(state).params
+      export_lib.publish(export_dir, lambda d: exporter.write(export_plan, params, step, d),
+                         argv_flags.export_overwrite)
+      print(f"exported step {step} as {exporter.name} to {export_dir}")
+      return 0
     if argv_flags.mode == "eval":
       results = options.evaluator.evaluate(state, step)
     else:
@@ -227,6 +265,28 @@ def run(argv_flags: flags.FlagValues) -> int:
           file=sys.stderr)
     return preemption.EXIT_PREEMPTED
   return 0
+
+
+def decode_settings(argv_flags: flags.FlagValues, model: Any) -> Any:
+  """The --decode_* flags as DecodeSettings (checked: bad values are UserErrors)."""
+  from paxlike import decoding
+
+  f = argv_flags
+  if f.decode_num_beams < 1:
+    raise UserError(f"--decode_num_beams must be at least 1, got {f.decode_num_beams}.")
+  if not 0.0 < f.decode_top_p <= 1.0:
+    raise UserError(f"--decode_top_p must be in (0, 1], got {f.decode_top_p}.")
+  if f.decode_top_k < 0 or f.decode_temperature < 0:
+    raise UserError("--decode_top_k and --decode_temperature must not be negative.")
+  if f.decode_max_length is not None and f.decode_max_length < 1:
+    raise UserError(f"--decode_max_length must be at least 1, got {f.decode_max_length}.")
+  if f.decode_num_beams > 1 and f.decode_temperature > 0:
+    raise UserError("beam search (--decode_num_beams > 1) does not sample; drop "
+                    "--decode_temperature or use one beam.")
+  return decoding.DecodeSettings(
+      max_decode_length=f.decode_max_length, temperature=f.decode_temperature,
+      top_k=f.decode_top_k, top_p=f.decode_top_p, num_beams=f.decode_num_beams,
+      alpha=f.decode_alpha, **model.special_ids())
 
 
 def main(argv: list[str]) -> None:

@@ -30,6 +30,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("qkv", None),
     ("vocab", "mdl"),
     ("layers", None),
+    ("relpos_buckets", None),
     ("activation_embed", None),
     ("activation_mlp", "mdl"),
     ("activation_heads", "mdl"),

@@ -25,6 +25,7 @@ import shutil
 from typing import Any
 
 from paxlike import checkpoints as ckpt_lib
+from paxlike import initial
 from paxlike import log as logging
 from paxlike.errors import UserError
 
@@ -151,13 +152,12 @@ def preflight(job_log_dir: str, abstract: Any, restore_checkpoint_dir: str | Non
 def abstract_train_state(task: Any, train_input: Any) -> Any:
   """The task's abstract train state (ShapeDtypeStructs; nothing allocated or compiled)."""
   import jax
-  import jax.numpy as jnp
 
   from paxlike import train_state as ts
+  from paxlike.trainer import input_specs
 
-  seq_shape = train_input.peek_specs()["ids"].shape
-  sample_ids = jnp.zeros((1, *seq_shape[1:]), jnp.int32)
-  return jax.eval_shape(ts.init_fn(task.model, task.learner.transform(), sample_ids),
+  sample_batch = task.model.init_batch(input_specs(train_input))
+  return jax.eval_shape(ts.init_fn(task.model, task.learner.transform(), sample_batch),
                         jax.random.key(0))
 
 
@@ -186,23 +186,29 @@ def check_free_space(job_log_dir: str, abstract: Any) -> None:
 
 def preflight_task(task: Any, train_input: Any, job_log_dir: str, mode: str,
                    restore_checkpoint_dir: str | None, restore_checkpoint_step: int | None,
-                   fallback: bool = False, will_save: bool = True) -> Source:
+                   fallback: bool = False, will_save: bool = True,
+                   init_from: str | None = None) -> Source:
   """preflight() for main.py: builds the abstract state, checks the space for checkpoints.
 
-  eval and decode read --restore_checkpoint_dir when given (else job_log_dir),
-  as evaluator.restore_for_eval does.
+  eval, decode and export read --restore_checkpoint_dir when given (else
+  job_log_dir), as evaluator.restore_for_eval does. When the run will start
+  from init_from (no checkpoint to restore), that source is checked too.
   """
   abstract = abstract_train_state(task, train_input)
-  if mode in ("eval", "decode"):
+  if mode != "train":
     directory = (resolve_restore_dir(restore_checkpoint_dir) if restore_checkpoint_dir
                  else ckpt_lib.checkpoint_dir(job_log_dir))
     source = find_source(_read_only(directory), None, restore_checkpoint_step)
     if source.step is not None:
       check_compatible(Source(source.checkpointer, source.step, not restore_checkpoint_dir),
                        source.step, abstract)
+    elif init_from:
+      initial.check(init_from, task.model)
     return source
   source = preflight(job_log_dir, abstract, restore_checkpoint_dir, restore_checkpoint_step,
                      fallback)
+  if source.step is None and init_from:
+    initial.check(init_from, task.model)
   if will_save:
     check_free_space(job_log_dir, abstract)
   return source

@@ -18,25 +18,31 @@ class TrainState(struct.PyTreeNode):
   opt_state: Any
 
 
-def init_fn(model: nn.Module, tx: optax.GradientTransformation, sample_ids: jax.Array):
+def init_params(model: nn.Module, rng: jax.Array, sample_batch: dict[str, jax.Array]) -> Any:
+  """The model's boxed parameters, traced through fprop on a sample batch."""
+  return model.init(rng, sample_batch, method="fprop")["params"]
+
+
+def init_fn(model: nn.Module, tx: optax.GradientTransformation,
+            sample_batch: dict[str, jax.Array]):
   """A function rng -> TrainState (params unboxed, float32)."""
 
   def init(rng: jax.Array) -> TrainState:
-    params = nn.unbox(model.init(rng, sample_ids)["params"])
+    params = nn.unbox(init_params(model, rng, sample_batch))
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
   return init
 
 
 def logical_specs(model: nn.Module, tx: optax.GradientTransformation,
-                  sample_ids: jax.Array) -> tuple[TrainState, TrainState]:
+                  sample_batch: dict[str, jax.Array]) -> tuple[TrainState, TrainState]:
   """(abstract state, logical PartitionSpecs) without allocating anything.
 
   Optimizer slots take their parameter's spec; scalars are replicated.
   """
-  boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), sample_ids)["params"])
+  boxed = jax.eval_shape(lambda: init_params(model, jax.random.key(0), sample_batch))
   param_specs = nn.get_partition_spec(boxed)
-  abstract = jax.eval_shape(init_fn(model, tx, sample_ids), jax.random.key(0))
+  abstract = jax.eval_shape(init_fn(model, tx, sample_batch), jax.random.key(0))
   opt_specs = optax.tree_map_params(
       tx, lambda _, spec: spec, abstract.opt_state, param_specs,
       transform_non_params=lambda _: PartitionSpec(),

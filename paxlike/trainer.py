@@ -14,11 +14,10 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from paxlike import checkpoints as ckpt_lib
-from paxlike import faults, flops, goodput, nonfinite, pgle, preemption, resume, summaries
+from paxlike import faults, flops, goodput, initial, nonfinite, pgle, preemption, resume, summaries
 from paxlike import log as logging
 from paxlike import train_state as ts
 from paxlike.inputs.base_input import BaseInput
@@ -45,6 +44,7 @@ class TrainOptions:
   evaluator: Any = None  # paxlike.evaluator.Evaluator: eval (and decode) at intervals and end
   decode_during_train: bool = False  # also decode at every eval interval, not only at the end
   restore_fallback: bool = False  # a damaged checkpoint: move it aside, restore the step before
+  init_from: str | None = None  # with no checkpoint: start from these weights (paxlike.initial)
   skip_nonfinite_steps: bool = False  # NaN/Inf loss or gradient: skip the update, don't stop
 
 
@@ -106,6 +106,12 @@ def input_specs(inp: BaseInput) -> dict[str, jax.ShapeDtypeStruct]:
   return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in inp.peek_specs().items()}
 
 
+def global_input_specs(inp: BaseInput) -> dict[str, jax.ShapeDtypeStruct]:
+  """The features of the global batch (per-host rows x infeed hosts)."""
+  return {k: jax.ShapeDtypeStruct((v.shape[0] * inp.hosts[0], *v.shape[1:]), v.dtype)
+          for k, v in input_specs(inp).items()}
+
+
 @dataclasses.dataclass
 class TrainProgram:
   """What a run sets up before its first step: optimizer, state layout, compiled step.
@@ -118,7 +124,8 @@ class TrainProgram:
   partitioner: Any
   tx: Any  # optax.GradientTransformation
   schedule: Any  # optax.Schedule
-  sample_ids: jax.Array  # [1, seq_len] int32: what init traces the model with
+  sample_batch: dict[str, jax.Array]  # one row of zeros: what init traces the model with
+  global_specs: dict[str, jax.ShapeDtypeStruct]  # the global batch's features
   global_batch: int
   tokens_per_step: int
   abstract: ts.TrainState  # ShapeDtypeStructs of the state
@@ -128,7 +135,7 @@ class TrainProgram:
   def init_state(self, seed: int) -> ts.TrainState:
     """A freshly initialised state, created in the partitioner's layout."""
     return self.partitioner.init_state(
-        ts.init_fn(self.task.model, self.tx, self.sample_ids), seed)
+        ts.init_fn(self.task.model, self.tx, self.sample_batch), seed)
 
 
 def build_train_program(task: Task, train_input: BaseInput, partitioner: Any,
@@ -140,17 +147,19 @@ def build_train_program(task: Task, train_input: BaseInput, partitioner: Any,
   """
   tx = task.learner.transform()
   schedule = task.learner.lr_schedule()
-  seq_shape = input_specs(train_input)["ids"].shape
-  sample_ids = jnp.zeros((1, *seq_shape[1:]), jnp.int32)
-  global_batch = seq_shape[0] * train_input.hosts[0]
+  model = task.model
+  global_specs = global_input_specs(train_input)
+  sample_batch = model.init_batch(global_specs)
+  global_batch = next(iter(global_specs.values())).shape[0]
   partitioner.check_global_batch(global_batch)
-  abstract, logical = ts.logical_specs(task.model, tx, sample_ids)
+  abstract, logical = ts.logical_specs(model, tx, sample_batch)
   partitioner.set_state_specs(logical)
   step_fn = partitioner.compile(make_train_step(task.model, tx, schedule, partitioner.reduce,
                                                 skip_nonfinite=skip_nonfinite))
   return TrainProgram(
-      task=task, partitioner=partitioner, tx=tx, schedule=schedule, sample_ids=sample_ids,
-      global_batch=global_batch, tokens_per_step=global_batch * int(np.prod(seq_shape[1:])),
+      task=task, partitioner=partitioner, tx=tx, schedule=schedule, sample_batch=sample_batch,
+      global_specs=global_specs, global_batch=global_batch,
+      tokens_per_step=model.tokens_per_step(global_specs),
       abstract=abstract, logical=logical, step_fn=step_fn)
 
 
@@ -186,11 +195,10 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
   gp = options.goodput or goodput.Recorder()
   program = build_train_program(task, train_input, partitioner,
                                 skip_nonfinite=options.skip_nonfinite_steps)
-  tx, sample_ids, tokens_per_step = program.tx, program.sample_ids, program.tokens_per_step
+  tokens_per_step = program.tokens_per_step
   abstract, logical = program.abstract, program.logical
   if options.model_flops_per_step is None:
-    options.model_flops_per_step = flops.lm_model_flops_per_step(
-        task.model, sample_ids.shape[1], program.global_batch)
+    options.model_flops_per_step = task.model.model_flops_per_step(program.global_specs)
   if is_chief:
     num_params = write_model_analysis(os.path.join(job_log_dir, "model_analysis.txt"),
                                       abstract.params, partitioner.mesh_specs(logical.params))
@@ -200,8 +208,7 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
       ckpt_lib.checkpoint_dir(job_log_dir), max_to_keep=settings.max_checkpoints_to_keep,
       async_save=options.async_checkpoint, state_format=options.checkpoint_format)
   t_restore = time.perf_counter()
-  state, start_step = _restore_or_init(task, tx, sample_ids, train_input, partitioner, ckpt,
-                                       options, settings.seed)
+  state, start_step = _restore_or_init(program, train_input, ckpt, options, settings.seed)
   gp.restored(job_log_dir if is_chief else None, start_step, time.perf_counter() - t_restore)
   result = TrainResult(start_step=start_step, final_step=start_step, history=[])
   if start_step >= settings.num_train_steps:
@@ -262,6 +269,9 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
           values["tokens_per_sec"] = values["steps_per_sec"] * tokens_per_step
           _add_mfu(values, options, num_devices)
         values["goodput"] = gp.report()["goodput"]
+        efficiency = train_input.packing_efficiency(host_batch)
+        if efficiency is not None:
+          values["packing_efficiency"] = efficiency
         t_mark, step_mark = now, step
         writer.scalars(step, values)
         summaries.log_step(step, values)
@@ -287,7 +297,7 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
           _run_eval(options, state, step, decode=options.decode_during_train)
       gp.step_done(step, force_progress=last_saved == step)
       if step < settings.num_train_steps:
-        batch, input_state = next_batch, next_input_state
+        batch, host_batch, input_state = next_batch, next_host_batch, next_input_state
     result.final_step = step
     gp.loop_ended(step)
     if options.evaluator and not result.stopped_by:
@@ -344,16 +354,21 @@ def _add_mfu(values: dict[str, float], options: TrainOptions, num_devices: int) 
     values["hfu"] = options.hardware_flops_per_step * values["steps_per_sec"] / num_devices / peak
 
 
-def _restore_or_init(task: Task, tx: Any, sample_ids: jax.Array, train_input: BaseInput,
-                     partitioner: Any, ckpt: ckpt_lib.Checkpointer, options: TrainOptions,
+def _restore_or_init(program: TrainProgram, train_input: BaseInput,
+                     ckpt: ckpt_lib.Checkpointer, options: TrainOptions,
                      seed: int) -> tuple[Any, int]:
-  abstract = jax.eval_shape(ts.init_fn(task.model, tx, sample_ids), jax.random.key(0))
+  partitioner, abstract = program.partitioner, program.abstract
   target = partitioner.abstract_state(abstract)
   restored = resume.restore(ckpt, target, abstract, options.restore_checkpoint_dir,
                             options.restore_checkpoint_step, fallback=options.restore_fallback)
   if restored is None:
+    if options.init_from:
+      params = initial.load_params(options.init_from, program.task.model, abstract.params)
+      logging.info("no checkpoint found: starting from the parameters of %s with a fresh "
+                   "optimizer", options.init_from)
+      return initial.state_from_params(params, program.tx, partitioner), 0
     logging.info("no checkpoint found: initialising from seed %d", seed)
-    return partitioner.init_state(ts.init_fn(task.model, tx, sample_ids), seed), 0
+    return program.init_state(seed), 0
   state, input_state, step = restored
   state = partitioner.shard_state(state)
   train_input.set_state(input_state)

@@ -33,7 +33,7 @@ def test_dry_run_of_c4_1b_reports_about_1b_parameters(c4_1b):
                                                   hidden_dims=10240, vocab_size=32000)
   assert 1.0e9 < report["params"] < 1.2e9
   assert report["num_devices"] == 4 and report["mesh"] == {"replica": 1, "data": 4, "mdl": 1}
-  assert report["global_batch"] == 128 and report["seq_len"] == 1024  # 32 per core x 4
+  assert report["global_batch"] == 128 and report["features"]["ids"] == [1024]  # 32 per core x 4
 
 
 def test_per_device_bytes_follow_the_mesh(c4_1b):

@@ -125,7 +125,7 @@ def test_cls_vars_dump_shows_where_each_value_comes_from():
   assert tiny["FPROP_DTYPE"] == "float32"
   assert "MODEL_DIMS" not in tiny and "NUM_TRAIN_STEPS" not in tiny
   # Inherited values are attributed to the class that defines them.
-  assert sections["paxlike.lm_experiments.TransformerLmSpmdAdam"]["OPTIMIZER"] == "'adam'"
+  assert sections["paxlike.training_experiment.AdamTraining"]["OPTIMIZER"] == "'adam'"
   assert sections["experiments.lm.lm_cloud.LmCloudSpmd"]["CHECKPOINT_POLICY"] == "'SAVE_NOTHING'"
   # Each hyperparameter is listed exactly once, and methods are not hyperparameters.
   names = [n for s in sections.values() for n in s]

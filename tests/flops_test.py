@@ -56,15 +56,15 @@ def _compiled_step(overrides, devices=1):
   batch_size = exp.PERCORE_BATCH_SIZE * devices
   part = SpmdPartitioner(mesh.build(exp.ICI_MESH_SHAPE, None, devices=jax.devices()[:devices]))
   tx = task.learner.transform()
-  sample = jnp.zeros((1, seq), jnp.int32)
+  batch = {k: jax.ShapeDtypeStruct((batch_size, seq), dt, sharding=part.batch_sharding)
+           for k, dt in (("ids", jnp.int32), ("labels", jnp.int32), ("weights", jnp.float32))}
+  sample = task.model.init_batch(batch)
   _, logical = logical_specs(task.model, tx, sample)
   part.set_state_specs(logical)
   state = part.abstract_state(jax.eval_shape(init_fn(task.model, tx, sample), jax.random.key(0)))
-  batch = {k: jax.ShapeDtypeStruct((batch_size, seq), dt, sharding=part.batch_sharding)
-           for k, dt in (("ids", jnp.int32), ("labels", jnp.int32), ("weights", jnp.float32))}
   key = jax.eval_shape(lambda: jax.random.key(0))
   step = part.compile(make_train_step(task.model, tx, task.learner.lr_schedule(), part.reduce))
-  dims = flops.model_dims(task.model, seq)
+  dims = task.model.flops_dims(seq)
   return step, (state, batch, key), dims, batch_size
 
 
@@ -126,6 +126,6 @@ def test_add_mfu_reports_mfu_and_hfu():
 def test_lm_dims_come_from_the_built_model():
   exp = experiment.instantiate(registry.get("C4Spmd1BAdam4Replicas"))
   model = fdl.build(exp.model())
-  dims = flops.model_dims(model, exp.MAX_SEQ_LEN)
+  dims = model.flops_dims(exp.MAX_SEQ_LEN)
   assert dims == flops.LmDims(13, 2560, 10240, 20, 128, 32000, 1024)
-  assert flops.compute_dtype(model) == "bfloat16"
+  assert model.compute_dtype() == "bfloat16"

@@ -11,6 +11,11 @@ from paxlike.errors import UserError
 from paxlike.evaluator import eval_batches
 from paxlike.inputs.synthetic import SyntheticLmInput
 from paxlike.inputs.text import TextInput
+from paxlike.models import LanguageModel
+
+# eval_batches asks the model for a weight-0 filler batch; its dims do not matter here.
+LM = LanguageModel(vocab_size=8, model_dims=8, num_layers=1, num_heads=1, dim_per_head=8,
+                   hidden_dims=8)
 
 
 @pytest.fixture()
@@ -36,7 +41,7 @@ def examples_seen(batches):
 def test_reset_for_eval_runs_one_full_padded_epoch_each_time(jsonl):
   inp = text_input(jsonl, name="e", batch_size=4, is_training=False, repeat=False,
                    reset_for_eval=True)
-  first, second = list(eval_batches(inp)), list(eval_batches(inp))
+  first, second = list(eval_batches(inp, LM)), list(eval_batches(inp, LM))
   assert len(first) == len(second) == 3  # 10 examples in batches of 4
   assert len(examples_seen(first)) == 10  # the last batch's 2 padding rows carry weight 0
   assert examples_seen(first) == examples_seen(second)
@@ -45,7 +50,7 @@ def test_reset_for_eval_runs_one_full_padded_epoch_each_time(jsonl):
 def test_no_reset_takes_the_next_batches_of_a_repeating_stream(jsonl):
   inp = text_input(jsonl, name="e", batch_size=4, is_training=False, repeat=True,
                    reset_for_eval=False, eval_loop_num_batches=2)
-  first, second = list(eval_batches(inp)), list(eval_batches(inp))
+  first, second = list(eval_batches(inp, LM)), list(eval_batches(inp, LM))
   assert len(first) == len(second) == 2
   seen1, seen2 = examples_seen(first), examples_seen(second)
   # Examples 0-7, then the stream goes on: 8, 9, and wraps to 0-5.

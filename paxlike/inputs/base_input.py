@@ -114,6 +114,11 @@ class BaseInput:
     hits = sum(t.strip() == p.strip() for t, p in zip(targets, predictions, strict=True))
     return {"exact_match": hits / max(len(targets), 1)}
 
+  def packing_efficiency(self, batch: dict[str, np.ndarray]) -> float | None:
+    """The fraction of a batch's token positions holding real tokens (None: not measured)."""
+    del batch
+    return None
+
   def get_state(self) -> dict[str, Any]:
     """JSON-able position in the stream, saved with checkpoints."""
     return {}

@@ -7,6 +7,16 @@ seqio.ShardInfo(infeed_host_index, num_infeed_hosts). A finite eval input
 pads its last batch with weight-0 rows. The stream position saved with
 checkpoints is the number of batches read; restoring replays the
 deterministic (seeded) stream up to it.
+
+Feature converters: "prefix_lm" and "lm" give the decoder-only features
+(ids, labels, weights, prompt_lens); "enc_dec" (seqio.EncDecFeatureConverter)
+gives T5X's encoder-decoder features under the same names as TextInput's
+enc_dec converter: encoder_input_tokens, decoder_input_tokens,
+decoder_target_tokens, decoder_loss_weights, and, when packed,
+encoder_/decoder_segment_ids and encoder_/decoder_positions. task_feature_lengths
+are then {"inputs": encoder length, "targets": decoder length}. pack=True
+packs training rows with seqio's packing (enc_dec only); eval and decode
+inputs (is_training=False) run unpacked whatever pack says, as T5X does.
 """
 
 from __future__ import annotations
@@ -20,7 +30,14 @@ import numpy as np
 from paxlike.errors import UserError
 from paxlike.inputs.base_input import BaseInput
 
-FEATURE_CONVERTERS = ("prefix_lm", "lm")
+FEATURE_CONVERTERS = ("prefix_lm", "lm", "enc_dec")
+# The enc_dec features a batch carries (the segment ids and positions only when packed);
+# seqio may pass others through, which the model would not read.
+ENC_DEC_FEATURES = {
+    "encoder_input_tokens": np.int32, "decoder_input_tokens": np.int32,
+    "decoder_target_tokens": np.int32, "decoder_loss_weights": np.float32,
+    "encoder_segment_ids": np.int32, "decoder_segment_ids": np.int32,
+    "encoder_positions": np.int32, "decoder_positions": np.int32}
 
 
 def _seqio():
@@ -43,12 +60,16 @@ class SeqIOInput(BaseInput):
   task_module: str = ""  # imported first: the module that registers the task
   shuffle: bool | None = None  # None: shuffle training data only
   use_cached: bool = False
+  pack: bool = False  # enc_dec training only: several examples per row
 
   def __post_init__(self) -> None:
     super().__post_init__()
     if self.feature_converter not in FEATURE_CONVERTERS:
       raise UserError(f"feature_converter {self.feature_converter!r} is not one of "
                       f"{FEATURE_CONVERTERS}.")
+    if self.pack and self.feature_converter != "enc_dec":
+      raise UserError(f"input {self.name!r}: pack=True is supported with the enc_dec feature "
+                      f"converter only, not {self.feature_converter!r}; set pack=False.")
     self._seqio = _seqio()
     if self.task_module:
       importlib.import_module(self.task_module)
@@ -60,7 +81,14 @@ class SeqIOInput(BaseInput):
     self._iter = None
     self._read = 0
 
+  @property
+  def packed(self) -> bool:
+    """Whether rows hold several examples: pack=True on a training input (eval never packs)."""
+    return self.pack and self.is_training
+
   def _converter(self):
+    if self.feature_converter == "enc_dec":
+      return self._seqio.EncDecFeatureConverter(pack=self.packed)
     if self.feature_converter == "prefix_lm":
       return self._seqio.PrefixLMFeatureConverter(pack=False, loss_on_targets_only=True)
     return self._seqio.LMFeatureConverter(pack=False)
@@ -83,15 +111,20 @@ class SeqIOInput(BaseInput):
         next(self._iter)
     ex = next(self._iter)  # StopIteration ends a finite input
     self._read += 1
-    weights = ex["decoder_loss_weights"].astype(np.float32)
-    batch = {"ids": ex["decoder_input_tokens"].astype(np.int32),
-             "labels": ex["decoder_target_tokens"].astype(np.int32), "weights": weights,
-             "prompt_lens": (np.argmax(weights > 0, axis=1) + 1).astype(np.int32)}
-    n = len(weights)
+    if self.feature_converter == "enc_dec":
+      weight_key = "decoder_loss_weights"
+      batch = {k: ex[k].astype(dtype) for k, dtype in ENC_DEC_FEATURES.items() if k in ex}
+    else:
+      weight_key = "weights"
+      weights = ex["decoder_loss_weights"].astype(np.float32)
+      batch = {"ids": ex["decoder_input_tokens"].astype(np.int32),
+               "labels": ex["decoder_target_tokens"].astype(np.int32), "weights": weights,
+               "prompt_lens": (np.argmax(weights > 0, axis=1) + 1).astype(np.int32)}
+    n = len(batch[weight_key])
     if n < self.batch_size:  # the last batch of a finite input: pad with weight-0 rows
       pad = self.batch_size - n
       batch = {k: np.concatenate([v, np.repeat(v[-1:], pad, axis=0)]) for k, v in batch.items()}
-      batch["weights"][n:] = 0
+      batch[weight_key][n:] = 0
     return batch
 
   def reset(self) -> None:
@@ -108,7 +141,14 @@ class SeqIOInput(BaseInput):
     return clone.get_next()
 
   def ids_to_strings(self, ids: np.ndarray, lengths: np.ndarray | None = None) -> list[str]:
-    vocab = self._task.output_features["targets"].vocabulary
+    """Detokenises rows of inputs or targets (up to a length, or to end-of-sequence).
+
+    Uses the targets' vocabulary (an encoder-decoder task's inputs share it, as
+    seqio's T5 tasks and the arithmetic tasks do), or the inputs' if the task
+    has no targets.
+    """
+    features = self._task.output_features
+    vocab = features["targets" if "targets" in features else "inputs"].vocabulary
     out = []
     for i, row in enumerate(np.asarray(ids)):
       row = row[:int(lengths[i])] if lengths is not None else row

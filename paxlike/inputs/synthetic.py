@@ -79,3 +79,34 @@ class SyntheticLmInput(BaseInput):
 
   def set_state(self, state: dict[str, Any]) -> None:
     self._step = int(state.get("step", 0))
+
+
+@dataclasses.dataclass
+class SyntheticSeq2SeqInput(SyntheticLmInput):
+  """Encoder-decoder features from the same walks: the target continues the input.
+
+  The encoder reads the first seq_len tokens of a walk, the decoder predicts
+  the next target_len tokens (T5X's feature names; start id 0 in front of
+  the shifted targets), so the first target token is determined by the
+  last input token and a model can learn the task. Ids are moved to
+  [2, vocab) so that none reads as padding (0) or end of sequence (1).
+  """
+
+  target_len: int = 16
+
+  def batch_at(self, step: int) -> dict[str, np.ndarray]:
+    _, host = self.hosts
+    global_step = step if self.is_training else step + self.eval_offset
+    total = self.seq_len + self.target_len
+    full = dataclasses.replace(self, seq_len=total - 1)._rows(
+        global_step, host * self.batch_size, self.batch_size)
+    full = 2 + full % (self.vocab_size - 2)  # keep clear of pad (0) and EOS (1)
+    targets = full[:, self.seq_len:]
+    dec_in = np.zeros_like(targets)
+    dec_in[:, 1:] = targets[:, :-1]
+    return {
+        "encoder_input_tokens": full[:, :self.seq_len],
+        "decoder_input_tokens": dec_in,
+        "decoder_target_tokens": targets,
+        "decoder_loss_weights": np.ones((self.batch_size, self.target_len), np.float32),
+    }

@@ -5,17 +5,41 @@ the targets and the end-of-sequence id; decode prompts with the inputs) or
 plain text (one example per line or, with pack=True, lines packed into
 MAX_SEQ_LEN blocks; the loss covers every token).
 
+The feature converter (seqio's word) says which features a batch holds:
+"lm" (decoder-only: ids, labels, weights, prompt_lens) or "enc_dec"
+(encoder-decoder, T5X's names: encoder_input_tokens, decoder_input_tokens,
+decoder_target_tokens, decoder_loss_weights; inputs and targets each end
+with EOS, and decoder inputs are the targets shifted right behind the start
+id 0).
+
 Order is global: global example k of the stream is row `perm_e[k % N]` of
 epoch e = k // N, where perm_e is a seeded shuffle (training) or the identity
 (eval). Host h of H takes rows [h*B, (h+1)*B) of each global batch of H*B
 rows, so the global batch at a step is the same however many hosts read it,
 and two hosts never emit the same example at a step. A finite input
 (repeat=False) pads its last global batch with weight-0 rows.
+
+Packing (enc_dec with pack=True, training only): each row holds several
+examples, taken greedily in stream order: a row takes consecutive global
+examples while both its encoder row (seq_len) and its decoder row
+(target_len) have room, then the next row starts. A global batch is H*B such
+rows packed from the global example cursor where the previous batch stopped,
+so it is a pure function of (seed, cursor); every host packs the whole
+global batch (lengths only, cheap) and materialises its own rows. The state
+saved with checkpoints holds that cursor. Packed rows add T5X's
+encoder_/decoder_segment_ids (1, 2, ... per example, 0 = padding) and
+encoder_/decoder_positions (restarting at 0 for each example); decoder inputs
+restart with the start id 0 at each example. Eval and decode inputs
+(is_training=False) ignore pack and run unpacked, padded rows, as T5X does.
+
+`packing_efficiency(batch)` gives the fraction of a batch's token positions
+that hold real tokens, for the trainer to log.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import importlib
 import json
@@ -69,6 +93,44 @@ def read_files(pattern: str) -> list[dict[str, str] | str]:
   return out
 
 
+ENC_DEC_TOKENS = ("encoder_input_tokens", "decoder_target_tokens")
+ENC_DEC_WEIGHTS = "decoder_loss_weights"
+
+
+def packing_efficiency(batch: dict[str, np.ndarray]) -> float:
+  """The fraction of a batch's token positions that hold a real token of a real example.
+
+  Counts the non-zero (non-padding) ids of encoder_input_tokens and
+  decoder_target_tokens together (an LM batch: of labels). Decoder *targets*,
+  not inputs: decoder inputs start each example with the start id 0, which
+  is real work but equal to the pad id. A row whose loss weights are all 0
+  (the padding rows that end a finite input) counts as padding throughout.
+
+  Args:
+    batch: a batch as get_next() returns it (numpy arrays, batch leading).
+
+  Returns:
+    A number in [0, 1]; 0.0 for an empty batch.
+  """
+  if all(k in batch for k in ENC_DEC_TOKENS):
+    keys, weights = ENC_DEC_TOKENS, batch.get(ENC_DEC_WEIGHTS)
+  elif "labels" in batch:
+    keys, weights = ("labels",), batch.get("weights")
+  else:
+    raise ValueError("packing_efficiency needs encoder_input_tokens and decoder_target_tokens "
+                     f"(or labels); the batch has {sorted(batch)}.")
+  live = None if weights is None else np.asarray(weights).reshape(len(weights), -1).any(axis=1)
+  real = total = 0
+  for k in keys:
+    tokens = np.asarray(batch[k])
+    nonpad = tokens != 0
+    if live is not None:
+      nonpad &= live.reshape((-1,) + (1,) * (tokens.ndim - 1))
+    real += int(nonpad.sum())
+    total += tokens.size
+  return real / total if total else 0.0
+
+
 @dataclasses.dataclass
 class TextInput(BaseInput):
   """See the module docstring. Exactly one of file_pattern and generator is set."""
@@ -78,28 +140,88 @@ class TextInput(BaseInput):
   split: str = "train"
   vocabulary: str = "byte"  # or the path of a SentencePiece .model file
   seq_len: int = 64
-  pack: bool = False
+  pack: bool = False  # lm: plain-text lines into blocks; enc_dec: several examples per row
   shuffle: bool = True
   input_key: str = "inputs"
   target_key: str = "targets"
   text_key: str = "text"
   scorer: str = ""  # "module:function(targets, predictions) -> metrics" for decode
+  feature_converter: str = "lm"  # or "enc_dec"; see the module docstring
+  target_len: int = 0  # enc_dec: decoder positions (seq_len is then the encoder's)
 
   def __post_init__(self) -> None:
     super().__post_init__()
     if bool(self.file_pattern) == bool(self.generator):
       raise UserError(f"input {self.name!r}: set exactly one of file_pattern and generator.")
+    if self.feature_converter not in ("lm", "enc_dec"):
+      raise UserError(f"input {self.name!r}: feature_converter {self.feature_converter!r} is "
+                      "not 'lm' or 'enc_dec'.")
+    if self.feature_converter == "enc_dec" and self.target_len <= 0:
+      raise UserError(f"input {self.name!r}: the enc_dec feature converter needs "
+                      "target_len > 0 (MAX_TARGET_LEN).")
     self.vocab = vocab_lib.get(self.vocabulary)
     raw = (read_files(self.file_pattern) if self.file_pattern
            else list(load_generator(self.generator, self.split)))
-    self._tokens, self._weights, self._prompt_lens = self._tokenize(raw)
-    if not len(self._tokens):
+    if self.feature_converter == "enc_dec":
+      self._features, self._weight_key = self._enc_dec_features(raw), ENC_DEC_WEIGHTS
+    else:
+      self._features, self._weight_key = self._lm_features(raw), "weights"
+    if not len(self._features[self._weight_key]):
       raise UserError(f"input {self.name!r} has no examples.")
-    self._index = 0
+    self._orders: dict[int, np.ndarray] = {}
+    self._flat_cache: dict[str, np.ndarray] = {}
+    self._num_packed_batches: int | None = None
+    self._index = 0  # global batches read
+    self._cursor = 0  # packed: the global example the next global batch starts at
+
+  @property
+  def packed(self) -> bool:
+    """Whether rows hold several examples: enc_dec training with pack=True (eval never packs)."""
+    return self.feature_converter == "enc_dec" and self.pack and self.is_training
 
   @property
   def num_examples(self) -> int:
-    return len(self._tokens)
+    return len(self._features[self._weight_key])
+
+  def _lm_features(self, raw: Sequence[Any]) -> dict[str, np.ndarray]:
+    tokens, weights, prompt_lens = self._tokenize(raw)
+    return {"ids": tokens[:, :-1], "labels": tokens[:, 1:], "weights": weights,
+            "prompt_lens": prompt_lens}
+
+  def _enc_dec_features(self, raw: Sequence[Any]) -> dict[str, np.ndarray]:
+    """(inputs, targets) pairs -> T5X's encoder-decoder features, padded, unpacked.
+
+    Also records each example's encoder and decoder length (self._enc_lens,
+    self._dec_lens): packing needs them, and the pad id cannot tell them
+    (a SentencePiece model without a pad piece uses 0 for a real token).
+    """
+    n = len(raw)
+    enc = np.zeros((n, self.seq_len), np.int32)
+    dec_in = np.zeros((n, self.target_len), np.int32)
+    dec_tgt = np.zeros((n, self.target_len), np.int32)
+    wts = np.zeros((n, self.target_len), np.float32)
+    self._enc_lens = np.zeros(n, np.int64)
+    self._dec_lens = np.zeros(n, np.int64)
+    where = self.file_pattern or self.generator
+    for i, ex in enumerate(raw):
+      if not isinstance(ex, dict) or self.input_key not in ex:
+        shown = repr(ex) if len(repr(ex)) <= 80 else repr(ex)[:77] + "..."
+        raise UserError(f"input {self.name!r}: example {i} of {where} has no "
+                        f"{self.input_key!r} field: {shown}; the enc_dec feature converter "
+                        "needs (inputs, targets) pairs (set input_key / target_key to your "
+                        "field names).")
+      x = (self.vocab.encode(str(ex[self.input_key])) + [self.vocab.eos_id])[:self.seq_len]
+      y = (self.vocab.encode(str(ex.get(self.target_key, ""))) + [self.vocab.eos_id])[
+          :self.target_len]
+      enc[i, :len(x)] = x
+      dec_tgt[i, :len(y)] = y
+      # The whole padded row shifted right behind the start id 0, as seqio, T5X and
+      # transformers do: the EOS lands on the first padding position (loss weight 0).
+      dec_in[i, 1:] = dec_tgt[i, :-1]
+      wts[i, :len(y)] = 1.0
+      self._enc_lens[i], self._dec_lens[i] = len(x), len(y)
+    return {"encoder_input_tokens": enc, "decoder_input_tokens": dec_in,
+            "decoder_target_tokens": dec_tgt, "decoder_loss_weights": wts}
 
   def _tokenize(self, raw: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = self.seq_len + 1
@@ -131,44 +253,165 @@ class TextInput(BaseInput):
         -1, self.seq_len), np.asarray(plens, np.int32))
 
   def _order(self, epoch: int) -> np.ndarray:
-    if self.shuffle and self.is_training:
-      return np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
-    return np.arange(self.num_examples)
+    """Epoch `epoch`'s permutation of the examples (cached: a stream needs one or two)."""
+    if not (self.shuffle and self.is_training):
+      return np.arange(self.num_examples)
+    if epoch not in self._orders:
+      if len(self._orders) >= 2:
+        self._orders.pop(min(self._orders))
+      self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(
+          self.num_examples)
+    return self._orders[epoch]
+
+  def _rows(self, ks: np.ndarray) -> np.ndarray:
+    """Global example indices -> rows of the example table."""
+    epochs = ks // self.num_examples
+    rows = np.empty(len(ks), np.int64)
+    for e in np.unique(epochs):
+      sel = epochs == e
+      rows[sel] = self._order(int(e))[ks[sel] % self.num_examples]
+    return rows
 
   def num_batches(self) -> int | None:
     """Batches per epoch of a finite input (the same on every host); None if repeating."""
     if self.repeat:
       return None
-    return -(-self.num_examples // self.get_global_batch_size())
+    if not self.packed:
+      return -(-self.num_examples // self.get_global_batch_size())
+    if self._num_packed_batches is None:  # how many global batches the epoch packs into
+      count, cursor = 0, 0
+      while cursor < self.num_examples:
+        cursor = self._pack_plan(cursor)[-1]
+        count += 1
+      self._num_packed_batches = count
+    return self._num_packed_batches
+
+  @functools.cached_property
+  def _mean_fill(self) -> int:
+    """About how many examples a packed row holds (the mean lengths, both sides)."""
+    return int(min(self.seq_len / self._enc_lens.mean(), self.target_len / self._dec_lens.mean()))
+
+  def _pack_plan(self, cursor: int) -> np.ndarray:
+    """Greedy packing of one global batch from global example `cursor`.
+
+    Returns:
+      [G + 1] global example indices: row r of the global batch holds
+      examples [plan[r], plan[r + 1]); plan[-1] is the next batch's cursor.
+      A finite input's rows past the end of its epoch are empty.
+    """
+    g = self.get_global_batch_size()
+    # Every example has at least one token on each side, so a row holds at most
+    # `per_row`; read twice the rows' average fill first, and more only if a row
+    # could reach the end of what was read.
+    per_row = min(self.seq_len, self.target_len)
+    window = g * min(per_row, 2 * self._mean_fill + 1)
+    while True:
+      end = cursor + window
+      if not self.repeat:
+        end = min(end, self.num_examples)
+      rows = self._rows(np.arange(cursor, end))
+      cum_enc = np.concatenate([[0], np.cumsum(self._enc_lens[rows])])
+      cum_dec = np.concatenate([[0], np.cumsum(self._dec_lens[rows])])
+      plan = np.empty(g + 1, np.int64)
+      plan[0] = at = 0  # offsets into `rows` here; global indices on return
+      for r in range(g):
+        # The row takes examples at..stop-1: the longest prefix that fits on both sides.
+        stop = min(np.searchsorted(cum_enc, cum_enc[at] + self.seq_len, side="right"),
+                   np.searchsorted(cum_dec, cum_dec[at] + self.target_len, side="right")) - 1
+        plan[r + 1] = at = stop
+      if at < len(rows) or window >= g * per_row or (
+          not self.repeat and end == self.num_examples):
+        break
+      window = min(2 * window, g * per_row)
+    return plan + cursor
+
+  def _packed_rows(self, plan: np.ndarray, first_row: int) -> dict[str, np.ndarray]:
+    """This host's batch_size packed rows, starting at global row first_row of `plan`."""
+    b = self.batch_size
+    bounds = plan[first_row:first_row + b + 1]
+    examples = self._rows(np.arange(bounds[0], bounds[-1]))
+    row_first = bounds[:-1] - bounds[0]  # index (into examples) of each row's first example
+    counts = np.diff(bounds)
+    row_of = np.repeat(np.arange(b), counts)
+    segment_of = np.arange(len(examples)) - row_first[row_of] + 1
+    out: dict[str, np.ndarray] = {}
+    for side, lens, n, keys in (
+        ("encoder", self._enc_lens[examples], self.seq_len, ("encoder_input_tokens",)),
+        ("decoder", self._dec_lens[examples], self.target_len,
+         ("decoder_input_tokens", "decoder_target_tokens"))):
+      starts = np.concatenate([[0], np.cumsum(lens)])  # in the concatenated token stream
+      col_start = starts[:-1] - starts[row_first][row_of]  # each example's column in its row
+      positions = np.arange(starts[-1]) - np.repeat(starts[:-1], lens)
+      tok_rows, tok_cols = np.repeat(row_of, lens), np.repeat(col_start, lens) + positions
+      # Gather from the unpadded token stream: a padded row is mostly padding when packing.
+      src = np.repeat(self._flat_starts(side)[examples] - starts[:-1], lens) + np.arange(
+          starts[-1])
+      for k, values in [*((k, self._flat(k)[src]) for k in keys),
+                        (f"{side}_segment_ids", np.repeat(segment_of, lens)),
+                        (f"{side}_positions", positions)]:
+        out[k] = np.zeros((b, n), np.int32)
+        out[k][tok_rows, tok_cols] = values
+    out[ENC_DEC_WEIGHTS] = (out["decoder_segment_ids"] > 0).astype(np.float32)
+    return out
+
+  def _flat_starts(self, side: str) -> np.ndarray:
+    """Where each example's tokens start in the unpadded stream of one side's features."""
+    key = f"{side}:starts"
+    if key not in self._flat_cache:
+      lens = self._enc_lens if side == "encoder" else self._dec_lens
+      self._flat_cache[key] = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    return self._flat_cache[key]
+
+  def _flat(self, key: str) -> np.ndarray:
+    """Feature `key`'s real tokens, unpadded, example after example (built once)."""
+    if key not in self._flat_cache:
+      lens = self._enc_lens if key.startswith("encoder") else self._dec_lens
+      table = self._features[key]
+      self._flat_cache[key] = table[np.arange(table.shape[1])[None, :] < lens[:, None]]
+    return self._flat_cache[key]
 
   def get_next(self) -> dict[str, np.ndarray]:
     num_hosts, host = self.hosts
     g = self.get_global_batch_size()
+    if self.packed:
+      if not self.repeat and self._cursor >= self.num_examples:
+        raise StopIteration
+      plan = self._pack_plan(self._cursor)
+      self._index, self._cursor = self._index + 1, int(plan[-1])
+      return self._packed_rows(plan, host * self.batch_size)
     if not self.repeat and self._index >= self.num_batches():
       raise StopIteration
     first = self._index * g + host * self.batch_size
     ks = np.arange(first, first + self.batch_size)
     valid = ks < self.num_examples if not self.repeat else np.ones_like(ks, bool)
-    epochs = ks // self.num_examples
-    rows = np.empty(self.batch_size, np.int64)
-    for e in np.unique(epochs):
-      sel = epochs == e
-      rows[sel] = self._order(int(e))[ks[sel] % self.num_examples]
+    rows = self._rows(ks)
     self._index += 1
-    tokens = self._tokens[rows]
-    weights = self._weights[rows] * valid[:, None]
     del num_hosts
-    return {"ids": tokens[:, :-1], "labels": tokens[:, 1:], "weights": weights.astype(np.float32),
-            "prompt_lens": self._prompt_lens[rows].astype(np.int32)}
+    batch = {k: v[rows] for k, v in self._features.items()}
+    batch[self._weight_key] = (batch[self._weight_key] * valid[:, None]).astype(np.float32)
+    return batch
 
   def reset(self) -> None:
-    self._index = 0
+    self._index, self._cursor = 0, 0
 
   def get_state(self) -> dict[str, Any]:
+    if self.packed:
+      return {"index": self._index, "cursor": self._cursor}
     return {"index": self._index}
 
   def set_state(self, state: dict[str, Any]) -> None:
     self._index = int(state.get("index", 0))
+    if not self.packed:
+      return
+    if "cursor" in state:
+      self._cursor = int(state["cursor"])
+    else:  # a state saved unpacked: replay the packing up to the batch it names
+      self._cursor = 0
+      for _ in range(self._index):
+        self._cursor = int(self._pack_plan(self._cursor)[-1])
+
+  def packing_efficiency(self, batch: dict[str, np.ndarray]) -> float | None:
+    return packing_efficiency(batch)
 
   def score(self, targets: list[str], predictions: list[str]) -> dict[str, float]:
     if self.scorer:

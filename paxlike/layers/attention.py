@@ -19,23 +19,65 @@ def causal_mask(q_len: int, k_len: int) -> jax.Array:
   return jnp.arange(q_len)[:, None] >= jnp.arange(k_len)[None, :]
 
 
-class DotProductAttention(nn.Module):
-  """Multi-head self-attention; combine_qkv fuses the three projections.
+def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
+                          bias: jax.Array | None = None, mask: jax.Array | None = None,
+                          scale: float = 1.0, dropout_rate: float = 0.0,
+                          dropout_rng: jax.Array | None = None) -> jax.Array:
+  """The attention every paxlike model family computes, in one place.
 
-  With decode=True the layer keeps a key/value cache in the 'cache'
-  collection: the init call (a full-length input) sizes it, and each later
-  call with one new position attends to everything cached so far, so a new
-  token costs one step instead of a re-run of the prefix.
+  jax.nn.dot_product_attention: XLA's implementation on CPUs and TPUs (logits
+  and softmax in float32), cuDNN's fused kernel on GPUs where it applies.
+  Dropout on the attention probabilities (T5 while training) needs the
+  probabilities, which jax.nn.dot_product_attention never exposes: with a
+  dropout_rng the same computation runs as explicit einsums (the same
+  masking value, softmax in float32) and drops probabilities before they
+  weight the values.
+
+  Args:
+    q: [batch, q_len, heads, dim]; k, v: [batch, kv_len, heads, dim].
+    bias: added to the logits, broadcastable to [batch, heads, q_len, kv_len]
+      (T5's relative position bias).
+    mask: bool, True where a query may attend a key; same broadcasting.
+    scale: multiplies the logits (1/sqrt(dim) for the LM; T5 uses 1.0).
+    dropout_rate: the probability of dropping an attention probability.
+    dropout_rng: the key dropout draws with; None (eval, decode) drops nothing.
+
+  Returns:
+    [batch, q_len, heads, dim] in q's dtype.
+  """
+  if dropout_rng is not None and dropout_rate > 0.0:
+    logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) * scale
+    if bias is not None:
+      logits = logits + bias.astype(jnp.float32)
+    if mask is not None:
+      logits = jnp.where(mask, logits, -0.7 * jnp.finfo(jnp.float32).max)
+    probs = jax.nn.softmax(logits, axis=-1)
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0).astype(q.dtype)
+    return jnp.einsum("bnts,bsnh->btnh", probs, v)
+  if bias is not None:
+    bias = bias.astype(q.dtype)
+  return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
+
+
+class DotProductAttention(nn.Module):
+  """Multi-head causal self-attention; combine_qkv fuses the three projections.
+
+  cache_mode drives decoding (paxlike.decoding): "prefill" runs the whole
+  input and stores its keys/values in the 'cache' collection; "extend" takes
+  one new position at `index`, writes its key/value there and attends to
+  every cached position up to it, so a new token costs one step instead of
+  a re-run of the prefix. None (training, eval) keeps no cache.
   """
 
   num_heads: int
   dim_per_head: int
   combine_qkv: bool = False
   dtype: Dtype = jnp.float32
-  decode: bool = False
+  cache_mode: str | None = None
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, index: jax.Array | None = None) -> jax.Array:
     n, h = self.num_heads, self.dim_per_head
     if self.combine_qkv:
       qkv = Linear((3, n, h), ("embed", "qkv", "heads", "kv"), self.dtype, name="qkv")(x)
@@ -44,15 +86,11 @@ class DotProductAttention(nn.Module):
       q = Linear((n, h), ("embed", "heads", "kv"), self.dtype, name="query")(x)
       k = Linear((n, h), ("embed", "heads", "kv"), self.dtype, name="key")(x)
       v = Linear((n, h), ("embed", "heads", "kv"), self.dtype, name="value")(x)
-    q = q * jnp.asarray(h ** -0.5, self.dtype)
     t = x.shape[1]
-    mask = causal_mask(t, t)
-    if self.decode:
-      k, v, mask = self._update_cache(k, v, mask)
-    logits = jnp.einsum("btnh,bsnh->bnts", q, k).astype(jnp.float32)
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
-    context = jnp.einsum("bnts,bsnh->btnh", probs, v)
+    mask = causal_mask(t, t)[None, None]
+    if self.cache_mode is not None:
+      k, v, mask = self._use_cache(k, v, mask, index)
+    context = dot_product_attention(q, k, v, mask=mask, scale=h ** -0.5)
     context = nn.with_logical_constraint(context, ("batch", "length", "activation_heads", "kv"))
     context = checkpoint_name(context, "context")
     out = jax.lax.dot_general(
@@ -63,18 +101,15 @@ class DotProductAttention(nn.Module):
         (((2, 3), (0, 1)), ((), ())))
     return checkpoint_name(out, "out_proj")
 
-  def _update_cache(self, k: jax.Array, v: jax.Array, mask: jax.Array):
-    """Writes this step's keys/values at the cache index; returns the whole cache."""
-    initialized = self.has_variable("cache", "cached_key")
+  def _use_cache(self, k: jax.Array, v: jax.Array, mask: jax.Array, index: jax.Array | None):
+    """prefill: stores k, v. extend: writes them at index; returns the whole cache."""
     cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
     cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
-    index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-    if not initialized:  # the sizing call: plain causal attention over the full input
+    if self.cache_mode == "prefill":
+      cached_k.value, cached_v.value = k, v
       return k, v, mask
-    i = index.value
-    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, i, 0, 0))
-    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, i, 0, 0))
-    index.value = i + k.shape[1]
+    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, index, 0, 0))
+    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, index, 0, 0))
     max_len = cached_k.value.shape[1]
-    mask = jnp.arange(max_len)[None, :] <= (i + jnp.arange(k.shape[1]))[:, None]
+    mask = (jnp.arange(max_len)[None, :] <= (index + jnp.arange(k.shape[1]))[:, None])[None, None]
     return cached_k.value, cached_v.value, mask

@@ -41,13 +41,13 @@ class TransformerLayer(nn.Module):
   activation: str = "relu"
   combine_qkv: bool = False
   dtype: Dtype = jnp.float32
-  decode: bool = False
+  cache_mode: str | None = None  # see DotProductAttention
 
   @nn.compact
-  def __call__(self, x: jax.Array, _: Any = None) -> tuple[jax.Array, None]:
+  def __call__(self, x: jax.Array, index: jax.Array | None = None) -> tuple[jax.Array, None]:
     h = LayerNorm(dtype=self.dtype, name="pre_attn_norm")(x)
     x = x + DotProductAttention(self.num_heads, self.dim_per_head, self.combine_qkv,
-                                self.dtype, self.decode, name="attention")(h)
+                                self.dtype, self.cache_mode, name="attention")(h, index)
     x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
     h = LayerNorm(dtype=self.dtype, name="pre_ffn_norm")(x)
     x = x + FeedForward(self.hidden_dims, self.activation, self.dtype, name="ffn")(h)
@@ -67,23 +67,24 @@ class StackedTransformer(nn.Module):
   use_repeated_layer: bool = True
   checkpoint_policy: str = "SAVE_NOTHING"
   dtype: Dtype = jnp.float32
-  decode: bool = False
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, cache_mode: str | None = None,
+               index: jax.Array | None = None) -> jax.Array:
+    """cache_mode None trains/evaluates; "prefill" / "extend" decode (DotProductAttention)."""
     policy = remat_policy(self.checkpoint_policy)
     layer_cls = TransformerLayer
-    if self.checkpoint_policy != "SAVE_EVERYTHING" and not self.decode:
+    if self.checkpoint_policy != "SAVE_EVERYTHING" and cache_mode is None:
       layer_cls = nn.remat(TransformerLayer, policy=policy, prevent_cse=not self.use_repeated_layer)
     kwargs = dict(num_heads=self.num_heads, dim_per_head=self.dim_per_head,
                   hidden_dims=self.hidden_dims, activation=self.activation,
-                  combine_qkv=self.combine_qkv, dtype=self.dtype, decode=self.decode)
+                  combine_qkv=self.combine_qkv, dtype=self.dtype, cache_mode=cache_mode)
     if self.use_repeated_layer:
       stack = nn.scan(layer_cls, variable_axes={"params": 0, "cache": 0},
-                      split_rngs={"params": True},
+                      split_rngs={"params": True}, in_axes=nn.broadcast,
                       length=self.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-      x, _ = stack(**kwargs, name="repeat")(x, None)
+      x, _ = stack(**kwargs, name="repeat")(x, index)
       return x
     for i in range(self.num_layers):
-      x, _ = layer_cls(**kwargs, name=f"x_layers_{i}")(x, None)
+      x, _ = layer_cls(**kwargs, name=f"x_layers_{i}")(x, index)
     return x

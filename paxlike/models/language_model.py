@@ -7,10 +7,13 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from paxlike import decoding, flops
 from paxlike.layers.embedding import SharedEmbeddingSoftmax, sinusoidal_position_embedding
 from paxlike.layers.linear import LayerNorm
 from paxlike.layers.transformer import StackedTransformer
+from paxlike.models.base import BaseModel
 
 Dtype = Any
 
@@ -23,11 +26,13 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
   return logz - label_logit
 
 
-class LanguageModel(nn.Module):
+class LanguageModel(BaseModel):
   """Token ids -> next-token logits, with Pax's shared embedding/softmax.
 
   Batches are dicts with int `ids` and `labels` [batch, length] and float
-  `weights` [batch, length] (0 for padding).
+  `weights` [batch, length] (0 for padding); decoding reads `ids` and
+  `prompt_lens` (row r's prompt is ids[r, :prompt_lens[r]]) and generates
+  into the rest of the row.
   """
 
   vocab_size: int
@@ -41,7 +46,6 @@ class LanguageModel(nn.Module):
   use_repeated_layer: bool = True
   checkpoint_policy: str = "SAVE_NOTHING"
   fprop_dtype: Dtype = jnp.float32
-  decode: bool = False  # KV-cached one-position-per-call mode (see models.decoding)
 
   def setup(self) -> None:
     self.softmax = SharedEmbeddingSoftmax(self.vocab_size, self.model_dims, self.fprop_dtype)
@@ -49,21 +53,18 @@ class LanguageModel(nn.Module):
         num_layers=self.num_layers, num_heads=self.num_heads, dim_per_head=self.dim_per_head,
         hidden_dims=self.hidden_dims, activation=self.activation,
         combine_qkv=self.combine_qkv, use_repeated_layer=self.use_repeated_layer,
-        checkpoint_policy=self.checkpoint_policy, dtype=self.fprop_dtype, decode=self.decode)
+        checkpoint_policy=self.checkpoint_policy, dtype=self.fprop_dtype)
     self.final_norm = LayerNorm(dtype=self.fprop_dtype)
-    if self.decode:
-      self.position = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
 
-  def __call__(self, ids: jax.Array) -> jax.Array:
+  def __call__(self, ids: jax.Array, cache_mode: str | None = None,
+               index: jax.Array | None = None) -> jax.Array:
+    """[batch, length] ids -> [batch, length, vocab] logits; ids start at position `index`."""
     x = self.softmax.embed(ids)
-    offset = 0
-    if self.decode and not self.is_initializing():
-      offset = self.position.value
-      self.position.value = offset + ids.shape[1]
-    pos = sinusoidal_position_embedding(ids.shape[1], self.model_dims, offset=offset)
+    pos = sinusoidal_position_embedding(ids.shape[1], self.model_dims,
+                                        offset=0 if index is None else index)
     x = x + pos.astype(self.fprop_dtype)[None]
     x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
-    x = self.transformer(x)
+    x = self.transformer(x, cache_mode, index)
     x = self.final_norm(x)
     logits = self.softmax.logits(x)
     return nn.with_logical_constraint(logits, ("batch", "length", "activation_vocab"))
@@ -82,5 +83,90 @@ class LanguageModel(nn.Module):
         "log_pplx": loss,
         "accuracy": jnp.sum(correct * weights) / total,
         "num_tokens": jnp.sum(weights),
+        "num_examples": jnp.sum(jnp.any(weights > 0, axis=-1).astype(jnp.float32)),
     }
     return loss, metrics
+
+  # ------------------------------------------------------------- decoding
+
+  def prefill(self, batch: dict[str, jax.Array],
+              settings: decoding.DecodeSettings) -> decoding.DecodeStart:
+    """Runs the prompts through the model once, filling every layer's KV cache.
+
+    Rows' prompts differ in length: extends start after the shortest, and
+    the longer prompts' tokens are forced at the positions they cover.
+    Output position i is buffer position p_min + i.
+    """
+    ids, lens = batch["ids"], jnp.maximum(batch["prompt_lens"], 1)
+    length = ids.shape[1]
+    positions = jnp.arange(length)
+    tokens = jnp.where(positions[None] < lens[:, None], ids, 0).astype(jnp.int32)
+    self(tokens, "prefill")
+    p_min = jnp.min(lens)
+    out_pos = p_min + positions[:length - 1]  # buffer position of each output position
+    limit = length - p_min
+    if settings.max_decode_length is not None:
+      limit = jnp.minimum(limit, jnp.max(lens) - p_min + settings.max_decode_length)
+    return decoding.DecodeStart(
+        first_tokens=jnp.take(tokens, p_min - 1, axis=1),
+        start_index=(p_min - 1).astype(jnp.int32),
+        forced_tokens=jnp.take(tokens, jnp.minimum(out_pos, length - 1), axis=1),
+        forced_mask=out_pos[None] < lens[:, None],
+        limit=limit.astype(jnp.int32), num_steps=length - 1)
+
+  def extend(self, tokens: jax.Array, index: jax.Array) -> jax.Array:
+    return self(tokens[:, None], "extend", index)[:, 0].astype(jnp.float32)
+
+  def finish_decode(self, batch: dict[str, jax.Array], start: decoding.DecodeStart,
+                    out: decoding.DecodeOutput,
+                    settings: decoding.DecodeSettings) -> decoding.DecodeOutput:
+    """Drops each row's forced prompt (generations start at column 0), caps the length."""
+    lens = jnp.maximum(batch["prompt_lens"], 1)
+    width = out.tokens.shape[-1]
+    first = lens - (start.start_index + 1)  # the row's first generated output position
+    cols = first[:, None] + jnp.arange(width)[None]
+    gen = jnp.take_along_axis(out.tokens, jnp.minimum(cols, width - 1)[:, None, :], axis=2)
+    keep = cols < width
+    lengths = out.lengths
+    if settings.max_decode_length is not None:
+      keep &= jnp.arange(width)[None] < settings.max_decode_length
+      lengths = jnp.minimum(lengths, settings.max_decode_length)
+    return out.replace(tokens=jnp.where(keep[:, None, :], gen, settings.pad_id),
+                       lengths=lengths)
+
+  def gather_cache(self, cache: Any, indices: jax.Array) -> Any:
+    axis = 1 if self.use_repeated_layer else 0  # scanned leaves lead with the layer axis
+    return jax.tree.map(lambda x: jnp.take(x, indices, axis=axis), cache)
+
+  # -------------------------------------------------------- plain methods
+
+  def input_features(self) -> tuple[str, ...]:
+    return ("ids", "labels", "weights")
+
+  def decode_features(self) -> tuple[str, ...]:
+    return ("ids", "prompt_lens")
+
+  def flops_dims(self, seq_len: int) -> flops.LmDims:
+    return flops.LmDims(self.num_layers, self.model_dims, self.hidden_dims, self.num_heads,
+                        self.dim_per_head, self.vocab_size, seq_len)
+
+  def model_flops_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> float:
+    batch, seq_len = specs["ids"].shape[:2]
+    return flops.model_flops_per_step(self.flops_dims(seq_len), batch)
+
+  def tokens_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> int:
+    return int(np.prod(specs["ids"].shape[:2]))
+
+  def compute_dtype(self) -> str:
+    return np.dtype(self.fprop_dtype).name
+
+  def prompt_and_target(self, host_batch: dict[str, np.ndarray]
+                        ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    ids, weights, labels = host_batch["ids"], host_batch["weights"], host_batch["labels"]
+    lens = host_batch.get("prompt_lens", np.ones(len(ids), np.int32))
+    prompts = [ids[r, :int(lens[r])] for r in range(len(ids))]
+    targets = [labels[r][weights[r] > 0] for r in range(len(ids))]
+    return prompts, targets, weights.any(axis=-1)
+
+  def padding_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {**host_batch, "weights": np.zeros_like(host_batch["weights"])}

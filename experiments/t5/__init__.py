@@ -1,0 +1,1 @@
+"""Encoder-decoder (T5 / Flan-T5) experiments."""

@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""Runs a paxlike StableHLO export with jax, numpy and safetensors only (no paxlike).
+
+--mode=export --export_format=stablehlo copies this file into the export as
+run.py, next to model.stablehlo, params.safetensors and manifest.json:
+
+    python run.py EXPORT_DIR "37+45=" "12+30="     # text prompts, when the export has text
+    python run.py EXPORT_DIR --ids '{"ids": [[54, 58, 46, 55, 56, 64, 0, 0]], "prompt_lens": [6]}'
+    python run.py EXPORT_DIR --seed 7 "37+45="    # exports that sample draw with this seed
+
+It prints one JSON object per row: the prompt, the generation (text when
+the export has a vocabulary), its token ids and score, and every beam
+under beam search. As a module:
+
+    import run
+    decode = run.load(EXPORT_DIR)
+    tokens, scores = decode({"ids": ids, "prompt_lens": lens}, seed=0)
+    rows = decode.generate(["37+45="])
+
+Everything this file does is what manifest.json says: the program's
+arguments in order (the parameters first, as a flat list in the manifest's
+order), each input's name, dtype and shape ("b" is the batch size, any
+value), and how text becomes those inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+FORMAT = "paxlike.stablehlo"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+BATCH_DIM = "b"
+
+
+class ExportError(ValueError):
+  """The export directory or the inputs given to it are not usable."""
+
+
+def read_manifest(export_dir: str) -> dict[str, Any]:
+  """manifest.json of an export, checked to be one this runner understands."""
+  path = os.path.join(export_dir, MANIFEST)
+  try:
+    with open(path) as f:
+      manifest = json.load(f)
+  except FileNotFoundError:
+    raise ExportError(f"{export_dir} has no {MANIFEST}; is it a paxlike StableHLO "
+                      "export?") from None
+  if manifest.get("format") != FORMAT:
+    raise ExportError(f"{path} describes a {manifest.get('format')!r} export, not {FORMAT}.")
+  if int(manifest.get("format_version", 0)) > FORMAT_VERSION:
+    raise ExportError(f"{path} has format_version {manifest['format_version']}; this runner "
+                      f"reads up to {FORMAT_VERSION}: use the run.py inside that export.")
+  return manifest
+
+
+class Decoder:
+  """A loaded export: call it on token ids, or generate() from text.
+
+  Attributes:
+    manifest: the export's manifest.json.
+    exported: the jax.export.Exported program.
+    params: its parameters, on the default device, in the manifest's order.
+  """
+
+  def __init__(self, export_dir: str) -> None:
+    import jax
+    from safetensors.numpy import load_file
+
+    self.export_dir = export_dir
+    self.manifest = read_manifest(export_dir)
+    function = self.manifest["function"]
+    with open(os.path.join(export_dir, function["file"]), "rb") as f:
+      self.exported = jax.export.deserialize(bytearray(f.read()))
+    weights = load_file(os.path.join(export_dir, self.manifest["params"]["file"]))
+    self.params = []
+    for t in self.manifest["params"]["tensors"]:
+      if t["name"] not in weights:
+        raise ExportError(f"{self.manifest['params']['file']} has no tensor {t['name']!r}.")
+      w = weights[t["name"]]
+      if list(w.shape) != list(t["shape"]) or w.dtype != np.dtype(t["dtype"]):
+        raise ExportError(f"tensor {t['name']!r} is {w.dtype}{list(w.shape)}; the manifest "
+                          f"says {t['dtype']}{t['shape']}.")
+      self.params.append(jax.device_put(w))
+    self.inputs = {i["name"]: i for i in self.manifest["inputs"]}
+    self.arguments = function["arguments"]
+    self._call = jax.jit(self.exported.call)  # one compile per batch size
+    self._sp = None
+
+  # ----------------------------------------------------------- token ids
+
+  def __call__(self, features: Mapping[str, Any] | None = None, seed: int = 0,
+               **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Decodes a batch of token-id features.
+
+    Args:
+      features: the manifest's inputs (all but the seed) by name.
+      seed: the sampling seed (unused by greedy and beam-search exports).
+      **kwargs: more features by name.
+
+    Returns:
+      (tokens [b, K, T] int32, scores [b, K] float32), numpy.
+    """
+    given = {**(features or {}), **kwargs}
+    seed_name = self.manifest["function"]["seed"]
+    given[seed_name] = seed
+    unknown = sorted(set(given) - set(self.inputs))
+    if unknown:
+      raise ExportError(f"unknown inputs {unknown}; the export takes {sorted(self.inputs)}.")
+    arrays, batch = {}, None
+    for name, spec in self.inputs.items():
+      if name not in given:
+        raise ExportError(f"missing input {name!r} ({spec['dtype']}{spec['shape']}).")
+      a = np.asarray(given[name])
+      if a.ndim != len(spec["shape"]) or not (np.issubdtype(a.dtype, np.integer) or a.size == 0):
+        raise ExportError(f"input {name!r} must be integers of shape {spec['shape']}, got "
+                          f"{a.dtype}{list(a.shape)}.")
+      for dim, want in zip(a.shape, spec["shape"], strict=True):
+        if want == BATCH_DIM:
+          if batch not in (None, dim):
+            raise ExportError(f"inputs disagree on the batch size ({batch} vs {dim}).")
+          batch = dim
+        elif dim != want:
+          raise ExportError(f"input {name!r} must have shape {spec['shape']}, got "
+                            f"{list(a.shape)}.")
+      arrays[name] = a.astype(spec["dtype"])
+    args = [self.params if a == "params" else arrays[a] for a in self.arguments]
+    tokens, scores = self._call(*args)
+    return np.asarray(tokens), np.asarray(scores)
+
+  # ---------------------------------------------------------------- text
+
+  @property
+  def has_text(self) -> bool:
+    return self.manifest.get("text") is not None
+
+  def _sentencepiece(self) -> Any:
+    if self._sp is None:
+      try:
+        import sentencepiece as spm
+      except ImportError:
+        raise ExportError("this export's vocabulary is SentencePiece; pip install "
+                          "sentencepiece.") from None
+      model_file = os.path.join(self.export_dir, self.manifest["vocabulary"]["model_file"])
+      self._sp = spm.SentencePieceProcessor(model_file=model_file)
+    return self._sp
+
+  def tokenize(self, text: str) -> list[int]:
+    """A prompt's ids (before the EOS the export may append)."""
+    vocab = self.manifest["vocabulary"]
+    if vocab["kind"] == "byte":
+      return [b + vocab["offset"] for b in text.encode("utf-8")]
+    if vocab["kind"] == "sentencepiece":
+      return list(self._sentencepiece().encode(text))
+    raise ExportError("this export has no vocabulary; pass token ids (--ids).")
+
+  def detokenize(self, ids: Sequence[int]) -> str:
+    """Ids up to the first EOS as text (pad and special ids dropped)."""
+    vocab = self.manifest["vocabulary"]
+    ids = [int(i) for i in ids]
+    if vocab["eos_id"] in ids:
+      ids = ids[:ids.index(vocab["eos_id"])]
+    if vocab["kind"] == "byte":
+      off = vocab["offset"]
+      return bytes(i - off for i in ids if off <= i < off + 256).decode("utf-8", "replace")
+    if vocab["kind"] == "sentencepiece":
+      return self._sentencepiece().decode([i for i in ids if i != vocab["pad_id"]])
+    raise ExportError("this export has no vocabulary.")
+
+  def encode(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+    """Text prompts -> the export's input features, as the experiment's input builds them."""
+    if not self.has_text:
+      raise ExportError("this export has no text path (its experiment reads no vocabulary "
+                        "paxlike knows); pass token ids (--ids).")
+    vocab, text = self.manifest["vocabulary"], self.manifest["text"]
+    rows = [self.tokenize(t) + ([vocab["eos_id"]] if text["append_eos"] else [])
+            for t in texts]
+    out = {}
+    for name, spec in self.inputs.items():
+      role = spec.get("text")
+      if role == "tokens":
+        width = spec["shape"][1]
+        a = np.full((len(rows), width), vocab["pad_id"], spec["dtype"])
+        for r, ids in enumerate(rows):
+          a[r, :min(len(ids), width)] = ids[:width]
+        out[name] = a
+    width = next(s["shape"][1] for s in self.inputs.values() if s.get("text") == "tokens")
+    for name, spec in self.inputs.items():
+      if spec.get("text") == "num_tokens":
+        out[name] = np.asarray([min(len(ids), width) for ids in rows], spec["dtype"])
+    return out
+
+  def generate(self, texts: Sequence[str], seed: int = 0) -> list[dict[str, Any]]:
+    """Decodes text prompts; one dict per prompt (see the module docstring)."""
+    tokens, scores = self(self.encode(texts), seed=seed)
+    return [self._row(t, tokens[r], scores[r]) for r, t in enumerate(texts)]
+
+  def _row(self, prompt: Any, tokens: np.ndarray, scores: np.ndarray) -> dict[str, Any]:
+    text = self.has_text
+    row = {"prompt": prompt, "tokens": tokens[0].tolist(), "score": float(scores[0])}
+    if text:
+      row["generation"] = self.detokenize(tokens[0])
+    if len(tokens) > 1:
+      row["beams"] = [{"tokens": t.tolist(), "score": float(s),
+                       **({"generation": self.detokenize(t)} if text else {})}
+                      for t, s in zip(tokens, scores, strict=True)]
+    return row
+
+
+def load(export_dir: str) -> Decoder:
+  """Loads an export directory; the result decodes (see Decoder)."""
+  return Decoder(os.path.abspath(os.path.expanduser(export_dir)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("export_dir", help="the export directory (holds manifest.json)")
+  parser.add_argument("prompts", nargs="*", help="text prompts")
+  parser.add_argument("--ids", help="a JSON object of token-id inputs by name")
+  parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+  args = parser.parse_args(argv)
+  try:
+    decoder = load(args.export_dir)
+    if args.ids:
+      features = {k: np.asarray(v) for k, v in json.loads(args.ids).items()}
+      tokens, scores = decoder(features, seed=args.seed)
+      rows = [decoder._row({k: v[r].tolist() for k, v in features.items()}, tokens[r],
+                           scores[r]) for r in range(len(tokens))]
+    elif args.prompts:
+      rows = decoder.generate(args.prompts, seed=args.seed)
+    else:
+      parser.error("give text prompts or --ids")
+  except (ExportError, json.JSONDecodeError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  for row in rows:
+    print(json.dumps(row))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

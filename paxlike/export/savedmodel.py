@@ -1,0 +1,204 @@
+"""--export_format=savedmodel: a TF SavedModel of the decode, for TF Serving (`[export]` extra).
+
+The program is the StableHLO export's serve function, converted with
+jax2tf's native serialization (an XlaCallModule op holding the StableHLO,
+batch size polymorphic). The parameters are tf.Variables the op reads, so
+they live in variables/ and can be swapped like any SavedModel's. Signatures:
+
+    serving_default   the decode features (int32 token ids) + seed (int32)
+                      -> tokens [b, K, T] int32, scores [b, K] float32
+    serve_text        (byte vocabulary only) text [b] string + seed
+                      -> tokens, scores, generation [b, K] string
+
+serve_text tokenizes and detokenizes inside the graph with plain TF ops
+(bytes_split / decode_raw, the +offset shift, EOS and padding; back to
+text up to the first EOS), exactly as the experiment's byte input does.
+assets.extra/tf_serving_warmup_requests holds Predict warm-up requests for
+both signatures at two batch sizes (see paxlike/export/warmup.py), and
+manifest.json describes the signatures.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from paxlike.errors import UserError
+from paxlike.export import serving, warmup
+from paxlike.export.job import ExportJob
+
+FORMAT = "paxlike.savedmodel"
+FORMAT_VERSION = 1
+IDS_SIGNATURE = "serving_default"
+TEXT_SIGNATURE = "serve_text"
+TEXT_INPUT = "text"
+TEXT_OUTPUT = "generation"
+
+
+def _require_tensorflow() -> None:
+  if importlib.util.find_spec("tensorflow") is None:
+    raise UserError("--export_format=savedmodel needs TensorFlow; install the export extra: "
+                    "pip install -e '.[export]'")
+
+
+def _variable_name(name: str) -> str:
+  """A parameter path as a TF variable name ([A-Za-z0-9_.\\-/] only)."""
+  return "".join(c if c.isalnum() or c in "_.-/" else "_" for c in name)
+
+
+def _poly(feature: Any) -> str:
+  return "(" + ", ".join(["b", *map(str, feature.shape)]) + ")"
+
+
+def text_features(tf: Any, job: ExportJob, text: Any) -> dict[str, Any]:
+  """[b] strings -> the decode features, the way the byte input tokenizes prompts."""
+  vocab = job.vocabulary
+  chars = tf.strings.bytes_split(text)  # ragged [b, None] of one-byte strings
+  byte_values = tf.io.decode_raw(chars.flat_values, tf.uint8)[:, 0]
+  ids = chars.with_flat_values(tf.cast(byte_values, tf.int32) + vocab["offset"])
+  if job.append_eos:
+    eos = tf.fill(tf.stack([ids.nrows(), 1]), tf.constant(vocab["eos_id"], tf.int32))
+    ids = tf.concat([ids, tf.RaggedTensor.from_tensor(eos)], axis=1)
+  out = {}
+  width = next(f.shape[0] for f in job.features if f.text == "tokens")
+  ids = ids[:, :width]
+  for f in job.features:
+    if f.text == "tokens":
+      out[f.name] = tf.cast(ids.to_tensor(default_value=vocab["pad_id"], shape=[None, width]),
+                            f.dtype)
+    else:
+      out[f.name] = tf.cast(ids.row_lengths(), f.dtype)
+  return out
+
+
+def detokenize(tf: Any, job: ExportJob, tokens: Any) -> Any:
+  """tokens [b, K, T] -> [b, K] strings: the bytes before the first EOS."""
+  vocab = job.vocabulary
+  offset, eos = vocab["offset"], vocab["eos_id"]
+  before_eos = tf.cumsum(tf.cast(tf.equal(tokens, eos), tf.int32), axis=-1) == 0
+  is_byte = (tokens >= offset) & (tokens < offset + 256)
+  table = tf.constant([bytes([i]) for i in range(256)])
+  chars = tf.gather(table, tf.clip_by_value(tokens - offset, 0, 255))
+  chars = tf.where(before_eos & is_byte, chars, tf.constant(b""))
+  return tf.strings.reduce_join(chars, axis=-1)
+
+
+def build_module(tf: Any, job: ExportJob, names: list[str], values: list[np.ndarray]) -> Any:
+  """The tf.Module holding the parameter variables and the signatures' functions."""
+  from jax.experimental import jax2tf
+
+  converted = jax2tf.convert(
+      serving.serving_fn(job.model, job.settings, job.abstract_params),
+      polymorphic_shapes=[None, *(_poly(f) for f in job.features), "()"],
+      native_serialization_platforms=job.platforms, with_gradient=False)
+  module = tf.Module()
+  module.params = [tf.Variable(v, trainable=False, name=_variable_name(n))
+                   for n, v in zip(names, values, strict=True)]
+  specs = [tf.TensorSpec([None, *f.shape], tf.as_dtype(f.dtype), name=f.name)
+           for f in job.features]
+  seed_spec = tf.TensorSpec([], tf.as_dtype(serving.SEED_DTYPE), name=serving.SEED_NAME)
+
+  def serve_ids(*args: Any) -> dict[str, Any]:
+    tokens, scores = converted(list(module.params), *args)
+    return {"tokens": tokens, "scores": scores}
+
+  module.serve_ids = tf.function(serve_ids, input_signature=[*specs, seed_spec],
+                                 autograph=False)
+  if job.vocabulary["kind"] == "byte" and job.has_text:
+
+    def serve_text(text: Any, seed: Any) -> dict[str, Any]:
+      features = text_features(tf, job, text)
+      out = module.serve_ids(*(features[f.name] for f in job.features), seed)
+      return {**out, TEXT_OUTPUT: detokenize(tf, job, out["tokens"])}
+
+    module.serve_text = tf.function(
+        serve_text, autograph=False,
+        input_signature=[tf.TensorSpec([None], tf.string, name=TEXT_INPUT), seed_spec])
+  return module
+
+
+def warmup_records(tf: Any, job: ExportJob, has_text: bool) -> list[bytes]:
+  """PredictionLogs for each signature, at batch 1 and at the examples' batch."""
+
+  def tensor(x: np.ndarray) -> bytes:
+    return tf.make_tensor_proto(x).SerializeToString()
+
+  seed = tensor(np.asarray(0, serving.SEED_DTYPE))
+  n = len(next(iter(job.examples.values())))
+  records = []
+  for rows in sorted({1, n}):
+    ids = {f.name: tensor(np.asarray(job.examples[f.name][:rows], f.dtype))
+           for f in job.features}
+    records.append(warmup.predict_log(IDS_SIGNATURE, {**ids, serving.SEED_NAME: seed}))
+    if has_text:
+      texts = np.asarray([t.encode() for t in job.example_texts[:rows]], object)
+      records.append(warmup.predict_log(
+          TEXT_SIGNATURE, {TEXT_INPUT: tensor(texts), serving.SEED_NAME: seed}))
+  return records
+
+
+def _signature(fn: Any) -> dict[str, Any]:
+  """A concrete function's inputs and outputs as the manifest lists them."""
+  inputs = [{"name": s.name, "dtype": s.dtype.name,
+             "shape": ["b" if d is None else d for d in s.shape.as_list()]}
+            for s in fn.structured_input_signature[0]]
+  outputs = [{"name": k, "dtype": v.dtype.name,
+              "shape": ["b" if d is None else d for d in v.shape.as_list()]}
+             for k, v in sorted(fn.structured_outputs.items())]
+  return {"inputs": inputs, "outputs": outputs}
+
+
+class SavedModelExporter:
+  """A TF SavedModel for TF Serving (see the module docstring)."""
+
+  name = "savedmodel"
+
+  def check(self, job: ExportJob) -> ExportJob:
+    """TensorFlow is installed and the decode lowers (jax2tf lowers it the same way)."""
+    _require_tensorflow()
+    serving.lower(job)
+    return job
+
+  def write(self, plan: ExportJob, params: Any, step: int, out_dir: str) -> None:
+    import jax
+    import tensorflow as tf
+
+    job = plan
+    names = serving.param_names(job.abstract_params)
+    module = build_module(tf, job, names, serving.flat_params(params, job.abstract_params))
+    signatures = {IDS_SIGNATURE: module.serve_ids.get_concrete_function()}
+    if hasattr(module, "serve_text"):
+      signatures[TEXT_SIGNATURE] = module.serve_text.get_concrete_function()
+    tf.saved_model.save(module, out_dir, signatures=signatures)
+    extra = os.path.join(out_dir, warmup.DIR)
+    os.makedirs(extra)
+    with tf.io.TFRecordWriter(os.path.join(extra, warmup.FILE)) as w:
+      for record in warmup_records(tf, job, TEXT_SIGNATURE in signatures):
+        w.write(record)
+    import jaxlib
+
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "experiment": job.experiment,
+        "step": step,
+        "job_log_dir": job.job_log_dir,
+        "model": {"family": type(job.model).__name__,
+                  "decode_features": list(job.model.decode_features())},
+        "vocabulary": job.vocabulary,
+        "text": {"append_eos": job.append_eos} if TEXT_SIGNATURE in signatures else None,
+        "signatures": {k: _signature(v) for k, v in signatures.items()},
+        "params": {"as": "tf.Variable", "count": len(names), "names": names},
+        "platforms": list(job.platforms),
+        "decode_settings": serving.settings_dict(job.settings),
+        "warmup_requests": f"{warmup.DIR}/{warmup.FILE}",
+        "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
+                     "tensorflow": tf.__version__},
+    }
+    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+      json.dump(manifest, f, indent=2)
+      f.write("\n")

@@ -1,0 +1,417 @@
+"""T5's layers: RMS norm, relative position bias, attention without logit scale, FFNs.
+
+Parameters are float32 and carry logical axis names; the computation runs
+in `dtype`. The names are T5X's (`query`/`key`/`value`/`out`, `wi_0`/`wi_1`/`wo`,
+`rel_embedding`, `scale`), so the HF importer (paxlike.interop.hf) and the
+hand-written benchmark reference map onto them one to one.
+
+Initialisers follow T5X: every kernel is variance-scaled over its fan-in
+(normal for attention, truncated normal for the FFN and the logits); the
+query kernel is additionally divided by sqrt(dim_per_head), which stands in
+for the 1/sqrt(dim_per_head) logit scale T5 leaves out, so its stddev is
+(model_dims * dim_per_head) ** -0.5. The token embedding is N(0, 1) and the
+relative position table variance-scaled over fan_avg (uniform).
+
+Dropout sits where T5 puts it: after the input embedding, on the attention
+probabilities, inside the FFN after the activation (gating), on every
+sublayer output before the residual add, and after each stack's final norm.
+It is active only when the caller passes a 'dropout' rng (and the rate is
+above 0); without one every layer is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+from paxlike.errors import UserError
+from paxlike.layers.attention import dot_product_attention
+
+Dtype = Any
+
+FFN_ACTIVATIONS = ("gated-gelu", "relu")
+
+# Attention modes of one decoder layer (see T5Attention).
+FULL, PREFILL, EXTEND = "full", "prefill", "extend"
+
+
+def dropout_active(module: nn.Module, rate: float) -> bool:
+  """Dropout runs only for a positive rate and when the caller passed a 'dropout' rng."""
+  return rate > 0.0 and module.has_rng("dropout")
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _kernel_init(fan_in_axes: Sequence[int], out_axes: Sequence[int], distribution: str,
+                 extra_scale: float = 1.0):
+  """variance_scaling(1, fan_in) over multi-dim kernels, times extra_scale."""
+  base = nn.initializers.variance_scaling(1.0, "fan_in", distribution,
+                                          in_axis=tuple(fan_in_axes), out_axis=tuple(out_axes))
+  if extra_scale == 1.0:
+    return base
+
+  def init(key: jax.Array, shape: Sequence[int], dtype: Any = jnp.float32) -> jax.Array:
+    return base(key, shape, dtype) * jnp.asarray(extra_scale, dtype)
+
+  return init
+
+
+class DenseGeneral(nn.Module):
+  """x's last `in_dims` axes contracted with a `kernel` of shape (*in, *features).
+
+  Attributes:
+    features: output dims.
+    axes: logical names of the kernel's dims, input dims first.
+    in_dims: how many trailing axes of x are contracted.
+    init_scale: multiplies the variance-scaled initial kernel (the query's
+      1/sqrt(dim_per_head)).
+    distribution: the initialiser's distribution ('normal', 'truncated_normal').
+  """
+
+  features: Sequence[int]
+  axes: Sequence[str]
+  in_dims: int = 1
+  init_scale: float = 1.0
+  distribution: str = "normal"
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    features = tuple(self.features)
+    in_shape = x.shape[x.ndim - self.in_dims:]
+    n_in = len(in_shape)
+    init = _kernel_init(range(n_in), range(n_in, n_in + len(features)), self.distribution,
+                        self.init_scale)
+    kernel = self.param("kernel", nn.with_logical_partitioning(init, tuple(self.axes)),
+                        (*in_shape, *features), jnp.float32)
+    contract = tuple(range(x.ndim - n_in, x.ndim))
+    return jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype),
+                               ((contract, tuple(range(n_in))), ((), ())))
+
+
+class Embed(nn.Module):
+  """The [vocab, embed] token table (`embedding`), shared by encoder, decoder and a tied head."""
+
+  vocab_size: int
+  dims: int
+  dtype: Dtype = jnp.float32
+
+  def setup(self) -> None:
+    self.embedding = self.param(
+        "embedding", nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0),
+                                                  ("vocab", "embed")),
+        (self.vocab_size, self.dims), jnp.float32)
+
+  def __call__(self, ids: jax.Array) -> jax.Array:
+    # T5 does not scale the embedding (the LM's sqrt(d) does not apply).
+    return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    """Tied logits: x @ embedding.T (the caller applies T5's d**-0.5)."""
+    return jnp.einsum("btd,vd->btv", x.astype(self.dtype), self.embedding.astype(self.dtype))
+
+
+class RmsNorm(nn.Module):
+  """T5's layer norm: x * rsqrt(mean(x^2) + eps) * scale; no mean, no bias; float32 inside."""
+
+  epsilon: float = 1e-6
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                       (x.shape[-1],), jnp.float32)
+    xf = x.astype(jnp.float32)
+    var = jnp.mean(jnp.square(xf), axis=-1, keepdims=True)
+    return (xf * jax.lax.rsqrt(var + self.epsilon) * scale).astype(self.dtype)
+
+
+# -------------------------------------------------------- relative positions
+
+
+def bucket_table(bidirectional: bool, num_buckets: int, max_distance: int) -> np.ndarray:
+  """Bucket of every distance 0..max_distance for one direction (a static lookup table).
+
+  The log-spaced part is computed here in float64 once, so a bucket boundary
+  that falls exactly on an integer distance (16, 32, 64 for the defaults)
+  lands where the exact formula puts it, whatever the device's float32 log.
+  Distances above max_distance share the last bucket.
+  """
+  n = num_buckets // 2 if bidirectional else num_buckets
+  max_exact = n // 2
+  if max_exact < 1 or max_distance <= max_exact:
+    raise UserError(f"RELATIVE_ATTENTION_NUM_BUCKETS={num_buckets} and "
+                    f"RELATIVE_ATTENTION_MAX_DISTANCE={max_distance} leave no log-spaced "
+                    "buckets; use at least 4 buckets and a max distance above num_buckets / 4.")
+  table = []
+  for dist in range(max_distance + 1):
+    if dist < max_exact:
+      table.append(dist)
+    else:
+      log_part = math.log(dist / max_exact) / math.log(max_distance / max_exact)
+      table.append(min(n - 1, max_exact + int(log_part * (n - max_exact))))
+  return np.asarray(table, np.int32)
+
+
+def relative_position_bucket(relative_position: jax.Array, bidirectional: bool,
+                             num_buckets: int, max_distance: int) -> jax.Array:
+  """T5's bucket of key_pos - query_pos (int32 array of any shape).
+
+  Bidirectional (encoder): half the buckets for keys before the query, half
+  for keys after it. Causal (decoder): only keys at or before the query
+  count; later ones share bucket 0 (the causal mask removes them anyway).
+  Small distances get a bucket each, larger ones log-spaced buckets up to
+  max_distance, and everything further the last bucket.
+  """
+  table = jnp.asarray(bucket_table(bidirectional, num_buckets, max_distance))
+  rel = relative_position.astype(jnp.int32)
+  offset = 0
+  if bidirectional:
+    offset = jnp.where(rel > 0, num_buckets // 2, 0)
+    dist = jnp.abs(rel)
+  else:
+    dist = -jnp.minimum(rel, 0)
+  return offset + table[jnp.minimum(dist, max_distance)]
+
+
+class RelativePositionBias(nn.Module):
+  """One stack's [num_buckets, heads] table `rel_embedding` -> attention logit bias.
+
+  Called once per stack; the bias it returns is added in every layer of
+  that stack (T5's layer 0 owns the table, later layers reuse its bias).
+  """
+
+  num_buckets: int
+  max_distance: int
+  num_heads: int
+  bidirectional: bool
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, query_positions: jax.Array, key_positions: jax.Array) -> jax.Array:
+    """Bias [batch, heads, q_len, k_len] from positions [batch, q_len] and [batch, k_len].
+
+    Batch may be 1 (positions shared by every row); with packing the
+    positions restart at 0 in every example, so distances stay per example.
+    """
+    table = self.param(
+        "rel_embedding", nn.with_logical_partitioning(
+            nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+            ("relpos_buckets", "heads")),
+        (self.num_buckets, self.num_heads), jnp.float32)
+    rel = key_positions[:, None, :] - query_positions[:, :, None]
+    buckets = relative_position_bucket(rel, self.bidirectional, self.num_buckets,
+                                       self.max_distance)
+    bias = jnp.take(table, buckets, axis=0)  # [batch, q, k, heads]
+    return jnp.transpose(bias, (0, 3, 1, 2)).astype(self.dtype)
+
+
+# ----------------------------------------------------------------- attention
+
+
+def attend(module: nn.Module, q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
+           mask: jax.Array | None, dropout_rate: float) -> jax.Array:
+  """T5 attention of q [b, t, n, h] over k, v [b, s, n, h]: no logit scale.
+
+  paxlike.layers.attention.dot_product_attention, the one attention function
+  of every family; it drops attention probabilities while training with
+  dropout.
+  """
+  rng = module.make_rng("dropout") if dropout_active(module, dropout_rate) else None
+  return dot_product_attention(q, k, v, bias=bias, mask=mask, scale=1.0,
+                               dropout_rate=dropout_rate, dropout_rng=rng)
+
+
+class T5Attention(nn.Module):
+  """Multi-head attention with kernels query/key/value [d, n, h] and out [n, h, d].
+
+  heads x dim_per_head may differ from model_dims (flan-t5-small: 6 x 64 vs 512).
+
+  Modes (a decoder layer's cache protocol; the encoder only uses FULL):
+    FULL     queries from x, keys/values from kv (x itself for self-attention).
+    PREFILL  fills the 'cache' collection and returns nothing: cross-attention
+             projects kv (the encoder output) once into `cached_key` /
+             `cached_value`; self-attention makes zero caches of cache_len
+             positions.
+    EXTEND   x holds one position; self-attention writes its key/value at
+             `index` and attends the whole cache (the mask says which slots
+             count); cross-attention attends the cached encoder keys/values.
+
+  Attributes:
+    num_heads, dim_per_head: the attention shape.
+    cross: keys/values come from the encoder (cached once in PREFILL).
+    dropout_rate: on the attention probabilities.
+  """
+
+  num_heads: int
+  dim_per_head: int
+  cross: bool = False
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, kv: jax.Array | None = None, *, bias: jax.Array | None = None,
+               mask: jax.Array | None = None, mode: str = FULL, index: jax.Array | None = None,
+               cache_len: int = 0) -> jax.Array | None:
+    n, h = self.num_heads, self.dim_per_head
+    d = x.shape[-1]
+    proj = dict(features=(n, h), axes=("embed", "heads", "kv"), dtype=self.dtype)
+    query = DenseGeneral(**proj, init_scale=h ** -0.5, name="query")
+    key = DenseGeneral(**proj, name="key")
+    value = DenseGeneral(**proj, name="value")
+    constrain = lambda t: nn.with_logical_constraint(
+        t, ("batch", "length", "activation_heads", "kv"))
+
+    if mode == PREFILL:
+      rows = (kv if self.cross else x).shape[0]
+      shape = (rows, kv.shape[1] if self.cross else cache_len, n, h)
+      cached_k = self.variable("cache", "cached_key", jnp.zeros, shape, self.dtype)
+      cached_v = self.variable("cache", "cached_value", jnp.zeros, shape, self.dtype)
+      # Assigned, not only initialised: a second prefill over an old cache starts afresh.
+      if self.cross:
+        cached_k.value, cached_v.value = constrain(key(kv)), constrain(value(kv))
+      else:
+        cached_k.value, cached_v.value = jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype)
+      return None
+
+    q = constrain(query(x))
+    if mode == EXTEND:
+      cached_k = self.variable("cache", "cached_key", jnp.zeros, (0,), self.dtype)
+      cached_v = self.variable("cache", "cached_value", jnp.zeros, (0,), self.dtype)
+      if not self.cross:
+        start = (0, index, 0, 0)
+        cached_k.value = jax.lax.dynamic_update_slice(
+            cached_k.value, key(x).astype(cached_k.value.dtype), start)
+        cached_v.value = jax.lax.dynamic_update_slice(
+            cached_v.value, value(x).astype(cached_v.value.dtype), start)
+      k, v = cached_k.value, cached_v.value
+    else:
+      source = x if kv is None else kv
+      k, v = constrain(key(source)), constrain(value(source))
+
+    context = attend(self, q, k.astype(self.dtype), v.astype(self.dtype), bias, mask,
+                     self.dropout_rate)
+    context = checkpoint_name(constrain(context), "context")
+    out = DenseGeneral((d,), ("heads", "kv", "embed"), in_dims=2, dtype=self.dtype,
+                       name="out")(context)
+    return checkpoint_name(out, "out_proj")
+
+
+# ------------------------------------------------------------- feed-forward
+
+
+class T5FeedForward(nn.Module):
+  """gated-gelu: wo(gelu_tanh(wi_0(x)) * wi_1(x)); relu: wo(relu(wi(x))). No biases.
+
+  Dropout after the activation (the gating), before `wo`.
+  """
+
+  hidden_dims: int
+  activation: str = "gated-gelu"
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    d = x.shape[-1]
+    dense = dict(features=(self.hidden_dims,), axes=("embed", "mlp"),
+                 distribution="truncated_normal", dtype=self.dtype)
+    if self.activation == "gated-gelu":
+      gate = jax.nn.gelu(DenseGeneral(**dense, name="wi_0")(x), approximate=True)
+      h = gate * DenseGeneral(**dense, name="wi_1")(x)
+    elif self.activation == "relu":
+      h = jax.nn.relu(DenseGeneral(**dense, name="wi")(x))
+    else:
+      raise UserError(f"ACTIVATION={self.activation!r} is not one of {FFN_ACTIVATIONS}.")
+    h = nn.with_logical_constraint(h, ("batch", "length", "activation_mlp"))
+    h = checkpoint_name(h, "ffn1")
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=not dropout_active(self, self.dropout_rate))
+    y = DenseGeneral((d,), ("mlp", "embed"), distribution="truncated_normal", dtype=self.dtype,
+                     name="wo")(h)
+    return checkpoint_name(y, "ffn2")
+
+
+# ------------------------------------------------------------------- layers
+
+
+class T5LayerConfig(nn.Module):
+  """Fields every T5 layer shares (a base class, not a layer of its own)."""
+
+  num_heads: int
+  dim_per_head: int
+  hidden_dims: int
+  activation: str = "gated-gelu"
+  layer_norm_epsilon: float = 1e-6
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+
+  def residual(self, x: jax.Array, y: jax.Array) -> jax.Array:
+    """x + dropout(y), constrained like the residual stream."""
+    y = nn.Dropout(self.dropout_rate)(
+        y, deterministic=not dropout_active(self, self.dropout_rate))
+    return nn.with_logical_constraint(x + y, ("batch", "length", "activation_embed"))
+
+  def norm(self, name: str) -> RmsNorm:
+    return RmsNorm(self.layer_norm_epsilon, self.dtype, name=name)
+
+  def attention(self, name: str, cross: bool = False) -> T5Attention:
+    return T5Attention(self.num_heads, self.dim_per_head, cross, self.dropout_rate, self.dtype,
+                       name=name)
+
+  def mlp(self, x: jax.Array) -> jax.Array:
+    h = self.norm("pre_mlp_layer_norm")(x)
+    h = T5FeedForward(self.hidden_dims, self.activation, self.dropout_rate, self.dtype,
+                      name="mlp")(h)
+    return self.residual(x, h)
+
+
+class T5EncoderLayer(T5LayerConfig):
+  """x + attention(norm(x)), then x + mlp(norm(x)); scan-compatible (carry, inputs)."""
+
+  @nn.compact
+  def __call__(self, x: jax.Array, inputs: dict[str, jax.Array]) -> tuple[jax.Array, None]:
+    """inputs: `bias` [b|1, n, s, s] and `mask` [b, 1, s|1, s] (shared by every layer)."""
+    h = self.norm("pre_attention_layer_norm")(x)
+    h = self.attention("attention")(h, bias=inputs["bias"], mask=inputs["mask"])
+    x = self.residual(x, h)
+    return self.mlp(x), None
+
+
+class T5DecoderLayer(T5LayerConfig):
+  """Self-attention, cross-attention, mlp; pre-norm residual blocks.
+
+  `mode` (FULL, PREFILL, EXTEND) is T5Attention's; PREFILL only fills the
+  caches and passes x through.
+  """
+
+  mode: str = FULL
+  cache_len: int = 0
+
+  @nn.compact
+  def __call__(self, x: jax.Array, inputs: dict[str, Any]) -> tuple[jax.Array, None]:
+    """inputs: `self_bias`, `self_mask`, `cross_mask`, `encoded` (FULL and PREFILL) and
+    `index` (EXTEND), shared by every layer."""
+    self_attention = self.attention("self_attention")
+    cross_attention = self.attention("encoder_decoder_attention", cross=True)
+    if self.mode == PREFILL:
+      self_attention(x, mode=PREFILL, cache_len=self.cache_len)
+      cross_attention(x, inputs["encoded"], mode=PREFILL)
+      return x, None
+    index = inputs.get("index")
+    h = self.norm("pre_self_attention_layer_norm")(x)
+    h = self_attention(h, bias=inputs["self_bias"], mask=inputs["self_mask"], mode=self.mode,
+                       index=index)
+    x = self.residual(x, h)
+    h = self.norm("pre_cross_attention_layer_norm")(x)
+    h = cross_attention(h, inputs.get("encoded"), mask=inputs["cross_mask"], mode=self.mode,
+                        index=index)
+    x = self.residual(x, h)
+    return self.mlp(x), None

@@ -1,0 +1,144 @@
+"""The model contract every paxlike model family meets (Pax's BaseModel role).
+
+Trainer, evaluator, dry run, FLOP/MFU accounting, export and the step
+benchmark are written once against this class and never ask which family
+they hold. A family (models/language_model.py, models/t5.py) implements:
+
+Flax methods (run through `model.apply`):
+  fprop(batch) -> (loss, metrics)
+      Weighted mean loss and metrics; metrics hold at least `loss`,
+      `accuracy` and `num_tokens` (the weight sum). Dropout is active only
+      when the caller passes a 'dropout' rng (the train step does; eval,
+      init and decode do not), so one method serves train and eval.
+  prefill(batch, settings) -> DecodeStart       (mutable=["cache"])
+      One pass over the prompt (decoder-only) or the encoder input
+      (encoder-decoder) that fills the 'cache' collection and says where
+      the one-position extends start.
+  extend(tokens, index) -> logits               (mutable=["cache"])
+      tokens [N] int32 fed at position `index` (a scalar, the same for
+      every row); returns next-token logits [N, vocab] in float32.
+
+Plain methods (no parameters needed; callable on the unbound module):
+  input_features()        the batch keys fprop reads
+  decode_features()       the batch keys prefill reads
+  model_flops_per_step(specs)  analytic model FLOPs of one train step for a
+                          global batch given as {feature: ShapeDtypeStruct}
+  tokens_per_step(specs)  token positions one train step processes
+  compute_dtype()         the matmul dtype's name, for the device peak
+  special_ids()           {"eos_id", "pad_id"} for decoding
+  gather_cache(cache, idx) the cache with its batch rows taken at idx
+                          (beam search expands and reorders rows with it)
+  prompt_and_target(host_batch) -> (prompts, targets, real)
+                          per row, the prompt ids and the reference ids
+                          decode output is written beside and scored on,
+                          and whether the row is an example (not padding)
+  padding_batch(host_batch) the batch with every loss weight 0 (the filler
+                          a host with fewer eval batches runs)
+  finish_decode(batch, start, out, settings) -> DecodeOutput
+                          the family's last word on generate()'s output
+                          (the LM drops the prompt tokens it forced)
+
+`decode(params, batch, key, settings)` is written here once for every
+family: prefill, then paxlike.decoding.generate over extend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from paxlike import decoding
+
+
+class BaseModel(nn.Module):
+  """Base of every paxlike model family; see the module docstring."""
+
+  # ---------------------------------------------------------- flax methods
+
+  def fprop(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    raise NotImplementedError
+
+  def prefill(self, batch: dict[str, jax.Array],
+              settings: decoding.DecodeSettings) -> decoding.DecodeStart:
+    raise NotImplementedError
+
+  def extend(self, tokens: jax.Array, index: jax.Array) -> jax.Array:
+    raise NotImplementedError
+
+  # --------------------------------------------------------- plain methods
+
+  def input_features(self) -> tuple[str, ...]:
+    raise NotImplementedError
+
+  def decode_features(self) -> tuple[str, ...]:
+    raise NotImplementedError
+
+  def model_flops_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> float:
+    raise NotImplementedError
+
+  def tokens_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> int:
+    raise NotImplementedError
+
+  def compute_dtype(self) -> str:
+    raise NotImplementedError
+
+  def gather_cache(self, cache: Any, indices: jax.Array) -> Any:
+    raise NotImplementedError
+
+  def special_ids(self) -> dict[str, int]:
+    """The ids decoding ends rows with and pads them with."""
+    return {"eos_id": 1, "pad_id": 0}
+
+  def prompt_and_target(self, host_batch: dict[str, np.ndarray]
+                        ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    raise NotImplementedError
+
+  def padding_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    raise NotImplementedError
+
+  def hf_config(self) -> dict[str, Any]:
+    """The Hugging Face config (config.json as a dict) of this model, for interop.hf."""
+    from paxlike.errors import UserError
+
+    raise UserError(f"{type(self).__name__} has no Hugging Face layout; only T5Model "
+                    "(paxlike.models.t5) imports from and exports to Hugging Face.")
+
+  def finish_decode(self, batch: dict[str, jax.Array], start: decoding.DecodeStart,
+                    out: decoding.DecodeOutput,
+                    settings: decoding.DecodeSettings) -> decoding.DecodeOutput:
+    del batch, start, settings
+    return out
+
+  # ------------------------------------------------------------- derived
+
+  def init_batch(self, specs: dict[str, Any]) -> dict[str, jax.Array]:
+    """A one-row batch of zeros with the input features' shapes (what init traces)."""
+    import jax.numpy as jnp
+
+    missing = [k for k in self.input_features() if k not in specs]
+    if missing:
+      from paxlike.errors import UserError
+
+      raise UserError(f"the input gives no {', '.join(missing)} but {type(self).__name__} "
+                      f"reads {', '.join(self.input_features())}; use an input that makes "
+                      "those features.")
+    return {k: jnp.zeros((1, *specs[k].shape[1:]), specs[k].dtype)
+            for k in self.input_features()}
+
+  def decode(self, params: Any, batch: dict[str, jax.Array], key: jax.Array,
+             settings: decoding.DecodeSettings) -> decoding.DecodeOutput:
+    """Generates for a batch: prefill once, then one-position extends (jit-able)."""
+    start, variables = self.apply({"params": params}, batch, settings, method="prefill",
+                                  mutable=["cache"])
+
+    def extend(cache: Any, tokens: jax.Array, index: jax.Array):
+      logits, mutated = self.apply({"params": params, "cache": cache}, tokens, index,
+                                   method="extend", mutable=["cache"])
+      return logits, mutated["cache"]
+
+    out = decoding.generate(extend, variables["cache"], start, settings, key,
+                            gather_cache=self.gather_cache)
+    return self.finish_decode(batch, start, out, settings)

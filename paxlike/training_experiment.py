@@ -1,0 +1,72 @@
+"""The training half every shipped experiment template shares.
+
+Optimizer (optax through paxlike.learners), learning-rate schedule, train
+cadence and mesh, as UPPERCASE hyperparameters; `task()` puts them together
+with the template's `model()`. The model families' templates
+(paxlike.lm_experiments, paxlike.t5_experiments) subclass it and add their
+dims and model().
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fiddle as fdl
+import jax
+
+from paxlike.experiment import BaseExperiment
+from paxlike.learners import Learner
+from paxlike.task import Task, TrainSettings
+
+
+class AdamTraining(BaseExperiment):
+  """Optimizer, schedule, cadence and mesh; subclasses define model() and PERCORE_BATCH_SIZE."""
+
+  OPTIMIZER = "adam"
+  LEARNING_RATE = 2.5e-4
+  LR_SCHEDULE = "constant"
+  LR_COS_WARMUP = 0
+  LR_COS_DECAY_START = 0
+  LR_COS_DECAY_END = 0
+  LR_COS_MIN_RATIO = 0.1
+  ADAM_BETA1 = 0.9
+  ADAM_BETA2 = 0.99
+  ADAM_EPSILON = 1e-6
+  WEIGHT_DECAY = 1e-3
+  CLIP_GRADIENT_NORM_TO_VALUE = 1.0
+
+  NUM_TRAIN_STEPS = 1000
+  CHECKPOINT_EVERY_N_STEPS = 1000
+  MAX_CKPT_TO_KEEP = 10
+  SUMMARY_INTERVAL_STEPS = 100
+  EVAL_INTERVAL_STEPS = 0
+  TRAIN_SEED = 1234
+
+  ICI_MESH_SHAPE = [1, 1, 1]
+  DCN_MESH_SHAPE = None
+
+  def model(self) -> fdl.Config[Any]:
+    raise NotImplementedError(f"{type(self).__name__} must define model().")
+
+  def learner(self) -> fdl.Config[Learner]:
+    return fdl.Config(
+        Learner, optimizer=self.OPTIMIZER, learning_rate=self.LEARNING_RATE,
+        schedule=self.LR_SCHEDULE, warmup_steps=self.LR_COS_WARMUP,
+        decay_start=self.LR_COS_DECAY_START, decay_end=self.LR_COS_DECAY_END,
+        min_ratio=self.LR_COS_MIN_RATIO, beta1=self.ADAM_BETA1, beta2=self.ADAM_BETA2,
+        epsilon=self.ADAM_EPSILON, weight_decay=self.WEIGHT_DECAY,
+        clip_gradient_norm_to_value=self.CLIP_GRADIENT_NORM_TO_VALUE)
+
+  def task(self) -> fdl.Config[Task]:
+    return fdl.Config(
+        Task, model=self.model(), learner=self.learner(),
+        train=fdl.Config(
+            TrainSettings, num_train_steps=self.NUM_TRAIN_STEPS,
+            checkpoint_every_n_steps=self.CHECKPOINT_EVERY_N_STEPS,
+            max_checkpoints_to_keep=self.MAX_CKPT_TO_KEEP,
+            summary_interval_steps=self.SUMMARY_INTERVAL_STEPS,
+            eval_interval_steps=self.EVAL_INTERVAL_STEPS, seed=self.TRAIN_SEED))
+
+  def per_host_batch_size(self) -> int:
+    """PERCORE_BATCH_SIZE x this host's device count (Pax's convention)."""
+    return self.PERCORE_BATCH_SIZE * jax.local_device_count()

@@ -1,0 +1,454 @@
+"""--mode=export --export_format=stablehlo|savedmodel, end to end.
+
+Two tiny jobs are trained in this process (the arithmetic LM and the
+arithmetic Flan-T5, a few steps each) and exported through the CLI; fresh
+processes that never import paxlike load the artifacts and decode the same
+prompts paxlike decodes here from the same checkpoints. The CLI runs go in
+the background while this process trains and decodes, so the file stays
+within its time budget on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO_ROOT, describe, train_in_process, xla_flags_with_devices
+
+STEPS = 3
+LM = "ArithmeticAdditionTiny"
+T5 = "FlanT5ArithmeticTiny"
+TRAIN_SET = [f"NUM_TRAIN_STEPS={STEPS}", f"CHECKPOINT_EVERY_N_STEPS={STEPS}"]
+T5_BEAMS = 2
+BATCH_ROWS = ((0, 3), (3, 8))  # two batch sizes, 3 and 5, from the one artifact
+
+
+def _env() -> dict[str, str]:
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = xla_flags_with_devices(1)
+  env["JAX_PLATFORMS"] = "cpu"
+  env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+  env.pop("PYTHONPATH", None)  # the loaders must not find paxlike through it
+  return env
+
+
+class Background:
+  """A subprocess started now and waited for later (the CLI or a loader script)."""
+
+  def __init__(self, args: list[str], cwd: Path) -> None:
+    self.proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=_env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    self._done: subprocess.CompletedProcess | None = None
+
+  def result(self, timeout: float = 300) -> subprocess.CompletedProcess:
+    if self._done is None:
+      out, err = self.proc.communicate(timeout=timeout)
+      self._done = subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+    return self._done
+
+
+def cli(*args: str) -> Background:
+  return Background(["-m", "paxlike.main", *args], REPO_ROOT)
+
+
+def listing(root: Path) -> dict[str, tuple[int, int] | None]:
+  """Every path under root: (size, mtime_ns) for files, None for directories."""
+  out = {}
+  for dirpath, dirs, files in os.walk(root):
+    for d in dirs:
+      out[os.path.relpath(os.path.join(dirpath, d), root)] = None
+    for f in files:
+      st = os.stat(os.path.join(dirpath, f))
+      out[os.path.relpath(os.path.join(dirpath, f), root)] = (st.st_size, st.st_mtime_ns)
+  return out
+
+
+def paxlike_decode(exp_name: str, job_log_dir: Path, settings_kw: dict) -> dict:
+  """paxlike's own decode of the job's checkpoint on batches of its decode input."""
+  import jax
+
+  from paxlike import config, decoding, evaluator, experiment, mesh, registry
+  from paxlike.partitioning import SpmdPartitioner
+
+  exp = experiment.instantiate(registry.get(exp_name), [])
+  partitioner = SpmdPartitioner(mesh.build(exp.ICI_MESH_SHAPE, devices=jax.devices()[:1]))
+  task = config.build(exp.task())
+  train_input = next(config.build(c) for c in exp.datasets() if c.is_training)
+  decode_input = config.build(exp.decode_datasets()[0])
+  state, step = evaluator.restore_for_eval(task, train_input, partitioner, str(job_log_dir))
+  model = task.model
+  settings = decoding.DecodeSettings(**settings_kw, **model.special_ids())
+  batch = decode_input.get_next()
+  prompts, _, _ = model.prompt_and_target(batch)
+  fn = jax.jit(lambda params, b, key: model.decode(params, b, key, settings))
+  batches, tokens, texts = [], [], []
+  for lo, hi in BATCH_ROWS:
+    b = {k: np.asarray(batch[k][lo:hi]) for k in model.decode_features() if k in batch}
+    with partitioner.context():
+      out = fn(partitioner.decode_params(state), b, jax.random.key(0))
+    batches.append({k: v.tolist() for k, v in b.items()})
+    tokens.append(np.asarray(out.tokens).tolist())
+    texts.append([decode_input.ids_to_strings(np.asarray(prompts[r])[None])[0]
+                  for r in range(lo, hi)])
+  return {"step": step, "batches": batches, "tokens": tokens, "texts": texts,
+          "num_params": len(jax.tree.leaves(state.params))}
+
+
+JAX_LOADER = textwrap.dedent('''
+    """Loads StableHLO exports without paxlike: through run.py, and through the manifest alone."""
+    import contextlib, importlib.util, io, json, os, sys
+    import numpy as np
+
+    spec = json.load(open(sys.argv[1]))
+    results = {}
+    for name, job in spec.items():
+      d = job["dir"]
+      mod_spec = importlib.util.spec_from_file_location(f"run_{name}", os.path.join(d, "run.py"))
+      run = importlib.util.module_from_spec(mod_spec)
+      mod_spec.loader.exec_module(run)
+      decoder = run.load(d)
+      api = [decoder(b, seed=0)[0].tolist() for b in job["batches"]]
+      encoded = [{k: v.tolist() for k, v in decoder.encode(t).items()} for t in job["texts"]]
+      generated = [[r["tokens"] for r in decoder.generate(t)] for t in job["texts"]]
+      stdout = io.StringIO()
+      with contextlib.redirect_stdout(stdout):
+        code = run.main([d, *job["texts"][0]])
+      cli_rows = [json.loads(line) for line in stdout.getvalue().splitlines()]
+
+      # Only what manifest.json says: files, argument order, input names and dtypes.
+      import jax
+      from safetensors.numpy import load_file
+      m = json.load(open(os.path.join(d, "manifest.json")))
+      with open(os.path.join(d, m["function"]["file"]), "rb") as f:
+        exported = jax.export.deserialize(bytearray(f.read()))
+      weights = load_file(os.path.join(d, m["params"]["file"]))
+      params = [weights[t["name"]] for t in m["params"]["tensors"]]
+      in_avals = [[str(x) for x in a.shape] + [str(a.dtype)] for a in exported.in_avals]
+      raw, out_shapes = [], []
+      for b in job["batches"]:
+        inputs = {i["name"]: np.asarray(0 if i["name"] == m["function"]["seed"] else b[i["name"]],
+                                        dtype=i["dtype"]) for i in m["inputs"]}
+        outs = exported.call(*[params if a == "params" else inputs[a]
+                               for a in m["function"]["arguments"]])
+        n = len(b[m["inputs"][0]["name"]])
+        for o, want in zip(outs, m["outputs"]):
+          out_shapes.append([list(o.shape), str(o.dtype),
+                             [n if x == "b" else x for x in want["shape"]], want["dtype"]])
+        raw.append(np.asarray(outs[0]).tolist())
+      results[name] = {"api": api, "raw": raw, "encoded": encoded, "generated": generated,
+                       "cli_code": code, "cli_rows": cli_rows, "in_avals": in_avals,
+                       "out_shapes": out_shapes}
+    results["paxlike_imported"] = "paxlike" in sys.modules
+    print(json.dumps(results))
+''')
+
+TF_LOADER = textwrap.dedent('''
+    """Loads a SavedModel export with TensorFlow alone and replays its warm-up requests."""
+    import json, os, sys
+    import numpy as np
+    import tensorflow as tf
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from tensorflow.core.framework import tensor_pb2
+
+    def prediction_log_class():
+      """TF Serving's PredictionLog, as much as a Predict warm-up uses (values kept as bytes)."""
+      F = descriptor_pb2.FieldDescriptorProto
+      f = descriptor_pb2.FileDescriptorProto(name="warmup_check.proto", package="tfs",
+                                             syntax="proto3")
+      def msg(name, *fields, parent=None):
+        m = (parent.nested_type if parent else f.message_type).add(name=name)
+        for fname, number, ftype, type_name, label in fields:
+          m.field.add(name=fname, number=number, type=ftype, type_name=type_name, label=label)
+        return m
+      one, many = F.LABEL_OPTIONAL, F.LABEL_REPEATED
+      msg("ModelSpec", ("name", 1, F.TYPE_STRING, None, one),
+          ("signature_name", 3, F.TYPE_STRING, None, one))
+      req = msg("PredictRequest", ("model_spec", 1, F.TYPE_MESSAGE, ".tfs.ModelSpec", one),
+                ("inputs", 2, F.TYPE_MESSAGE, ".tfs.PredictRequest.InputsEntry", many))
+      entry = msg("InputsEntry", ("key", 1, F.TYPE_STRING, None, one),
+                  ("value", 2, F.TYPE_BYTES, None, one), parent=req)
+      entry.options.map_entry = True
+      msg("PredictLog", ("request", 1, F.TYPE_MESSAGE, ".tfs.PredictRequest", one))
+      msg("PredictionLog", ("predict_log", 6, F.TYPE_MESSAGE, ".tfs.PredictLog", one))
+      pool = descriptor_pool.DescriptorPool()
+      pool.Add(f)
+      return message_factory.GetMessageClass(pool.FindMessageTypeByName("tfs.PredictionLog"))
+
+    spec = json.load(open(sys.argv[1]))
+    d = spec["dir"]
+    model = tf.saved_model.load(d)
+    ids_sig, text_sig = model.signatures["serving_default"], model.signatures["serve_text"]
+    ids_tokens, text_tokens, text_out = [], [], []
+    for b, texts in zip(spec["batches"], spec["texts"]):
+      out = ids_sig(**{k: tf.constant(v, tf.int32) for k, v in b.items()},
+                    seed=tf.constant(0, tf.int32))
+      ids_tokens.append(out["tokens"].numpy().tolist())
+      out = text_sig(text=tf.constant(texts), seed=tf.constant(0, tf.int32))
+      text_tokens.append(out["tokens"].numpy().tolist())
+      text_out.append([[g.decode() for g in row] for row in out["generation"].numpy()])
+    PredictionLog = prediction_log_class()
+    warmup = []
+    path = os.path.join(d, "assets.extra", "tf_serving_warmup_requests")
+    for record in tf.data.TFRecordDataset(path):
+      log = PredictionLog.FromString(record.numpy())
+      req = log.predict_log.request
+      args = {k: tf.constant(tf.make_ndarray(tensor_pb2.TensorProto.FromString(v)))
+              for k, v in req.inputs.items()}
+      out = model.signatures[req.model_spec.signature_name](**args)
+      warmup.append([req.model_spec.signature_name, sorted(args),
+                     list(out["tokens"].shape)])
+    print(json.dumps({"ids_tokens": ids_tokens, "text_tokens": text_tokens,
+                      "text_out": text_out, "warmup": warmup,
+                      "num_variables": len(model.variables),
+                      "paxlike_imported": "paxlike" in sys.modules}))
+''')
+
+
+def _json_result(bg: Background) -> dict:
+  done = bg.result()
+  assert done.returncode == 0, describe(done)
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """Trains, exports and loads everything once; the tests below read the outcome."""
+  root = tmp_path_factory.mktemp("export")
+  lm_job, t5_job = root / "lm", root / "t5"
+  train_in_process(LM, TRAIN_SET, lm_job)
+
+  # The error cases run on their own copies, beside the real exports.
+  empty = root / "empty"
+  empty.mkdir()
+  taken = root / "taken"
+  shutil.copytree(lm_job, taken)
+  old_export = taken / "export" / f"{STEPS:08d}" / "stablehlo"
+  old_export.mkdir(parents=True)
+  (old_export / "manifest.json").write_text("{}\n")
+  errors_before = {"empty": listing(empty), "taken": listing(taken)}
+  export = ["--mode=export", "--enable_summary_writer=false"]
+  procs = {
+      "lm_stablehlo": cli(f"--exp={LM}", f"--job_log_dir={lm_job}", *export,
+                          "--export_format=stablehlo"),
+      "lm_savedmodel": cli(f"--exp={LM}", f"--job_log_dir={lm_job}", *export,
+                           "--export_format=savedmodel"),
+      "no_checkpoint": cli(f"--exp={LM}", f"--job_log_dir={empty}", *export,
+                           "--export_format=stablehlo"),
+      "unknown_step": cli(f"--exp={LM}", f"--job_log_dir={taken}", *export,
+                          "--export_format=stablehlo", "--restore_checkpoint_step=999"),
+      "exists": cli(f"--exp={LM}", f"--job_log_dir={taken}", *export,
+                    "--export_format=stablehlo"),
+  }
+  train_in_process(T5, TRAIN_SET, t5_job)
+  procs["t5_stablehlo"] = cli(f"--exp={T5}", f"--job_log_dir={t5_job}", *export,
+                              "--export_format=stablehlo", f"--decode_num_beams={T5_BEAMS}")
+  expected = {"lm": paxlike_decode(LM, lm_job, {}),
+              "t5": paxlike_decode(T5, t5_job, {"num_beams": T5_BEAMS})}
+  dirs = {
+      "lm": lm_job / "export" / f"{STEPS:08d}" / "stablehlo",
+      "t5": t5_job / "export" / f"{STEPS:08d}" / "stablehlo",
+      "lm_savedmodel": lm_job / "export" / f"{STEPS:08d}" / "savedmodel",
+  }
+
+  for name in ("lm_savedmodel", "lm_stablehlo", "t5_stablehlo"):
+    assert procs[name].result().returncode == 0, describe(procs[name].result())
+  spec_tf = root / "tf_spec.json"
+  spec_tf.write_text(json.dumps({"dir": str(dirs["lm_savedmodel"]),
+                                 "batches": expected["lm"]["batches"],
+                                 "texts": expected["lm"]["texts"]}))
+  (root / "tf_loader.py").write_text(TF_LOADER)
+  tf_loader = Background([str(root / "tf_loader.py"), str(spec_tf)], root)
+  spec_jax = root / "jax_spec.json"
+  spec_jax.write_text(json.dumps({
+      name: {"dir": str(dirs[name]), "batches": expected[name]["batches"],
+             "texts": expected[name]["texts"]} for name in ("lm", "t5")}))
+  (root / "jax_loader.py").write_text(JAX_LOADER)
+  jax_loader = Background([str(root / "jax_loader.py"), str(spec_jax)], root)
+  errors = {k: procs[k].result() for k in ("no_checkpoint", "unknown_step", "exists")}
+  return {"expected": expected, "dirs": dirs, "procs": procs, "errors": errors,
+          "errors_before": errors_before, "errors_after": {"empty": listing(empty),
+                                                           "taken": listing(taken)},
+          "jax": _json_result(jax_loader), "tf": _json_result(tf_loader)}
+
+
+def test_stablehlo_decodes_like_paxlike_without_paxlike(run):
+  got = run["jax"]
+  assert got["paxlike_imported"] is False
+  for name in ("lm", "t5"):
+    want = run["expected"][name]["tokens"]
+    assert [len(t) for t in want] == [3, 5]  # two batch sizes, one artifact
+    assert got[name]["api"] == want, f"{name}: run.load(...) differs from paxlike's decode"
+    assert got[name]["raw"] == want, f"{name}: the manifest-driven call differs"
+  assert np.asarray(got["t5"]["api"][0]).shape[1] == T5_BEAMS
+
+
+def _prompt_only(batch: dict) -> dict:
+  """The LM's input rows hold prompt + target; decode reads the first prompt_lens ids."""
+  if "prompt_lens" not in batch:
+    return batch
+  ids = np.asarray(batch["ids"])
+  keep = np.arange(ids.shape[1])[None] < np.asarray(batch["prompt_lens"])[:, None]
+  return {**batch, "ids": np.where(keep, ids, 0).tolist()}
+
+
+def test_text_prompts_become_the_inputs_paxlike_reads(run):
+  got = run["jax"]
+  for name in ("lm", "t5"):
+    expected = run["expected"][name]
+    assert got[name]["encoded"] == [_prompt_only(b) for b in expected["batches"]], name
+    assert got[name]["generated"] == [[beams[0] for beams in t] for t in expected["tokens"]]
+    assert got[name]["cli_code"] == 0
+    rows = got[name]["cli_rows"]
+    assert [r["prompt"] for r in rows] == expected["texts"][0]
+    assert [r["tokens"] for r in rows] == [beams[0] for beams in expected["tokens"][0]]
+    assert all(isinstance(r["generation"], str) for r in rows)
+
+
+def test_manifest_describes_the_artifact(run):
+  for name, family, features in (("lm", "LanguageModel", ["ids", "prompt_lens"]),
+                                 ("t5", "T5Model", ["encoder_input_tokens"])):
+    d = run["dirs"][name]
+    m = json.loads((d / "manifest.json").read_text())
+    assert m["format_version"] == 1 and m["step"] == STEPS
+    assert m["model"]["family"] == family
+    assert m["vocabulary"] == {"kind": "byte", "offset": 3, "pad_id": 0, "eos_id": 1,
+                               "size": 259}
+    assert m["text"] == {"append_eos": name == "t5"}  # T5's inputs end with EOS
+    assert m["function"]["platforms"] == ["cpu", "cuda", "tpu"]
+    assert m["function"]["arguments"] == ["params", *features, "seed"]
+    assert isinstance(m["function"]["calling_convention_version"], int)
+    assert m["params"]["count"] == run["expected"][name]["num_params"]
+    assert [i["name"] for i in m["inputs"]] == [*features, "seed"]
+    assert all(i["shape"][0] == "b" for i in m["inputs"][:-1])
+    assert m["inputs"][-1]["shape"] == []
+    beams = T5_BEAMS if name == "t5" else 1
+    assert m["decode_settings"]["num_beams"] == beams
+    assert m["outputs"][0]["shape"][:2] == ["b", beams]
+    # The Exported's own signature is the manifest's, parameters first.
+    want = [[*map(str, t["shape"]), t["dtype"]] for t in m["params"]["tensors"]]
+    want += [[*map(str, i["shape"]), i["dtype"]] for i in m["inputs"]]
+    assert run["jax"][name]["in_avals"] == want
+    for got_shape, got_dtype, want_shape, want_dtype in run["jax"][name]["out_shapes"]:
+      assert (got_shape, got_dtype) == (want_shape, want_dtype)
+    # Weights live beside the program, not inside it.
+    program, weights = (d / "model.stablehlo").stat().st_size, (
+        d / "params.safetensors").stat().st_size
+    assert program < weights / 4, (program, weights)
+
+
+def test_savedmodel_signatures_and_warmup(run):
+  got, want = run["tf"], run["expected"]["lm"]
+  assert got["paxlike_imported"] is False
+  assert got["ids_tokens"] == want["tokens"]
+  assert got["text_tokens"] == want["tokens"]
+  assert got["num_variables"] == want["num_params"]  # tf.Variables, not constants
+  d = run["dirs"]["lm_savedmodel"]
+  variables = sum(f.stat().st_size for f in (d / "variables").iterdir())
+  assert (d / "saved_model.pb").stat().st_size < variables / 4
+  signatures = {(w[0], tuple(w[1])) for w in got["warmup"]}
+  assert signatures == {("serving_default", ("ids", "prompt_lens", "seed")),
+                        ("serve_text", ("seed", "text"))}
+  assert sorted(w[2][0] for w in got["warmup"]) == [1, 1, 2, 2]
+
+
+def test_export_errors_leave_the_job_untouched(run):
+  errors = run["errors"]
+  for name, needle in (("no_checkpoint", "no checkpoint to export"),
+                       ("unknown_step", "step 999"),
+                       ("exists", "--export_overwrite")):
+    done = errors[name]
+    assert done.returncode == 2, describe(done)
+    assert needle in done.stderr, describe(done)
+    assert "Traceback" not in done.stderr
+  assert run["errors_after"] == run["errors_before"]
+
+
+def test_missing_tensorflow_names_the_extra(monkeypatch):
+  import importlib.util
+
+  from paxlike.errors import UserError
+  from paxlike.export import savedmodel
+
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "tensorflow" else real(name, *a))
+  with pytest.raises(UserError, match=r"pip install -e '\.\[export\]'"):
+    savedmodel.SavedModelExporter().check(None)
+
+
+def test_unexportable_decode_is_a_user_error():
+  """A decode that needs a concrete batch size cannot take a symbolic one: UserError, why."""
+  import jax
+  import jax.numpy as jnp
+
+  from paxlike import decoding
+  from paxlike.errors import UserError
+  from paxlike.export import job as job_lib
+  from paxlike.export import serving
+
+  class ConcreteBatchModel:
+    def decode_features(self):
+      return ("ids",)
+
+    def decode(self, params, batch, key, settings):
+      rows = int(batch["ids"].shape[0])  # fails for the symbolic batch
+      return decoding.DecodeOutput(jnp.zeros((rows, 1, 2), jnp.int32),
+                                   jnp.zeros((rows, 1)), jnp.zeros((rows, 1), jnp.int32))
+
+  job = job_lib.ExportJob(
+      experiment="x", model=ConcreteBatchModel(), settings=decoding.DecodeSettings(),
+      abstract_params={"w": jax.ShapeDtypeStruct((2,), jnp.float32)},
+      features=(job_lib.Feature("ids", (4,), "int32", None),), vocabulary={"kind": "none"},
+      append_eos=None, examples={}, example_texts=(), platforms=("cpu",), job_log_dir="")
+  with pytest.raises(UserError, match="cannot be exported .* symbolic batch size"):
+    serving.lower(job)
+
+
+def test_publish_replaces_only_with_overwrite_and_cleans_up(tmp_path):
+  from paxlike import export
+  from paxlike.errors import UserError
+
+  target = tmp_path / "export" / "00000001" / "fmt"
+  export.publish(str(target), lambda d: Path(d, "manifest.json").write_text("1"))
+  assert (target / "manifest.json").read_text() == "1"
+  with pytest.raises(UserError, match="--export_overwrite"):
+    export.check_free(str(target))
+  export.check_free(str(target), overwrite=True)
+  export.publish(str(target), lambda d: Path(d, "manifest.json").write_text("2"),
+                 overwrite=True)
+  assert (target / "manifest.json").read_text() == "2"
+  assert sorted(os.listdir(target.parent)) == ["fmt"]  # no partial or replaced leftovers
+
+  def fail(d):
+    Path(d, "half").write_text("x")
+    raise RuntimeError("disk full")
+
+  fresh = tmp_path / "other" / "00000002" / "fmt"
+  with pytest.raises(RuntimeError):
+    export.publish(str(fresh), fail)
+  assert not (tmp_path / "other").exists()  # nothing left, not even the parents it made
+  (tmp_path / "mine").mkdir()
+  (tmp_path / "mine" / "notes.txt").write_text("keep")
+  with pytest.raises(UserError, match="holds no export"):
+    export.check_free(str(tmp_path / "mine"), overwrite=True)
+
+
+def test_cli_formats_match_the_registry():
+  from paxlike import export, main
+
+  assert set(main.EXPORT_FORMATS) == set(export.EXPORTERS)
+
+
+def test_warmup_varint():
+  from paxlike.export import warmup
+
+  assert warmup.varint(1) == b"\x01"
+  assert warmup.varint(300) == b"\xac\x02"
+  assert warmup.field(3, b"ab") == b"\x1a\x02ab"
