@@ -4,8 +4,8 @@
         [--steps=10] [--out=benchmarks/results/mfu]
 
 Each size runs `python -m benchmarks.train_step` (the step paxlike.trainer runs
-and benchmarks/reference_lm.py's hand-written JAX step, timed alternately in
-one process) in its own process, with as many fake CPU devices as its mesh
+and the hand-written JAX step of the model's family, benchmarks/reference_lm.py
+or benchmarks/reference_t5.py, timed alternately in one process) in its own process, with as many fake CPU devices as its mesh
 needs on a CPU. The suite adds the peak FLOP/s per device (the device table
 for --device_kind, or on a CPU a matmul calibration with the same device
 count, or --peak_tflops_per_device) and writes:
@@ -14,8 +14,8 @@ count, or --peak_tflops_per_device) and writes:
   report.md     one table: params, tokens/s, MFU of paxlike and the reference, ratio
   mfu.png       tokens/s and MFU against model size, paxlike and reference
 
-MFU = model FLOPs per step (paxlike.flops: 6N + 6·L·S·D_attn per token,
-causal attention halved) / step time / devices / peak. The ratio is
+MFU = model FLOPs per step (paxlike.flops: the LM's 6N + 6·L·S·D_attn per
+token, causal attention halved; T5's encoder-decoder formula) / step time / devices / peak. The ratio is
 paxlike's step time over the reference's: 1.0 is parity, above is slower.
 """
 
@@ -45,12 +45,21 @@ SIZES: dict[str, tuple[str, list[str]]] = {
     "large": ("LmCloudSpmdTiny", ["MODEL_DIMS=512", "NUM_LAYERS=6", "NUM_HEADS=8",
                                   "VOCAB_SIZE=8192", "MAX_SEQ_LEN=256",
                                   "PERCORE_BATCH_SIZE=4"]),
+    # Encoder-decoder: the CPU-sized Flan-T5 grown; its reference is benchmarks/reference_t5.py.
+    "t5_tiny": ("FlanT5Tiny", []),
+    "t5_small": ("FlanT5Tiny", ["MODEL_DIMS=128", "HIDDEN_DIMS=256", "NUM_HEADS=4",
+                                "DIMS_PER_HEAD=32", "VOCAB_SIZE=1024", "MAX_INPUT_LEN=64",
+                                "MAX_TARGET_LEN=32", "PERCORE_BATCH_SIZE=8"]),
+    "t5_medium": ("FlanT5Tiny", ["MODEL_DIMS=256", "HIDDEN_DIMS=512", "NUM_HEADS=4",
+                                 "DIMS_PER_HEAD=64", "NUM_ENCODER_LAYERS=4",
+                                 "NUM_DECODER_LAYERS=4", "VOCAB_SIZE=4096", "MAX_INPUT_LEN=128",
+                                 "MAX_TARGET_LEN=64", "PERCORE_BATCH_SIZE=8"]),
     "lmcloud_2b": ("LmCloudSpmd2B", []),
     "c4_1b": ("C4Spmd1BAdam4Replicas", []),
     "c4_16b": ("C4Spmd16BAdam32Replicas", []),
     "lmcloud_32b": ("LmCloudSpmd32B", []),
 }
-DEFAULT_SIZES = {"cpu": ["tiny", "small", "medium"],
+DEFAULT_SIZES = {"cpu": ["tiny", "small", "medium", "t5_tiny", "t5_small", "t5_medium"],
                  "gpu": ["medium", "large", "lmcloud_2b"],
                  "tpu": ["large", "lmcloud_2b", "c4_1b"]}
 # --device_kind -> the device table's key in paxlike.flops.PEAK_FLOPS.
@@ -157,8 +166,8 @@ def markdown(report: dict[str, Any]) -> str:
       f"{report['steps']} timed steps per side, alternating; ratio = paxlike step time / "
       "reference step time (1.0 = parity).", "",
       f"Peak per device: {peaks}.", "",
-      "MFU = model FLOPs per step (6N + 6·L·S·D_attn per token, causal attention halved) / "
-      "step time / devices / peak.", "", *rows, ""])
+      "MFU = model FLOPs per step (paxlike.flops: LM 6N + 6·L·S·D_attn per token, causal "
+      "attention halved; T5 the encoder-decoder formula) / step time / devices / peak.", "", *rows, ""])
 
 
 def plot(report: dict[str, Any], path: str) -> None:

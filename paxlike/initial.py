@@ -41,6 +41,7 @@ def check(spec: str, model: Any) -> None:
   from paxlike.interop import hf
 
   _, path = parse(spec)
+  model.hf_config()  # a family with no Hugging Face layout says so first
   hf.check_config(hf.read_config(path), model)
 
 

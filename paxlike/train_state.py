@@ -38,17 +38,23 @@ def logical_specs(model: nn.Module, tx: optax.GradientTransformation,
                   sample_batch: dict[str, jax.Array]) -> tuple[TrainState, TrainState]:
   """(abstract state, logical PartitionSpecs) without allocating anything.
 
-  Optimizer slots take their parameter's spec; scalars are replicated.
+  Optimizer slots shaped like their parameter (Adam's moments) take its spec;
+  factored statistics (Adafactor's row/column moments) and scalars are
+  replicated.
   """
   boxed = jax.eval_shape(lambda: init_params(model, jax.random.key(0), sample_batch))
   param_specs = nn.get_partition_spec(boxed)
   abstract = jax.eval_shape(init_fn(model, tx, sample_batch), jax.random.key(0))
   opt_specs = optax.tree_map_params(
-      tx, lambda _, spec: spec, abstract.opt_state, param_specs,
+      tx, _slot_spec, abstract.opt_state, param_specs, abstract.params,
       transform_non_params=lambda _: PartitionSpec(),
       is_leaf=lambda x: isinstance(x, PartitionSpec))
   specs = TrainState(step=PartitionSpec(), params=param_specs, opt_state=opt_specs)
   return abstract, specs
+
+
+def _slot_spec(slot: Any, spec: PartitionSpec, param: Any) -> PartitionSpec:
+  return spec if getattr(slot, "shape", None) == param.shape else PartitionSpec()
 
 
 def count_params(params: Any) -> int:

@@ -96,3 +96,24 @@ def test_a_dimension_the_mesh_does_not_divide_is_a_user_error():
   exp = experiment.instantiate(registry.get(TINY), ["VOCAB_SIZE=255", "ICI_MESH_SHAPE=[1,1,2]"])
   with pytest.raises(UserError, match=r"does not shard over the mesh \[1, 1, 2\].*255.*pad"):
     dry_run.analyse(exp)
+
+
+def test_dry_run_of_a_t5_with_adafactor_on_a_data_and_model_mesh(tmp_path):
+  """The encoder-decoder family dry-runs through the same contract; Adafactor's
+  factored moments (not shaped like their parameter) are replicated, the rest sharded."""
+  proc = run_cli(["--exp=FlanT5Tiny", "--job_log_dir=job", "--mode=dry_run",
+                  "--set", "OPTIMIZER=adafactor", "--set", "ICI_MESH_SHAPE=[1, 2, 2]",
+                  "--set", "USE_REPEATED_LAYER=True", "--set", "MODEL_DIMS=128",
+                  "--set", "DIMS_PER_HEAD=32", "--set", "HIDDEN_DIMS=256"],
+                 cwd=tmp_path, devices=8, timeout=300)
+  assert proc.returncode == 0, describe(proc)
+  report = json.loads((tmp_path / "job" / "dry_run.json").read_text())
+  assert report["features"]["encoder_input_tokens"] == [32]
+  assert report["features"]["decoder_target_tokens"] == [16]
+  assert report["global_batch"] == 16 * 4
+  # Parameters split over data x mdl, so a device holds well under all of them.
+  assert report["bytes_per_device"]["params"] < 0.6 * 4 * report["params"]
+  # Adafactor factors every matrix with both dims >= 128: far less than a copy of them.
+  assert report["bytes_per_device"]["opt_state"] < 0.5 * report["bytes_per_device"]["params"]
+  model = report["flops_per_step"]["model_analytic"]
+  assert 1.0 < report["flops_per_step"]["hardware_over_model"] < 1.6, model

@@ -1,0 +1,99 @@
+"""Flan-T5 through main.py: train, export to Hugging Face, start from the export, fail clearly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import describe, parse_trained_line, run_cli
+
+EXP = "FlanT5ArithmeticTiny"
+STEPS = 150
+SHORT = ["--set", f"NUM_TRAIN_STEPS={STEPS}", "--set", "EVAL_INTERVAL_STEPS=0",
+         "--set", f"LR_COS_DECAY_END={STEPS}", "--set", "SUMMARY_INTERVAL_STEPS=50"]
+
+
+def listing(root):
+  """Every path under root with its size and mtime: what 'unchanged' means."""
+  return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+          for p in sorted(root.rglob("*"))}
+
+
+def eval_loss(stdout: str) -> float:
+  line = next(x for x in stdout.splitlines() if x.startswith("eval test at step"))
+  return float(line.split("loss ")[1].split()[0])
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+  """A short training run of the CPU-sized Flan-T5, exported as a Hugging Face directory."""
+  root = tmp_path_factory.mktemp("flan")
+  job = root / "pretrain"
+  proc = run_cli([f"--exp={EXP}", f"--job_log_dir={job}", *SHORT], root, timeout=600)
+  assert proc.returncode == 0, describe(proc)
+  hf_dir = root / "hf"
+  proc = run_cli([f"--exp={EXP}", f"--job_log_dir={job}", "--mode=export",
+                  "--export_format=hf", f"--export_dir={hf_dir}"], root)
+  assert proc.returncode == 0, describe(proc)
+  assert {p.name for p in hf_dir.iterdir()} >= {"config.json", "model.safetensors"}
+  proc = run_cli([f"--exp={EXP}", f"--job_log_dir={job}", "--mode=eval"], root)
+  assert proc.returncode == 0, describe(proc)
+  return root, hf_dir, eval_loss(proc.stdout)
+
+
+def test_eval_of_the_imported_weights_equals_the_run_they_came_from(exported):
+  root, hf_dir, trained_loss = exported
+  proc = run_cli([f"--exp={EXP}", f"--job_log_dir={root / 'score'}", "--mode=eval",
+                  f"--init_from=hf:{hf_dir}"], root)
+  assert proc.returncode == 0, describe(proc)
+  assert eval_loss(proc.stdout) == pytest.approx(trained_loss, rel=1e-5)
+
+
+def test_training_from_an_import_starts_at_its_loss_and_lowers_it(exported):
+  root, hf_dir, trained_loss = exported
+  job = root / "finetune"
+  args = [f"--exp={EXP}", f"--job_log_dir={job}", f"--init_from=hf:{hf_dir}", *SHORT]
+  proc = run_cli(args, root, timeout=600)
+  assert proc.returncode == 0, describe(proc)
+  assert "starting from the parameters of hf:" in proc.stderr
+  trained = parse_trained_line(proc.stdout)
+  # A random model starts near ln(264) = 5.6; the imported one where its run ended.
+  assert trained["first_loss"] < 0.5 * 5.6, trained
+  assert trained["first_loss"] == pytest.approx(trained_loss, rel=0.25), (trained, trained_loss)
+  assert trained["last_loss"] < trained["first_loss"], trained
+  # A rerun resumes from the job's own checkpoint, not from the import.
+  proc = run_cli([*args[:3], *SHORT[:-4], "--set", f"NUM_TRAIN_STEPS={STEPS + 20}"], root,
+                 timeout=600)
+  assert proc.returncode == 0, describe(proc)
+  assert parse_trained_line(proc.stdout)["start_step"] == STEPS
+  assert "starting from the parameters" not in proc.stderr
+
+
+def test_a_config_that_does_not_fit_fails_before_writing_anything(exported, tmp_path):
+  root, hf_dir, _ = exported
+  bad = tmp_path / "bad_hf"
+  bad.mkdir()
+  config = json.loads((hf_dir / "config.json").read_text())
+  config["d_model"] = 2 * config["d_model"]
+  (bad / "config.json").write_text(json.dumps(config))
+  (bad / "model.safetensors").write_bytes((hf_dir / "model.safetensors").read_bytes())
+  job = tmp_path / "job"
+  job.mkdir()
+  (job / "notes.txt").write_text("mine")
+  before = listing(job)
+  proc = run_cli([f"--exp={EXP}", f"--job_log_dir={job}", f"--init_from=hf:{bad}", *SHORT],
+                 tmp_path)
+  assert proc.returncode == 2, describe(proc)
+  assert "Traceback" not in proc.stderr
+  message = proc.stderr.strip().splitlines()[-1]
+  assert "d_model" in message and "MODEL_DIMS" in message, message
+  assert str(2 * config["d_model"]) in message and str(config["d_model"]) in message, message
+  assert listing(job) == before
+
+
+def test_the_lm_cannot_start_from_a_hugging_face_t5(exported, tmp_path):
+  _, hf_dir, _ = exported
+  proc = run_cli(["--exp=ArithmeticAdditionTiny", f"--job_log_dir={tmp_path / 'lm'}",
+                  f"--init_from=hf:{hf_dir}"], tmp_path)
+  assert proc.returncode == 2, describe(proc)
+  assert "Hugging Face" in proc.stderr and "Traceback" not in proc.stderr
