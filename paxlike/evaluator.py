@@ -11,15 +11,24 @@ contract (prefill, then one-position extends over the KV cache); process 0
 writes decoder_out/<name>/decode_<step>.jsonl (prompt, generation, target,
 score, and the beams with their scores under beam search) and the metric
 summary.
+
+Infer (T5X's infer.py, Pax's decode-only run): the same generation over
+inputs that need no targets, either the decode datasets or a .jsonl file of
+inputs read with the first decode dataset's settings; process 0 writes
+infer_out/<name>/infer_<step>.jsonl, one line per input example in input
+order, and nothing else (no metrics, no summaries).
 """
 
 from __future__ import annotations
 
+import copy
+import glob
 import json
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import fiddle as fdl
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,6 +37,7 @@ from jax.experimental import multihost_utils
 from paxlike import decoding, log, summaries
 from paxlike.errors import UserError
 from paxlike.inputs.base_input import BaseInput
+from paxlike.inputs.text import TextInput
 
 
 def _global_max(n: int) -> int:
@@ -135,29 +145,36 @@ class Evaluator:
           lambda params, batch, key: model.decode(params, batch, key, settings))
     return self._decode_fn
 
+  def _decoded_batches(self, inp: BaseInput, params: Any
+                       ) -> Iterator[tuple[dict[str, np.ndarray], decoding.DecodeOutput]]:
+    """One pass over a finite input: each batch's rows from every host, and their decode.
+
+    Every host decodes its shard of the global batch; the rows and outputs
+    come back whole on every host, in global order (process order).
+    """
+    features = self.model.decode_features()
+    inp.reset()
+    n = 0
+    while True:
+      try:
+        hb = inp.get_next()
+      except StopIteration:
+        return
+      names = [k for k in features if k in hb]
+      arrays = self.partitioner.decode_inputs(*(hb[k] for k in names))
+      with self.partitioner.context():
+        out = self._decoder()(params, dict(zip(names, arrays, strict=True)), jax.random.key(n))
+      n += 1
+      yield {k: _gather_host(v) for k, v in hb.items()}, jax.tree.map(_gather_device, out)
+
   def decode(self, state: Any, step: int) -> dict[str, dict[str, float]]:
     """Decodes every decode input once; writes decoder_out/<name>/."""
     results = {}
     params = self.partitioner.decode_params(state)
-    features = self.model.decode_features()
     for inp in self.decode_inputs:
       rows = []
-      inp.reset()
-      n = 0
-      while True:
-        try:
-          hb = inp.get_next()
-        except StopIteration:
-          break
-        names = [k for k in features if k in hb]
-        arrays = self.partitioner.decode_inputs(*(hb[k] for k in names))
-        with self.partitioner.context():
-          out = self._decoder()(params, dict(zip(names, arrays, strict=True)),
-                                jax.random.key(n))
-        out = jax.tree.map(_gather_device, out)
-        hb = {k: _gather_host(v) for k, v in hb.items()}
+      for hb, out in self._decoded_batches(inp, params):
         prompts, targets, real = self.model.prompt_and_target(hb)
-        n += 1
         for r in np.flatnonzero(real):
           row = {"prompt": inp.ids_to_strings(prompts[r][None])[0],
                  "generation": inp.ids_to_strings(out.tokens[r, :1])[0],
@@ -187,6 +204,131 @@ class Evaluator:
       results[inp.name] = metrics
     return results
 
+  def infer(self, state: Any, step: int) -> dict[str, tuple[int, str]]:
+    """Predicts for every example of every decode input; writes infer_out/<name>/.
+
+    A row counts as an example when the model says it is one (loss weight on
+    it): an input with no target still has its EOS weighted, so it is
+    predicted; the weight-0 rows that pad a finite input's last batch are not.
+
+    Returns:
+      {input name: (predictions written, path of the jsonl file)}.
+    """
+    results = {}
+    params = self.partitioner.decode_params(state)
+    for inp in self.decode_inputs:
+      rows = []
+      for hb, out in self._decoded_batches(inp, params):
+        prompts, _, real = self.model.prompt_and_target(hb)
+        for r in np.flatnonzero(real):
+          predictions = inp.ids_to_strings(out.tokens[r])
+          row = {"input": inp.ids_to_strings(prompts[r][None])[0],
+                 "prediction": predictions[0], "score": float(out.scores[r, 0])}
+          if len(predictions) > 1:  # beam search: every beam, best first
+            row["beams"] = [{"prediction": p, "score": float(s)}
+                            for p, s in zip(predictions, out.scores[r], strict=True)]
+          rows.append(row)
+      path = os.path.join(self.job_log_dir, "infer_out", inp.name, f"infer_{step:08d}.jsonl")
+      if self.is_chief:
+        _write_jsonl(path, rows)
+      log.info("infer %s at step %d: %d predictions -> %s", inp.name, step, len(rows), path)
+      results[inp.name] = (len(rows), path)
+    return results
+
+
+def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
+  """Writes rows as JSON lines; a reader sees the old file or the whole new one."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    for r in rows:
+      f.write(json.dumps(r, ensure_ascii=False) + "\n")
+  os.replace(tmp, path)
+
+
+def infer_datasets(exp_name: str, decode_cfgs: list[fdl.Config[BaseInput]],
+                   infer_input: str | None) -> list[fdl.Config[BaseInput]]:
+  """The inputs --mode=infer decodes: the decode datasets, or a file read like the first.
+
+  With infer_input, the first decode dataset's config is copied and pointed
+  at the file (same vocabulary, lengths, feature converter, batch size and
+  input_key), as one finite pass in file order. The file is checked here, so
+  a bad one fails before the run writes anything.
+
+  Args:
+    exp_name: the experiment's name, for messages.
+    decode_cfgs: the experiment's decode_datasets().
+    infer_input: --infer_input, a .jsonl file of {input_key: ...} objects, or None.
+
+  Raises:
+    UserError: no decode datasets, a decode dataset that cannot read files,
+      or a missing or malformed file.
+  """
+  if not decode_cfgs:
+    raise UserError(
+        f"{exp_name} has no decode datasets, so --mode=infer has " +
+        ("no input settings (vocabulary, lengths) to read --infer_input with" if infer_input
+         else "nothing to predict") + "; use an experiment whose decode_datasets() returns "
+        "an input.")
+  if not infer_input:
+    return decode_cfgs
+  cfg = copy.deepcopy(decode_cfgs[0])
+  if not (isinstance(fdl.get_callable(cfg), type)
+          and issubclass(fdl.get_callable(cfg), TextInput)):
+    raise UserError(f"--infer_input needs a TextInput decode dataset, but {exp_name}'s first "
+                    f"is {getattr(fdl.get_callable(cfg), '__name__', cfg)}; predict on its "
+                    "decode datasets (drop --infer_input) instead.")
+  path = os.path.abspath(os.path.expanduser(infer_input))
+  check_infer_file(path, cfg.input_key)
+  # TextInput reads comma-separated globs: escape the path so it names this one file.
+  cfg.file_pattern = glob.escape(path)
+  cfg.generator = ""
+  cfg.name = os.path.splitext(os.path.basename(path))[0]
+  cfg.repeat = False
+  cfg.reset_for_eval = True
+  cfg.is_training = False
+  return [cfg]
+
+
+def check_infer_file(path: str, input_key: str) -> int:
+  """Checks an --infer_input file: JSON objects, one a line, each with input_key.
+
+  Returns:
+    How many inputs it holds (blank lines are skipped, as TextInput does).
+
+  Raises:
+    UserError: naming the file, and the line for a bad line.
+  """
+  if not path.endswith((".jsonl", ".json")):
+    raise UserError(f"--infer_input {path} is not a .jsonl file; write one JSON object per "
+                    f"line, {{\"{input_key}\": ...}}, to a file ending in .jsonl.")
+  if "," in path:  # TextInput splits file patterns at commas
+    raise UserError(f"--infer_input {path} has a comma in its path; rename or move it.")
+  if not os.path.isfile(path):
+    raise UserError(f"--infer_input {path} does not exist; pass a .jsonl file of inputs.")
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = f.read().splitlines()
+  except (OSError, UnicodeDecodeError) as e:
+    raise UserError(f"cannot read --infer_input {path} "
+                    f"({getattr(e, 'strerror', None) or e}).") from None
+  count = 0
+  for n, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      example = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise UserError(f"--infer_input {path} line {n} is not valid JSON ({e.msg}); write "
+                      "one JSON object per line.") from None
+    if not isinstance(example, dict) or input_key not in example:
+      raise UserError(f"--infer_input {path} line {n} has no {input_key!r} field; each line "
+                      f"needs one, e.g. {{\"{input_key}\": \"...\"}}.")
+    count += 1
+  if not count:
+    raise UserError(f"--infer_input {path} holds no inputs; write one JSON object per line.")
+  return count
+
 
 def _gather_device(x: jax.Array) -> np.ndarray:
   """A decode output sharded over processes, whole on every host."""
@@ -206,7 +348,7 @@ def _gather_host(x: np.ndarray) -> np.ndarray:
 
 def restore_for_eval(task: Any, train_input: BaseInput, partitioner: Any, job_log_dir: str,
                      step: int | None = None, restore_dir: str | None = None,
-                     init_from: str | None = None) -> tuple[Any, int]:
+                     init_from: Any = None) -> tuple[Any, int]:
   """The state of a finished or running job, for --mode=eval / decode / export.
 
   Nothing is written. With no checkpoint to read (and no step asked for),
@@ -225,9 +367,10 @@ def restore_for_eval(task: Any, train_input: BaseInput, partitioner: Any, job_lo
   ckpt = ckpt_lib.Checkpointer(directory, read_only=True) if has_dir else None
   latest = ckpt.latest_step() if ckpt else None
   if init_from and step is None and latest is None:
-    params = initial.load_params(init_from, task.model, program.abstract.params)
-    log.info("no checkpoint in %s: using the weights of %s", directory, init_from)
-    return initial.state_from_params(params, program.tx, partitioner), 0
+    fresh = jax.device_get(partitioner.to_saveable(program.init_state(task.train.seed)))
+    state, _ = initial.load(init_from, task.model, program.abstract, fresh)
+    log.info("no checkpoint in %s: using the weights of %s", directory, init_from.spec)
+    return partitioner.shard_state(state), 0
   if not has_dir:
     raise UserError(f"no checkpoints in {directory} to restore; train first or pass "
                     "--restore_checkpoint_dir.")

@@ -40,8 +40,13 @@ class BaseExperiment:
   # see paxlike.mesh.TRAINING_OPTIMIZED_RULES).
   TRAINING_OPTIMIZED_SHARDING = False
   # Initial weights for a run with no checkpoint of its own (paxlike.initial):
-  # "hf:/path/to/flan-t5-base". The flag --init_from overrides it.
+  # "hf:/path/to/flan-t5-base", "paxlike:JOB_LOG_DIR[@STEP]"; --init_from overrides
+  # it. Rules map this model's parameter names (regex) to the source's, or to None
+  # (fresh init); strict: an unmapped or missing parameter is an error.
   INIT_FROM: str | None = None
+  INIT_FROM_RULES: list[tuple[str, str | None]] | None = None  # None: the same names
+  INIT_FROM_STRICT = True
+  INIT_FROM_OPTIMIZER = False  # also take the source's optimizer state (paxlike sources)
 
   def __init__(self) -> None:
     self._overrides: dict[str, Any] = {}

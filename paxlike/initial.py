@@ -1,77 +1,260 @@
 """Initial weights: what a run with no checkpoint of its own starts from.
 
-T5X calls it the initial checkpoint, Pax `init_from_checkpoint_rules`. An
-experiment names it with the hyperparameter INIT_FROM (the flag --init_from
-overrides it):
+T5X's initial checkpoint and RestoreCheckpointConfig, Pax's
+`init_from_checkpoint_rules`. An experiment names a source and, optionally,
+rules (the flag --init_from overrides the source):
 
-    INIT_FROM = "hf:/path/to/flan-t5-base"   # a Hugging Face save_pretrained directory
+    INIT_FROM = "paxlike:jobs/flan_add"        # a paxlike job_log_dir or its checkpoints/
+    INIT_FROM = "paxlike:jobs/flan_add@2000"   # ... at a step (default: the latest)
+    INIT_FROM = "hf:/path/to/flan-t5-base"     # a Hugging Face save_pretrained directory
+    INIT_FROM_RULES = [                        # target name regex -> source name, or None
+        (r"decoder/logits_dense/.*", None),    #   None: keep this one freshly initialised
+        (r"(.*)", r"\\1"),                      #   the rest under the same names
+    ]
+    INIT_FROM_STRICT = True       # a parameter no rule covers, or missing from the source: error
+    INIT_FROM_OPTIMIZER = False   # True: also take the optimizer state (paxlike sources)
 
-A train run whose job_log_dir holds no checkpoint starts from these
-parameters with a fresh optimizer; a rerun resumes from its own checkpoints
-as usual; eval, decode and export with no checkpoint use them as they are.
-`check()` runs in the preflight, before anything is written, so a config
-that does not fit the experiment fails while job_log_dir is untouched.
+Parameter names are paths like `encoder/layers_0/attention/query/kernel`
+(model_analysis.txt lists them). For each parameter of this run's model the
+first rule whose pattern matches the whole name decides: its replacement
+(`re.Match.expand`, so groups carry over) names the source parameter, or
+None leaves the parameter as initialised. No rules means the identity. A
+shape that differs is always an error naming both shapes; with
+INIT_FROM_STRICT=False a parameter no rule covers, or one the source lacks,
+starts fresh instead (T5X's fallback_to_scratch).
+
+A train run whose job_log_dir holds no checkpoint applies it and starts at
+step 0 with a fresh optimizer (unless INIT_FROM_OPTIMIZER); a rerun resumes
+from its own checkpoints; eval, decode, infer and export with no checkpoint
+use the weights as they are. `check()` runs in the preflight, before
+anything is written, on metadata only (shapes from the source's checkpoint
+metadata; for Hugging Face, config.json, whose checked fields fix every
+shape).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from typing import Any
 
 from paxlike.errors import UserError
 
-KINDS = ("hf",)
+KINDS = ("hf", "paxlike")
+IDENTITY = ((r"(.*)", r"\1"),)
 
 
-def parse(spec: str) -> tuple[str, str]:
-  """'hf:DIR' -> ('hf', absolute DIR).
+@dataclasses.dataclass(frozen=True)
+class InitFrom:
+  """A source of initial weights and how its parameters map onto this run's."""
+
+  spec: str
+  rules: tuple[tuple[str, str | None], ...] = IDENTITY
+  strict: bool = True
+  optimizer: bool = False
+
+  @classmethod
+  def of(cls, exp: Any, flag: str | None) -> InitFrom | None:
+    """The experiment's INIT_FROM* hyperparameters, the source overridden by --init_from."""
+    spec = flag or exp.INIT_FROM
+    if not spec:
+      return None
+    rules = exp.INIT_FROM_RULES
+    rules = IDENTITY if rules is None else tuple(_check_rule(r) for r in rules)
+    out = cls(spec, rules, bool(exp.INIT_FROM_STRICT), bool(exp.INIT_FROM_OPTIMIZER))
+    out.source()  # a malformed spec fails here
+    return out
+
+  def source(self) -> tuple[str, str, int | None]:
+    """(kind, absolute path, step or None)."""
+    kind, sep, rest = self.spec.partition(":")
+    if not sep or kind not in KINDS or not rest:
+      raise UserError(f"INIT_FROM / --init_from {self.spec!r} is not one of hf:DIR, "
+                      "paxlike:DIR or paxlike:DIR@STEP; e.g. hf:/path/to/flan-t5-base.")
+    step = None
+    if kind == "paxlike" and "@" in rest:
+      rest, _, step_text = rest.rpartition("@")
+      if not step_text.isdigit():
+        raise UserError(f"INIT_FROM {self.spec!r}: the step after '@' must be a number.")
+      step = int(step_text)
+    if kind == "hf" and self.optimizer:
+      raise UserError("INIT_FROM_OPTIMIZER=True needs a paxlike source; a Hugging Face "
+                      "directory holds no optimizer state.")
+    return kind, os.path.abspath(os.path.expanduser(rest)), step
+
+
+def _check_rule(rule: Any) -> tuple[str, str | None]:
+  if (not isinstance(rule, list | tuple) or len(rule) != 2 or not isinstance(rule[0], str)
+      or not (rule[1] is None or isinstance(rule[1], str))):
+    raise UserError(f"INIT_FROM_RULES entry {rule!r} is not a (pattern, replacement or None) "
+                    "pair.")
+  try:
+    re.compile(rule[0])
+  except re.error as e:
+    raise UserError(f"INIT_FROM_RULES pattern {rule[0]!r} is not a regular expression ({e}).") \
+        from None
+  return rule[0], rule[1]
+
+
+def flat_names(tree: Any) -> dict[str, Any]:
+  """{"a/b/c": leaf} of a nested params tree."""
+  import jax
+
+  return {"/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path): leaf
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+@dataclasses.dataclass
+class Plan:
+  """Where each of this run's parameters comes from."""
+
+  mapping: dict[str, str | None]  # target name -> source name, None: fresh
+  renamed: int
+
+  def counts(self) -> dict[str, int]:
+    taken = sum(1 for s in self.mapping.values() if s is not None)
+    return {"from_source": taken, "renamed": self.renamed,
+            "fresh": len(self.mapping) - taken}
+
+
+def plan(init: InitFrom, target: dict[str, Any], source: dict[str, Any]) -> Plan:
+  """Applies the rules to this run's parameters (name -> leaf with .shape) and the source's.
 
   Raises:
-    UserError: no known prefix.
+    UserError: (strict) a parameter no rule covers or that the source lacks; a shape
+      that differs (always).
   """
-  kind, sep, path = spec.partition(":")
-  if not sep or kind not in KINDS or not path:
-    raise UserError(f"INIT_FROM / --init_from {spec!r} is not one of "
-                    f"{', '.join(k + ':PATH' for k in KINDS)}; e.g. hf:/path/to/flan-t5-base.")
-  return kind, os.path.abspath(os.path.expanduser(path))
+  mapping: dict[str, str | None] = {}
+  renamed = 0
+  for name, leaf in target.items():
+    match = next(((m, repl) for pattern, repl in init.rules
+                  if (m := re.fullmatch(pattern, name))), None)
+    if match is None:
+      if init.strict:
+        raise UserError(f"parameter {name} is covered by no INIT_FROM_RULES rule; add one "
+                        f"(a (pattern, None) rule keeps it freshly initialised) or set "
+                        "INIT_FROM_STRICT=False.")
+      mapping[name] = None
+      continue
+    m, repl = match
+    if repl is None:
+      mapping[name] = None
+      continue
+    src = m.expand(repl)
+    if src not in source:
+      if init.strict:
+        raise UserError(f"parameter {name} maps to {src}, which {init.spec} does not have; "
+                        "fix INIT_FROM_RULES or set INIT_FROM_STRICT=False to initialise it "
+                        "fresh.")
+      mapping[name] = None
+      continue
+    if tuple(source[src].shape) != tuple(leaf.shape):
+      raise UserError(f"parameter {name} has shape {tuple(leaf.shape)} in this run but "
+                      f"{src} has shape {tuple(source[src].shape)} in {init.spec}; map it "
+                      "elsewhere or leave it fresh with a (pattern, None) rule.")
+    mapping[name] = src
+    renamed += src != name
+  return Plan(mapping, renamed)
 
 
-def check(spec: str, model: Any) -> None:
-  """Raises UserError when the source is missing or does not fit the model (reads metadata)."""
+def _paxlike_checkpointer(path: str):
+  from paxlike import checkpoints as ckpt_lib
+  from paxlike.resume import resolve_restore_dir
+
+  return ckpt_lib.Checkpointer(resolve_restore_dir(path), read_only=True)
+
+
+def _paxlike_step(ckpt: Any, step: int | None, spec: str) -> int:
+  steps = ckpt.all_steps()
+  if not steps:
+    raise UserError(f"INIT_FROM {spec}: {ckpt.directory} holds no complete checkpoint.")
+  if step is None:
+    return max(steps)
+  if step not in steps:
+    raise UserError(f"INIT_FROM {spec}: no checkpoint for step {step}; available: "
+                    f"{sorted(steps)}.")
+  return step
+
+
+def _source_metadata(init: InitFrom, model: Any, abstract: Any) -> tuple[dict[str, Any], Any]:
+  """(source parameter name -> ShapeDtypeStruct, the source's stored opt_state or None)."""
   from paxlike.interop import hf
 
-  _, path = parse(spec)
-  model.hf_config()  # a family with no Hugging Face layout says so first
-  hf.check_config(hf.read_config(path), model)
+  kind, path, step = init.source()
+  if kind == "hf":
+    model.hf_config()  # a family with no Hugging Face layout says so first
+    hf.check_config(hf.read_config(path), model)
+    # The checked config fixes every shape: the import is this model's own tree.
+    return flat_names(abstract.params), None
+  ckpt = _paxlike_checkpointer(path)
+  stored = ckpt.state_metadata(_paxlike_step(ckpt, step, init.spec))
+  return flat_names(_field(stored, "params")), _field(stored, "opt_state")
 
 
-def load_params(spec: str, model: Any, abstract_params: Any) -> Any:
-  """The source's parameters as a tree of host arrays shaped like abstract_params.
+def _field(state: Any, name: str) -> Any:
+  return state[name] if isinstance(state, dict) else getattr(state, name)
 
-  Raises:
-    UserError: the source is missing, does not fit the model, or lacks a parameter.
+
+def check(init: InitFrom, model: Any, abstract: Any) -> Plan:
+  """The plan, from metadata only; raises UserError for anything load() would refuse.
+
+  Args:
+    init: the source and rules.
+    model: this run's model.
+    abstract: this run's abstract TrainState.
+  """
+  from paxlike import checkpoints as ckpt_lib
+
+  source, opt_state = _source_metadata(init, model, abstract)
+  out = plan(init, flat_names(abstract.params), source)
+  if init.optimizer:
+    problem = ckpt_lib.first_mismatch(abstract.opt_state, opt_state)
+    if problem:
+      raise UserError(f"INIT_FROM_OPTIMIZER=True but the optimizer state of {init.spec} does "
+                      f"not fit this run's: {problem}; set INIT_FROM_OPTIMIZER=False.")
+  return out
+
+
+def load(init: InitFrom, model: Any, abstract: Any, fresh: Any) -> tuple[Any, Plan]:
+  """The initial TrainState (host arrays): fresh's values where the plan says fresh.
+
+  Args:
+    init: the source and rules.
+    model: this run's model.
+    abstract: this run's abstract TrainState.
+    fresh: a freshly initialised TrainState of this run (host arrays), for the
+      parameters the rules leave fresh and for the optimizer state.
+
+  Returns:
+    (the state at step 0, the plan it followed).
   """
   import jax
   import numpy as np
 
-  from paxlike import checkpoints as ckpt_lib
   from paxlike.interop import hf
 
-  check(spec, model)
-  _, path = parse(spec)
-  params = hf.import_params(path, model)
-  problem = ckpt_lib.first_mismatch(abstract_params, jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), params))
-  if problem:
-    raise UserError(f"the parameters of {spec} do not fit this experiment's model: {problem}.")
-  return params
-
-
-def state_from_params(params: Any, tx: Any, partitioner: Any) -> Any:
-  """A step-0 TrainState of the given parameters and a fresh optimizer, in the run's layout."""
-  import jax.numpy as jnp
-
-  from paxlike.train_state import TrainState
-
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-  return partitioner.shard_state(state)
+  out = check(init, model, abstract)
+  kind, path, step = init.source()
+  opt_state = fresh.opt_state
+  if kind == "hf":
+    source = flat_names(hf.import_params(path, model))
+  else:
+    ckpt = _paxlike_checkpointer(path)
+    step = _paxlike_step(ckpt, step, init.spec)
+    stored = ckpt.state_metadata(step)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
+                          stored)
+    state, _ = ckpt.restore(step, target)
+    ckpt.close()
+    source = flat_names(jax.device_get(_field(state, "params")))
+    if init.optimizer:
+      opt_state = jax.tree.unflatten(jax.tree.structure(fresh.opt_state),
+                                     jax.tree.leaves(jax.device_get(_field(state, "opt_state"))))
+  names = list(flat_names(abstract.params))
+  fresh_leaves = jax.tree.leaves(fresh.params)
+  leaves = [np.asarray(source[out.mapping[n]], np.asarray(f).dtype)
+            if out.mapping[n] is not None else f for n, f in zip(names, fresh_leaves, strict=True)]
+  params = jax.tree.unflatten(jax.tree.structure(fresh.params), leaves)
+  return fresh.replace(params=params, opt_state=opt_state), out

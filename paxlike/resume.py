@@ -187,7 +187,7 @@ def check_free_space(job_log_dir: str, abstract: Any) -> None:
 def preflight_task(task: Any, train_input: Any, job_log_dir: str, mode: str,
                    restore_checkpoint_dir: str | None, restore_checkpoint_step: int | None,
                    fallback: bool = False, will_save: bool = True,
-                   init_from: str | None = None) -> Source:
+                   init_from: initial.InitFrom | None = None) -> Source:
   """preflight() for main.py: builds the abstract state, checks the space for checkpoints.
 
   eval, decode and export read --restore_checkpoint_dir when given (else
@@ -203,12 +203,12 @@ def preflight_task(task: Any, train_input: Any, job_log_dir: str, mode: str,
       check_compatible(Source(source.checkpointer, source.step, not restore_checkpoint_dir),
                        source.step, abstract)
     elif init_from:
-      initial.check(init_from, task.model)
+      initial.check(init_from, task.model, abstract)
     return source
   source = preflight(job_log_dir, abstract, restore_checkpoint_dir, restore_checkpoint_step,
                      fallback)
   if source.step is None and init_from:
-    initial.check(init_from, task.model)
+    initial.check(init_from, task.model, abstract)
   if will_save:
     check_free_space(job_log_dir, abstract)
   return source
