@@ -228,6 +228,12 @@ class Evaluator:
             row["beams"] = [{"prediction": p, "score": float(s)}
                             for p, s in zip(predictions, out.scores[r], strict=True)]
           rows.append(row)
+      expected = getattr(inp, "num_examples", None)
+      if expected is not None and expected != len(rows):
+        # An LM prompt that fills its whole row leaves no position to predict, so no weight.
+        log.warning("infer %s: %d of %d inputs have no room left to predict in their row and "
+                    "are left out; raise the sequence length to predict them", inp.name,
+                    expected - len(rows), expected)
       path = os.path.join(self.job_log_dir, "infer_out", inp.name, f"infer_{step:08d}.jsonl")
       if self.is_chief:
         _write_jsonl(path, rows)
@@ -349,7 +355,7 @@ def _gather_host(x: np.ndarray) -> np.ndarray:
 def restore_for_eval(task: Any, train_input: BaseInput, partitioner: Any, job_log_dir: str,
                      step: int | None = None, restore_dir: str | None = None,
                      init_from: Any = None) -> tuple[Any, int]:
-  """The state of a finished or running job, for --mode=eval / decode / export.
+  """The state of a finished or running job, for --mode=eval / decode / infer / export.
 
   Nothing is written. With no checkpoint to read (and no step asked for),
   init_from's weights stand in as step 0: a user can score the imported

@@ -19,7 +19,7 @@ from absl import app, flags, logging  # noqa: E402
 from paxlike.errors import UserError  # noqa: E402
 
 FLAGS = flags.FLAGS
-MODES = ("train", "eval", "decode", "export", "dry_run")
+MODES = ("train", "eval", "decode", "infer", "export", "dry_run")
 EXPORT_FORMATS = ("hf", "stablehlo", "savedmodel")  # paxlike.export.EXPORTERS
 
 flags.DEFINE_string("exp", None, "Experiment: full dotted name or a unique suffix.")
@@ -49,9 +49,13 @@ flags.DEFINE_integer("decode_num_beams", 1, "Beam search with this many beams (1
 flags.DEFINE_float("decode_alpha", 0.6, "Beam search brevity penalty ((5 + length) / 6) ** alpha.")
 flags.DEFINE_integer("decode_max_length", None, "Generate at most this many tokens (default: "
                      "the rest of the LM's row, or T5's MAX_TARGET_LEN).")
+flags.DEFINE_string("infer_input", None, "--mode=infer: a .jsonl file of inputs to predict "
+                    "on, one {\"inputs\": ...} object a line (the field is the decode "
+                    "dataset's input_key); default: the experiment's decode datasets.")
 flags.DEFINE_string("init_from", None, "With no checkpoint in job_log_dir, start from these "
-                    "weights (overrides the experiment's INIT_FROM): hf:DIR, a Hugging Face "
-                    "save_pretrained directory.")
+                    "weights (overrides the experiment's INIT_FROM; its INIT_FROM_RULES apply): "
+                    "hf:DIR (a Hugging Face save_pretrained directory) or paxlike:DIR[@STEP] "
+                    "(a paxlike job_log_dir or checkpoints/ folder).")
 flags.DEFINE_enum("export_format", "hf", EXPORT_FORMATS, "--mode=export: what to write (hf: a "
                   "Hugging Face directory that from_pretrained loads; stablehlo: the decode "
                   "(--decode_* flags) as jax.export StableHLO + weights + run.py; savedmodel: a "
@@ -126,6 +130,9 @@ def run(argv_flags: flags.FlagValues) -> int:
 
   exp_cls = registry.get(argv_flags.exp)
   exp = experiment.instantiate(exp_cls, argv_flags.set)
+  if argv_flags.infer_input and argv_flags.mode != "infer":
+    raise UserError(f"--infer_input is read only by --mode=infer, not --mode={argv_flags.mode}; "
+                    "add --mode=infer or drop --infer_input.")
   job_log_dir = _prepare_job_log_dir(argv_flags.job_log_dir)
   if argv_flags.mode == "dry_run":
     from paxlike import dry_run
@@ -149,7 +156,7 @@ def run(argv_flags: flags.FlagValues) -> int:
 
   log.setup(jax.process_index(), jax.process_count(),
             quiet_libraries=not argv_flags["verbosity"].present)
-  from paxlike import job_lock, preemption, resume
+  from paxlike import initial, job_lock, preemption, resume
 
   if argv_flags.mode == "train":  # eval/decode may read a job while it trains (Pax's evaler)
     job_lock.hold(job_log_dir)  # one training run per job_log_dir; released at exit
@@ -170,13 +177,16 @@ def run(argv_flags: flags.FlagValues) -> int:
   for inp in inputs:
     inp.bind_host(jax.process_count(), jax.process_index())
   train_inputs = [i for i in inputs if i.is_training]
-  decode_inputs = [config.build(c) for c in exp.decode_datasets()]
+  decode_cfgs = exp.decode_datasets()
+  if argv_flags.mode == "infer":  # a bad --infer_input fails here, before anything is written
+    decode_cfgs = evaluator.infer_datasets(exp_cls.__name__, decode_cfgs, argv_flags.infer_input)
+  decode_inputs = [config.build(c) for c in decode_cfgs]
   for inp in decode_inputs:
     inp.bind_host(jax.process_count(), jax.process_index())
   if not train_inputs:
     raise UserError(f"{exp_cls.__name__}.datasets() has no input with is_training=True.")
 
-  init_from = argv_flags.init_from or exp.INIT_FROM
+  init_from = initial.InitFrom.of(exp, argv_flags.init_from)
   if argv_flags.mode == "export":
     exporter = export_lib.get(argv_flags.export_format)
   # Everything a run can refuse is checked before it writes anything into job_log_dir.
@@ -195,6 +205,9 @@ def run(argv_flags: flags.FlagValues) -> int:
         f"{exp_cls.__module__}.{exp_cls.__qualname__}", task, train_inputs[0], decode_inputs,
         decode_settings(argv_flags, task.model),
         export_lib.parse_platforms(argv_flags.export_platforms), job_log_dir))
+  if argv_flags.mode == "infer" and source.step is None and not init_from:
+    raise UserError(f"{job_log_dir} has no checkpoint to predict with; train first, or pass "
+                    "--restore_checkpoint_dir or --init_from.")
   if jax.process_index() == 0:
     with open(os.path.join(job_log_dir, "experiment_cls_vars.txt"), "w") as f:
       f.write(experiment.format_hparams(exp))
@@ -230,7 +243,7 @@ def run(argv_flags: flags.FlagValues) -> int:
   options.decode_during_train = argv_flags.decode_during_train
   options.restore_fallback = argv_flags.restore_fallback
   options.skip_nonfinite_steps = argv_flags.skip_nonfinite_steps
-  if argv_flags.mode in ("eval", "decode", "export"):
+  if argv_flags.mode in ("eval", "decode", "infer", "export"):
     state, step = evaluator.restore_for_eval(
         task, train_inputs[0], partitioner, job_log_dir, argv_flags.restore_checkpoint_step,
         argv_flags.restore_checkpoint_dir, init_from=init_from)
@@ -239,6 +252,10 @@ def run(argv_flags: flags.FlagValues) -> int:
       export_lib.publish(export_dir, lambda d: exporter.write(export_plan, params, step, d),
                          argv_flags.export_overwrite)
       print(f"exported step {step} as {exporter.name} to {export_dir}")
+      return 0
+    if argv_flags.mode == "infer":  # predictions only: no metrics, no summaries
+      for name, (count, path) in options.evaluator.infer(state, step).items():
+        print(f"infer {name} at step {step}: {count} predictions -> {path}")
       return 0
     if argv_flags.mode == "eval":
       results = options.evaluator.evaluate(state, step)

@@ -34,7 +34,7 @@ class ByteVocabulary:
       i = int(i)
       if i == self.eos_id:
         break
-      if i >= self.offset:
+      if self.offset <= i < self.vocab_size:  # ids past the bytes (a padded vocab) show nothing
         out.append(i - self.offset)
     return out.decode("utf-8", errors="replace")
 
