@@ -131,6 +131,8 @@ class Decoder:
           raise ExportError(f"input {name!r} must have shape {spec['shape']}, got "
                             f"{list(a.shape)}.")
       arrays[name] = a.astype(spec["dtype"])
+    if batch == 0:
+      raise ExportError("the batch is empty; the program is exported for batch sizes >= 1.")
     args = [self.params if a == "params" else arrays[a] for a in self.arguments]
     tokens, scores = self._call(*args)
     return np.asarray(tokens), np.asarray(scores)
@@ -180,21 +182,18 @@ class Decoder:
       raise ExportError("this export has no text path (its experiment reads no vocabulary "
                         "paxlike knows); pass token ids (--ids).")
     vocab, text = self.manifest["vocabulary"], self.manifest["text"]
-    rows = [self.tokenize(t) + ([vocab["eos_id"]] if text["append_eos"] else [])
+    width = next(s["shape"][1] for s in self.inputs.values() if s.get("text") == "tokens")
+    # The prompt's ids (+ EOS where the experiment's input appends one), cut at the width.
+    rows = [(self.tokenize(t) + ([vocab["eos_id"]] if text["append_eos"] else []))[:width]
             for t in texts]
     out = {}
     for name, spec in self.inputs.items():
-      role = spec.get("text")
-      if role == "tokens":
-        width = spec["shape"][1]
-        a = np.full((len(rows), width), vocab["pad_id"], spec["dtype"])
+      if spec.get("text") == "tokens":
+        out[name] = np.full((len(rows), width), vocab["pad_id"], spec["dtype"])
         for r, ids in enumerate(rows):
-          a[r, :min(len(ids), width)] = ids[:width]
-        out[name] = a
-    width = next(s["shape"][1] for s in self.inputs.values() if s.get("text") == "tokens")
-    for name, spec in self.inputs.items():
-      if spec.get("text") == "num_tokens":
-        out[name] = np.asarray([min(len(ids), width) for ids in rows], spec["dtype"])
+          out[name][r, :len(ids)] = ids
+      elif spec.get("text") == "num_tokens":
+        out[name] = np.asarray([len(ids) for ids in rows], spec["dtype"])
     return out
 
   def generate(self, texts: Sequence[str], seed: int = 0) -> list[dict[str, Any]]:

@@ -87,8 +87,14 @@ def detokenize(tf: Any, job: ExportJob, tokens: Any) -> Any:
   return tf.strings.reduce_join(chars, axis=-1)
 
 
-def build_module(tf: Any, job: ExportJob, names: list[str], values: list[np.ndarray]) -> Any:
-  """The tf.Module holding the parameter variables and the signatures' functions."""
+def build_module(tf: Any, job: ExportJob, names: list[str],
+                 values: list[np.ndarray]) -> tuple[Any, dict[str, Any]]:
+  """The tf.Module holding the parameter variables, and the signatures' concrete functions.
+
+  The functions are not attributes of the module: tf.saved_model.save traces
+  every tf.function it finds on the object graph again, which would lower the
+  program a second time and store a second copy of it in saved_model.pb.
+  """
   from jax.experimental import jax2tf
 
   converted = jax2tf.convert(
@@ -106,19 +112,22 @@ def build_module(tf: Any, job: ExportJob, names: list[str], values: list[np.ndar
     tokens, scores = converted(list(module.params), *args)
     return {"tokens": tokens, "scores": scores}
 
-  module.serve_ids = tf.function(serve_ids, input_signature=[*specs, seed_spec],
-                                 autograph=False)
+  ids_fn = tf.function(serve_ids, input_signature=[*specs, seed_spec],
+                       autograph=False).get_concrete_function()
+  signatures = {IDS_SIGNATURE: ids_fn}
   if job.vocabulary["kind"] == "byte" and job.has_text:
 
     def serve_text(text: Any, seed: Any) -> dict[str, Any]:
       features = text_features(tf, job, text)
-      out = module.serve_ids(*(features[f.name] for f in job.features), seed)
+      # The concrete function: the text signature runs the very same XlaCallModule.
+      out = ids_fn(*(features[f.name] for f in job.features), seed)
       return {**out, TEXT_OUTPUT: detokenize(tf, job, out["tokens"])}
 
-    module.serve_text = tf.function(
+    signatures[TEXT_SIGNATURE] = tf.function(
         serve_text, autograph=False,
-        input_signature=[tf.TensorSpec([None], tf.string, name=TEXT_INPUT), seed_spec])
-  return module
+        input_signature=[tf.TensorSpec([None], tf.string, name=TEXT_INPUT), seed_spec]
+    ).get_concrete_function()
+  return module, signatures
 
 
 def warmup_records(tf: Any, job: ExportJob, has_text: bool) -> list[bytes]:
@@ -169,10 +178,8 @@ class SavedModelExporter:
 
     job = plan
     names = serving.param_names(job.abstract_params)
-    module = build_module(tf, job, names, serving.flat_params(params, job.abstract_params))
-    signatures = {IDS_SIGNATURE: module.serve_ids.get_concrete_function()}
-    if hasattr(module, "serve_text"):
-      signatures[TEXT_SIGNATURE] = module.serve_text.get_concrete_function()
+    module, signatures = build_module(tf, job, names,
+                                      serving.flat_params(params, job.abstract_params))
     tf.saved_model.save(module, out_dir, signatures=signatures)
     extra = os.path.join(out_dir, warmup.DIR)
     os.makedirs(extra)

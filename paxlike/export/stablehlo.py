@@ -91,9 +91,11 @@ def manifest(job: ExportJob, exported: jax.export.Exported, step: int) -> dict[s
 
 
 def write_weights(path: str, names: list[str], values: list[np.ndarray]) -> None:
-  from safetensors.numpy import save_file
+  """params.safetensors; written by us, not save_file, which leaves it readable by owner only."""
+  from safetensors.numpy import save
 
-  save_file(dict(zip(names, values, strict=True)), path, metadata={"format": "np"})
+  with open(path, "wb") as f:
+    f.write(save(dict(zip(names, values, strict=True)), metadata={"format": "np"}))
 
 
 class StableHloExporter:
