@@ -5,18 +5,20 @@
 
 Each size runs `python -m benchmarks.train_step` (the step paxlike.trainer runs
 and the hand-written JAX step of the model's family, benchmarks/reference_lm.py
-or benchmarks/reference_t5.py, timed alternately in one process) in its own process, with as many fake CPU devices as its mesh
-needs on a CPU. The suite adds the peak FLOP/s per device (the device table
-for --device_kind, or on a CPU a matmul calibration with the same device
-count, or --peak_tflops_per_device) and writes:
+or benchmarks/reference_t5.py, timed alternately in one process) in its own
+process, with as many fake CPU devices as its mesh needs on a CPU. The suite
+adds the peak FLOP/s per device (the device table for --device_kind, or on a
+CPU a matmul calibration with the same device count, or
+--peak_tflops_per_device) and writes:
 
   report.json   every record, the peaks and where they came from
   report.md     one table: params, tokens/s, MFU of paxlike and the reference, ratio
   mfu.png       tokens/s and MFU against model size, paxlike and reference
 
 MFU = model FLOPs per step (paxlike.flops: the LM's 6N + 6·L·S·D_attn per
-token, causal attention halved; T5's encoder-decoder formula) / step time / devices / peak. The ratio is
-paxlike's step time over the reference's: 1.0 is parity, above is slower.
+token, causal attention halved; T5's encoder-decoder formula) / step time /
+devices / peak. The ratio is paxlike's step time over the reference's: 1.0 is
+parity, above is slower.
 """
 
 from __future__ import annotations
@@ -167,7 +169,8 @@ def markdown(report: dict[str, Any]) -> str:
       "reference step time (1.0 = parity).", "",
       f"Peak per device: {peaks}.", "",
       "MFU = model FLOPs per step (paxlike.flops: LM 6N + 6·L·S·D_attn per token, causal "
-      "attention halved; T5 the encoder-decoder formula) / step time / devices / peak.", "", *rows, ""])
+      "attention halved; T5 the encoder-decoder formula) / step time / devices / peak.", "",
+      *rows, ""])
 
 
 def plot(report: dict[str, Any], path: str) -> None:
