@@ -101,18 +101,22 @@ class TextSeq2SeqDataset(BaseExperiment):
 
   GENERATOR ("module:function") yields {"inputs", "targets"} dicts per split;
   the "train" split trains, "test" is evaluated and decoded (scored with SCORER).
+  PACK packs several examples into each training row (MAX_INPUT_LEN encoder
+  and MAX_TARGET_LEN decoder positions per row); eval and decode always read
+  one example per row.
   """
 
   GENERATOR = "tasks.arithmetic:examples"
   SCORER = "tasks.arithmetic:score"
   VOCABULARY = "byte"  # or the path of a SentencePiece .model file
   EVAL_BATCH_SIZE = 100
+  PACK = False
 
   def _input(self, split: str, training: bool, name: str) -> fdl.Config[TextInput]:
     return fdl.Config(
         TextInput, name=name, generator=self.GENERATOR, split=split,
         vocabulary=self.VOCABULARY, feature_converter="enc_dec", seq_len=self.MAX_INPUT_LEN,
-        target_len=self.MAX_TARGET_LEN,
+        target_len=self.MAX_TARGET_LEN, pack=self.PACK and training,
         batch_size=self.per_host_batch_size() if training else self.EVAL_BATCH_SIZE,
         is_training=training, repeat=training, shuffle=training, reset_for_eval=not training,
         scorer=self.SCORER, seed=self.TRAIN_SEED)

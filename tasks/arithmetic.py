@@ -1,4 +1,4 @@
-"""Small-integer addition as text: "37+45=" -> "82".
+"""Small-integer addition as text: "37+45=" -> "82"; and subtraction: "37-45=" -> "-8".
 
 Defined once as plain Python: `examples(split)` and `score(targets,
 predictions)`. The native TextInput reads it through its `generator` field
@@ -7,7 +7,9 @@ generator as a SeqIO task.
 
 Every pair (a, b) with 0 <= a, b < MAX_OPERAND is an example; a fixed,
 seeded set of TEST_SIZE pairs is held out for the "test" split, so test
-prompts are never seen in training.
+prompts are never seen in training. `subtraction_examples(split)` is the
+same over "a-b=" -> str(a - b) (negative results included), with the same
+held-out pairs; it is the second task that fine-tuning from addition learns.
 """
 
 from __future__ import annotations
@@ -39,13 +41,25 @@ def example(a: int, b: int) -> dict[str, str]:
   return {"inputs": f"{a}+{b}=", "targets": str(a + b)}
 
 
-def examples(split: str) -> list[dict[str, str]]:
-  """'train' (all but the held-out pairs) or 'test' (the held-out pairs), in a fixed order."""
+def subtraction_example(a: int, b: int) -> dict[str, str]:
+  return {"inputs": f"{a}-{b}=", "targets": str(a - b)}
+
+
+def _split_pairs(split: str) -> np.ndarray:
   if split not in ("train", "test"):
     raise ValueError(f"unknown split {split!r}; use 'train' or 'test'")
   mask = _split_mask()
-  keep = mask if split == "test" else ~mask
-  return [example(int(a), int(b)) for a, b in _pairs()[keep]]
+  return _pairs()[mask if split == "test" else ~mask]
+
+
+def examples(split: str) -> list[dict[str, str]]:
+  """'train' (all but the held-out pairs) or 'test' (the held-out pairs), in a fixed order."""
+  return [example(int(a), int(b)) for a, b in _split_pairs(split)]
+
+
+def subtraction_examples(split: str) -> list[dict[str, str]]:
+  """Like examples(), for a - b: the same pairs held out, so test prompts are unseen."""
+  return [subtraction_example(int(a), int(b)) for a, b in _split_pairs(split)]
 
 
 def score(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:

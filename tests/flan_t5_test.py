@@ -74,7 +74,8 @@ def test_a_config_that_does_not_fit_fails_before_writing_anything(exported, tmp_
   bad = tmp_path / "bad_hf"
   bad.mkdir()
   config = json.loads((hf_dir / "config.json").read_text())
-  config["d_model"] = 2 * config["d_model"]
+  d_model = config["d_model"]
+  config["d_model"] = 2 * d_model
   (bad / "config.json").write_text(json.dumps(config))
   (bad / "model.safetensors").write_bytes((hf_dir / "model.safetensors").read_bytes())
   job = tmp_path / "job"
@@ -87,7 +88,7 @@ def test_a_config_that_does_not_fit_fails_before_writing_anything(exported, tmp_
   assert "Traceback" not in proc.stderr
   message = proc.stderr.strip().splitlines()[-1]
   assert "d_model" in message and "MODEL_DIMS" in message, message
-  assert str(2 * config["d_model"]) in message and str(config["d_model"]) in message, message
+  assert f"d_model={2 * d_model}" in message and f"MODEL_DIMS={d_model}" in message, message
   assert listing(job) == before
 
 

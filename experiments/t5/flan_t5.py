@@ -132,17 +132,54 @@ class FlanT5Tiny(FlanT5):
 
 @experiment_registry.register
 class FlanT5ArithmeticTiny(TextSeq2SeqDataset, FlanT5Tiny):
-  """CPU-sized Flan-T5 learning two-digit addition as inputs -> targets ("37+45=" -> "82")."""
+  """CPU-sized Flan-T5 learning two-digit addition as inputs -> targets ("37+45=" -> "82").
+
+  Trains on packed rows: 1200 steps reach exact match 0.996-1.0 on the 500
+  held-out prompts (>= 0.95 from about step 600), in 70-80 s on two busy CPU
+  cores (~27 steps/s).
+  """
 
   VOCAB_SIZE = 264  # 259 byte ids, padded to a multiple of 8
-  MAX_INPUT_LEN = 8  # "99+99=" + EOS
-  MAX_TARGET_LEN = 4  # "198" + EOS
-  PERCORE_BATCH_SIZE = 64
+  # An example is at most 7 encoder ids ("99+99=" + EOS) and 4 decoder ids ("198" + EOS),
+  # 6.8 / 3.4 on average: rows of 24 / 12 hold ~3 examples each at ~86% real tokens,
+  # where the same rows unpacked would be ~29% real.
+  PACK = True
+  MAX_INPUT_LEN = 24
+  MAX_TARGET_LEN = 12
+  # 32 rows (~96 examples) a step: on a CPU a 64-row step cost ~2.5x a 32-row one
+  # while learning no faster per example.
+  PERCORE_BATCH_SIZE = 32
+  # 3e-3 learns as fast; 5e-3 stalls (exact match 0.58 after 1200 steps): 2e-3 keeps a margin.
+  LEARNING_RATE = 2e-3
   LR_SCHEDULE = "linear_rampup_cosine_decay"
   LR_COS_WARMUP = 100
   LR_COS_DECAY_START = 100
-  LR_COS_DECAY_END = 3000
-  NUM_TRAIN_STEPS = 3000
-  CHECKPOINT_EVERY_N_STEPS = 1000
+  LR_COS_DECAY_END = 1200
+  NUM_TRAIN_STEPS = 1200
+  CHECKPOINT_EVERY_N_STEPS = 400
   SUMMARY_INTERVAL_STEPS = 100
-  EVAL_INTERVAL_STEPS = 1000
+  EVAL_INTERVAL_STEPS = 400
+
+
+@experiment_registry.register
+class FlanT5SubtractionFromAddition(FlanT5ArithmeticTiny):
+  """Fine-tunes a FlanT5ArithmeticTiny run on subtraction ("37-45=" -> "-8").
+
+  Run FlanT5ArithmeticTiny with --job_log_dir=jobs/flan_add first, from the
+  same working directory. From its weights, 800 steps reach exact match
+  0.95-0.99 on the held-out subtraction prompts (the same pairs as
+  addition's); from scratch the same 800 steps reach 0.69-0.88, and it takes
+  about 1000 (0.99 after 1200).
+  """
+
+  GENERATOR = "tasks.arithmetic:subtraction_examples"
+  SCORER = "tasks.arithmetic:score"
+  INIT_FROM = "paxlike:jobs/flan_add"
+  INIT_FROM_RULES = [(r"(.*)", r"\1")]  # every parameter under its own name
+  INIT_FROM_STRICT = True
+  INIT_FROM_OPTIMIZER = False  # a new schedule on a new task starts a fresh Adam state
+  # Fresh Adam moments still want a warmup, a shorter one: the weights are trained.
+  LR_COS_WARMUP = 50
+  LR_COS_DECAY_START = 50
+  LR_COS_DECAY_END = 800
+  NUM_TRAIN_STEPS = 800
