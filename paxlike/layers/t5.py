@@ -161,9 +161,9 @@ def bucket_table(bidirectional: bool, num_buckets: int, max_distance: int) -> np
   return np.asarray(table, np.int32)
 
 
-def relative_position_bucket(relative_position: jax.Array, bidirectional: bool,
-                             num_buckets: int, max_distance: int) -> jax.Array:
-  """T5's bucket of key_pos - query_pos (int32 array of any shape).
+def relative_position_bucket(relative_position: jax.Array | np.ndarray, bidirectional: bool,
+                             num_buckets: int, max_distance: int) -> jax.Array | np.ndarray:
+  """T5's bucket of key_pos - query_pos (int32 array of any shape; numpy stays numpy).
 
   Bidirectional (encoder): half the buckets for keys before the query, half
   for keys after it. Causal (decoder): only keys at or before the query
@@ -171,15 +171,17 @@ def relative_position_bucket(relative_position: jax.Array, bidirectional: bool,
   Small distances get a bucket each, larger ones log-spaced buckets up to
   max_distance, and everything further the last bucket.
   """
-  table = jnp.asarray(bucket_table(bidirectional, num_buckets, max_distance))
-  rel = relative_position.astype(jnp.int32)
+  # numpy in, numpy out: static positions give buckets that are constants of the program.
+  xp = np if isinstance(relative_position, np.ndarray) else jnp
+  table = xp.asarray(bucket_table(bidirectional, num_buckets, max_distance))
+  rel = relative_position.astype(np.int32)
   offset = 0
   if bidirectional:
-    offset = jnp.where(rel > 0, num_buckets // 2, 0)
-    dist = jnp.abs(rel)
+    offset = xp.where(rel > 0, num_buckets // 2, 0)
+    dist = xp.abs(rel)
   else:
-    dist = -jnp.minimum(rel, 0)
-  return offset + table[jnp.minimum(dist, max_distance)]
+    dist = -xp.minimum(rel, 0)
+  return (offset + table[xp.minimum(dist, max_distance)]).astype(np.int32)
 
 
 class RelativePositionBias(nn.Module):
@@ -201,6 +203,8 @@ class RelativePositionBias(nn.Module):
 
     Batch may be 1 (positions shared by every row); with packing the
     positions restart at 0 in every example, so distances stay per example.
+    numpy positions (the unpacked default, 0..len-1) make the buckets a
+    constant of the program instead of a per-step computation.
     """
     table = self.param(
         "rel_embedding", nn.with_logical_partitioning(
@@ -210,8 +214,10 @@ class RelativePositionBias(nn.Module):
     rel = key_positions[:, None, :] - query_positions[:, :, None]
     buckets = relative_position_bucket(rel, self.bidirectional, self.num_buckets,
                                        self.max_distance)
-    bias = jnp.take(table, buckets, axis=0)  # [batch, q, k, heads]
-    return jnp.transpose(bias, (0, 3, 1, 2)).astype(self.dtype)
+    # Gathered from the [heads, buckets] transpose (tiny): [heads, batch, q, k], whose
+    # transpose to [batch, heads, q, k] moves no data when batch is 1.
+    bias = jnp.take(table.T, buckets, axis=1)
+    return jnp.transpose(bias, (1, 0, 2, 3)).astype(self.dtype)
 
 
 # ----------------------------------------------------------------- attention

@@ -268,8 +268,8 @@ class T5Model(BaseModel):
     if enc_seg is not None:
       mask = mask & _segment_mask(enc_seg, enc_seg)
     positions = batch.get("encoder_positions")
-    if positions is None:
-      positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
+    if positions is None:  # numpy: the position bias's buckets become constants
+      positions = np.arange(tokens.shape[1], dtype=np.int32)[None]
     return self.encoder(self._embed(tokens), mask, positions)
 
   def __call__(self, batch: dict[str, jax.Array]) -> jax.Array:
@@ -278,14 +278,14 @@ class T5Model(BaseModel):
     dec_tokens = batch["decoder_input_tokens"]
     length = dec_tokens.shape[1]
     enc_seg, dec_seg = self._segments(batch)
-    self_mask = (jnp.arange(length)[:, None] >= jnp.arange(length)[None, :])[None, None]
+    self_mask = np.tril(np.ones((length, length), bool))[None, None]  # a constant
     cross_mask = self._encoder_valid(batch)[:, None, None, :]
     if dec_seg is not None:
       self_mask = self_mask & _segment_mask(dec_seg, dec_seg)
       cross_mask = cross_mask & _segment_mask(dec_seg, enc_seg)
     positions = batch.get("decoder_positions")
     if positions is None:
-      positions = jnp.arange(length, dtype=jnp.int32)[None]
+      positions = np.arange(length, dtype=np.int32)[None]
     logits = self.decoder(self._embed(dec_tokens), mode=FULL,
                           embedding=self.token_embedder.embedding, encoded=encoded,
                           self_mask=self_mask, cross_mask=cross_mask, positions=positions)
