@@ -26,6 +26,29 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
   return logz - label_logit
 
 
+def weighted_loss(logits: jax.Array, labels: jax.Array, weights: jax.Array
+                  ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """fprop's (loss, metrics) of every family: weighted mean cross-entropy and counts.
+
+  Metrics: loss, log_pplx, accuracy (weighted argmax match), num_tokens (the
+  weight sum) and num_examples (rows with any weight), which the evaluator
+  turns back into sums.
+  """
+  weights = weights.astype(jnp.float32)
+  xent = softmax_cross_entropy(logits, labels)
+  total = jnp.maximum(jnp.sum(weights), 1e-8)
+  loss = jnp.sum(xent * weights) / total
+  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+  metrics = {
+      "loss": loss,
+      "log_pplx": loss,
+      "accuracy": jnp.sum(correct * weights) / total,
+      "num_tokens": jnp.sum(weights),
+      "num_examples": jnp.sum(jnp.any(weights > 0, axis=-1).astype(jnp.float32)),
+  }
+  return loss, metrics
+
+
 class LanguageModel(BaseModel):
   """Token ids -> next-token logits, with Pax's shared embedding/softmax.
 
@@ -71,21 +94,7 @@ class LanguageModel(BaseModel):
 
   def fprop(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Returns (mean weighted loss, metrics)."""
-    logits = self(batch["ids"])
-    labels = batch["labels"]
-    weights = batch["weights"].astype(jnp.float32)
-    xent = softmax_cross_entropy(logits, labels)
-    total = jnp.maximum(jnp.sum(weights), 1e-8)
-    loss = jnp.sum(xent * weights) / total
-    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-    metrics = {
-        "loss": loss,
-        "log_pplx": loss,
-        "accuracy": jnp.sum(correct * weights) / total,
-        "num_tokens": jnp.sum(weights),
-        "num_examples": jnp.sum(jnp.any(weights > 0, axis=-1).astype(jnp.float32)),
-    }
-    return loss, metrics
+    return weighted_loss(self(batch["ids"]), batch["labels"], batch["weights"])
 
   # ------------------------------------------------------------- decoding
 

@@ -51,7 +51,7 @@ from paxlike.layers.t5 import (
 )
 from paxlike.layers.transformer import remat_policy
 from paxlike.models.base import BaseModel
-from paxlike.models.language_model import softmax_cross_entropy
+from paxlike.models.language_model import weighted_loss
 
 Dtype = Any
 
@@ -293,21 +293,8 @@ class T5Model(BaseModel):
 
   def fprop(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Returns (mean weighted cross-entropy, metrics)."""
-    logits = self(batch)
-    labels = batch["decoder_target_tokens"]
-    weights = batch["decoder_loss_weights"].astype(jnp.float32)
-    xent = softmax_cross_entropy(logits, labels)
-    total = jnp.maximum(jnp.sum(weights), 1e-8)
-    loss = jnp.sum(xent * weights) / total
-    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-    metrics = {
-        "loss": loss,
-        "log_pplx": loss,
-        "accuracy": jnp.sum(correct * weights) / total,
-        "num_tokens": jnp.sum(weights),
-        "num_examples": jnp.sum(jnp.any(weights > 0, axis=-1).astype(jnp.float32)),
-    }
-    return loss, metrics
+    return weighted_loss(self(batch), batch["decoder_target_tokens"],
+                         batch["decoder_loss_weights"])
 
   # ------------------------------------------------------------- decoding
 
