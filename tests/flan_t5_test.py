@@ -9,8 +9,17 @@ from conftest import describe, parse_trained_line, run_cli
 
 EXP = "FlanT5ArithmeticTiny"
 STEPS = 150
-SHORT = ["--set", f"NUM_TRAIN_STEPS={STEPS}", "--set", "EVAL_INTERVAL_STEPS=0",
-         "--set", f"LR_COS_DECAY_END={STEPS}", "--set", "SUMMARY_INTERVAL_STEPS=50"]
+
+
+def short(steps: int) -> list[str]:
+  """A run of `steps` steps with its schedule fitted to them."""
+  return ["--set", f"NUM_TRAIN_STEPS={steps}", "--set", "EVAL_INTERVAL_STEPS=0",
+          "--set", f"LR_COS_WARMUP={steps // 5}", "--set", f"LR_COS_DECAY_START={steps // 5}",
+          "--set", f"LR_COS_DECAY_END={steps}", "--set", f"SUMMARY_INTERVAL_STEPS={steps}"]
+
+
+SHORT = short(STEPS)
+FINETUNE_STEPS = 60
 
 
 def listing(root):
@@ -52,7 +61,8 @@ def test_eval_of_the_imported_weights_equals_the_run_they_came_from(exported):
 def test_training_from_an_import_starts_at_its_loss_and_lowers_it(exported):
   root, hf_dir, trained_loss = exported
   job = root / "finetune"
-  args = [f"--exp={EXP}", f"--job_log_dir={job}", f"--init_from=hf:{hf_dir}", *SHORT]
+  args = [f"--exp={EXP}", f"--job_log_dir={job}", f"--init_from=hf:{hf_dir}",
+          *short(FINETUNE_STEPS)]
   proc = run_cli(args, root, timeout=600)
   assert proc.returncode == 0, describe(proc)
   assert "starting from the parameters of hf:" in proc.stderr
@@ -62,10 +72,9 @@ def test_training_from_an_import_starts_at_its_loss_and_lowers_it(exported):
   assert trained["first_loss"] == pytest.approx(trained_loss, rel=0.25), (trained, trained_loss)
   assert trained["last_loss"] < trained["first_loss"], trained
   # A rerun resumes from the job's own checkpoint, not from the import.
-  proc = run_cli([*args[:3], *SHORT[:-4], "--set", f"NUM_TRAIN_STEPS={STEPS + 20}"], root,
-                 timeout=600)
+  proc = run_cli([*args[:3], *short(FINETUNE_STEPS + 10)], root, timeout=600)
   assert proc.returncode == 0, describe(proc)
-  assert parse_trained_line(proc.stdout)["start_step"] == STEPS
+  assert parse_trained_line(proc.stdout)["start_step"] == FINETUNE_STEPS
   assert "starting from the parameters" not in proc.stderr
 
 
