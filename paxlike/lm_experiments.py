@@ -11,7 +11,6 @@ from __future__ import annotations
 import fiddle as fdl
 import jax.numpy as jnp
 
-from paxlike.errors import UserError
 from paxlike.experiment import BaseExperiment
 from paxlike.inputs.synthetic import SyntheticLmInput
 from paxlike.models.language_model import LanguageModel
@@ -35,23 +34,12 @@ class TransformerLmSpmdAdam(AdamTraining):
   COMBINE_QKV = False
   ACTIVATION = "relu"
 
-  def hidden_dims(self) -> int:
-    return self.HIDDEN_DIMS if self.HIDDEN_DIMS is not None else 4 * self.MODEL_DIMS
-
-  def dims_per_head(self) -> int:
-    return self.DIMS_PER_HEAD if self.DIMS_PER_HEAD is not None else (
-        self.MODEL_DIMS // self.NUM_HEADS)
-
   def validate(self) -> None:
     super().validate()
-    for name in ("NUM_LAYERS", "MODEL_DIMS", "NUM_HEADS", "VOCAB_SIZE", "MAX_SEQ_LEN",
-                 "PERCORE_BATCH_SIZE", "NUM_TRAIN_STEPS", "CHECKPOINT_EVERY_N_STEPS",
-                 "SUMMARY_INTERVAL_STEPS"):
-      if getattr(self, name) <= 0:
-        raise UserError(f"{name} must be positive, got {getattr(self, name)}.")
-    if self.DIMS_PER_HEAD is None and self.MODEL_DIMS % self.NUM_HEADS:
-      raise UserError(f"MODEL_DIMS={self.MODEL_DIMS} does not divide into NUM_HEADS="
-                      f"{self.NUM_HEADS} heads; set DIMS_PER_HEAD or change one of them.")
+    self.check_positive("NUM_LAYERS", "MODEL_DIMS", "NUM_HEADS", "VOCAB_SIZE", "MAX_SEQ_LEN",
+                        "PERCORE_BATCH_SIZE", "NUM_TRAIN_STEPS", "CHECKPOINT_EVERY_N_STEPS",
+                        "SUMMARY_INTERVAL_STEPS")
+    self.check_heads()
 
   def model(self) -> fdl.Config[LanguageModel]:
     return fdl.Config(

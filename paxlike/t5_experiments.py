@@ -46,23 +46,12 @@ class T5SpmdAdam(AdamTraining):
   USE_REPEATED_LAYER = False
   CHECKPOINT_POLICY = "SAVE_NOTHING"
 
-  def hidden_dims(self) -> int:
-    return self.HIDDEN_DIMS if self.HIDDEN_DIMS is not None else 4 * self.MODEL_DIMS
-
-  def dims_per_head(self) -> int:
-    return self.DIMS_PER_HEAD if self.DIMS_PER_HEAD is not None else (
-        self.MODEL_DIMS // self.NUM_HEADS)
-
   def validate(self) -> None:
     super().validate()
-    for name in ("NUM_ENCODER_LAYERS", "NUM_DECODER_LAYERS", "MODEL_DIMS", "NUM_HEADS",
-                 "VOCAB_SIZE", "MAX_INPUT_LEN", "MAX_TARGET_LEN", "PERCORE_BATCH_SIZE",
-                 "NUM_TRAIN_STEPS", "CHECKPOINT_EVERY_N_STEPS", "SUMMARY_INTERVAL_STEPS"):
-      if getattr(self, name) <= 0:
-        raise UserError(f"{name} must be positive, got {getattr(self, name)}.")
-    if self.DIMS_PER_HEAD is None and self.MODEL_DIMS % self.NUM_HEADS:
-      raise UserError(f"MODEL_DIMS={self.MODEL_DIMS} does not divide into NUM_HEADS="
-                      f"{self.NUM_HEADS} heads; set DIMS_PER_HEAD or change one of them.")
+    self.check_positive("NUM_ENCODER_LAYERS", "NUM_DECODER_LAYERS", "MODEL_DIMS", "NUM_HEADS",
+                        "VOCAB_SIZE", "MAX_INPUT_LEN", "MAX_TARGET_LEN", "PERCORE_BATCH_SIZE",
+                        "NUM_TRAIN_STEPS", "CHECKPOINT_EVERY_N_STEPS", "SUMMARY_INTERVAL_STEPS")
+    self.check_heads()
     if self.ACTIVATION not in ACTIVATIONS:
       raise UserError(f"ACTIVATION={self.ACTIVATION!r} is not one of {ACTIVATIONS}.")
     if not 0.0 <= self.DROPOUT_RATE < 1.0:

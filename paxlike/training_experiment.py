@@ -14,6 +14,7 @@ from typing import Any
 import fiddle as fdl
 import jax
 
+from paxlike.errors import UserError
 from paxlike.experiment import BaseExperiment
 from paxlike.learners import Learner
 from paxlike.task import Task, TrainSettings
@@ -47,6 +48,30 @@ class AdamTraining(BaseExperiment):
 
   def model(self) -> fdl.Config[Any]:
     raise NotImplementedError(f"{type(self).__name__} must define model().")
+
+  # Both families' Transformer dims: HIDDEN_DIMS and DIMS_PER_HEAD may be None, and
+  # are then derived here, so a --set MODEL_DIMS reaches them.
+
+  def hidden_dims(self) -> int:
+    """HIDDEN_DIMS, or 4 x MODEL_DIMS when it is None."""
+    return self.HIDDEN_DIMS if self.HIDDEN_DIMS is not None else 4 * self.MODEL_DIMS
+
+  def dims_per_head(self) -> int:
+    """DIMS_PER_HEAD, or MODEL_DIMS // NUM_HEADS when it is None."""
+    return self.DIMS_PER_HEAD if self.DIMS_PER_HEAD is not None else (
+        self.MODEL_DIMS // self.NUM_HEADS)
+
+  def check_positive(self, *names: str) -> None:
+    """Raises UserError naming the first of these hyperparameters that is not positive."""
+    for name in names:
+      if getattr(self, name) <= 0:
+        raise UserError(f"{name} must be positive, got {getattr(self, name)}.")
+
+  def check_heads(self) -> None:
+    """Raises UserError when MODEL_DIMS does not split into NUM_HEADS heads by default."""
+    if self.DIMS_PER_HEAD is None and self.MODEL_DIMS % self.NUM_HEADS:
+      raise UserError(f"MODEL_DIMS={self.MODEL_DIMS} does not divide into NUM_HEADS="
+                      f"{self.NUM_HEADS} heads; set DIMS_PER_HEAD or change one of them.")
 
   def learner(self) -> fdl.Config[Learner]:
     return fdl.Config(
