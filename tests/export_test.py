@@ -236,6 +236,11 @@ def run(tmp_path_factory):
   root = tmp_path_factory.mktemp("export")
   lm_job, t5_job = root / "lm", root / "t5"
   train_in_process(LM, TRAIN_SET, lm_job)
+  from paxlike.export.savedmodel import tensorflow_reads_this_jax
+
+  # TensorFlow 2.21 cannot read the StableHLO JAX 0.12 writes (Python 3.12 installs
+  # both): the SavedModel export is then refused (tested below) instead of checked.
+  tf_problem = tensorflow_reads_this_jax()
 
   # The error cases run on their own copies, beside the real exports.
   empty = root / "empty"
@@ -271,14 +276,16 @@ def run(tmp_path_factory):
       "lm_savedmodel": lm_job / "export" / f"{STEPS:08d}" / "savedmodel",
   }
 
-  for name in ("lm_savedmodel", "lm_stablehlo", "t5_stablehlo"):
+  for name in ("lm_stablehlo", "t5_stablehlo") + (() if tf_problem else ("lm_savedmodel",)):
     assert procs[name].result().returncode == 0, describe(procs[name].result())
-  spec_tf = root / "tf_spec.json"
-  spec_tf.write_text(json.dumps({"dir": str(dirs["lm_savedmodel"]),
-                                 "batch": expected["lm"]["batches"][0],
-                                 "texts": expected["lm"]["texts"][0]}))
-  (root / "tf_loader.py").write_text(TF_LOADER)
-  tf_loader = Background([str(root / "tf_loader.py"), str(spec_tf)], root, root / "cache")
+  tf_loader = None
+  if not tf_problem:
+    spec_tf = root / "tf_spec.json"
+    spec_tf.write_text(json.dumps({"dir": str(dirs["lm_savedmodel"]),
+                                   "batch": expected["lm"]["batches"][0],
+                                   "texts": expected["lm"]["texts"][0]}))
+    (root / "tf_loader.py").write_text(TF_LOADER)
+    tf_loader = Background([str(root / "tf_loader.py"), str(spec_tf)], root, root / "cache")
   spec_jax = root / "jax_spec.json"
   spec_jax.write_text(json.dumps({
       name: {"dir": str(dirs[name]), "batches": expected[name]["batches"],
@@ -289,7 +296,8 @@ def run(tmp_path_factory):
   return {"expected": expected, "dirs": dirs, "procs": procs, "errors": errors,
           "errors_before": errors_before, "errors_after": {"empty": listing(empty),
                                                            "taken": listing(taken)},
-          "jax": _json_result(jax_loader), "tf": _json_result(tf_loader)}
+          "jax": _json_result(jax_loader), "tf_problem": tf_problem,
+          "tf": _json_result(tf_loader) if tf_loader else None}
 
 
 def test_stablehlo_decodes_like_paxlike_without_paxlike(run):
@@ -358,6 +366,12 @@ def test_manifest_describes_the_artifact(run):
 
 
 def test_savedmodel_signatures_and_warmup(run):
+  if run["tf_problem"]:
+    refused = run["procs"]["lm_savedmodel"].result()
+    assert refused.returncode == 2, describe(refused)
+    assert "cannot run what jax" in refused.stderr and "Traceback" not in refused.stderr
+    assert not run["dirs"]["lm_savedmodel"].exists()
+    pytest.skip(f"this TensorFlow cannot read this JAX's StableHLO: {run['tf_problem']}")
   got, want = run["tf"], run["expected"]["lm"]
   assert got["paxlike_imported"] is False
   assert got["ids_tokens"] == want["tokens"][0]

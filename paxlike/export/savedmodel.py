@@ -45,6 +45,28 @@ def _require_tensorflow() -> None:
                     "pip install -e '.[export]'")
 
 
+def tensorflow_reads_this_jax() -> str | None:
+  """None when this TensorFlow runs what this JAX's jax2tf writes; else why not.
+
+  jax2tf embeds StableHLO bytecode, which a TensorFlow built before the JAX
+  release may not read (JAX promises about three weeks of forward
+  compatibility): TensorFlow 2.21 does not read JAX 0.12's. A one-line
+  shape-polymorphic program, converted and run, tells.
+  """
+  import jax.numpy as jnp
+  import numpy as np
+  import tensorflow as tf
+  from jax.experimental import jax2tf
+
+  try:
+    fn = jax2tf.convert(lambda x: jnp.sum(x * 2), polymorphic_shapes=["(b,)"])
+    tf.function(fn, autograph=False)(tf.constant(np.ones(3, np.float32)))
+  except Exception as e:  # noqa: BLE001  (TF raises several kinds; the message says)
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()] or [type(e).__name__]
+    return next((x for x in lines if "deserialize" in x), lines[0])[:200]
+  return None
+
+
 def _variable_name(name: str) -> str:
   """A parameter path as a TF variable name ([A-Za-z0-9_.\\-/] only)."""
   return "".join(c if c.isalnum() or c in "_.-/" else "_" for c in name)
@@ -169,6 +191,14 @@ class SavedModelExporter:
   def check(self, job: ExportJob) -> ExportJob:
     """TensorFlow is installed and the decode lowers (jax2tf lowers it the same way)."""
     _require_tensorflow()
+    problem = tensorflow_reads_this_jax()
+    if problem:
+      import jax
+      import tensorflow as tf
+
+      raise UserError(f"TensorFlow {tf.__version__} cannot run what jax {jax.__version__}'s "
+                      f"jax2tf writes ({problem}); install a TensorFlow released after this "
+                      "JAX, or use --export_format=stablehlo.")
     serving.lower(job)
     return job
 
