@@ -36,7 +36,7 @@ class TransformerLmSpmdAdam(AdamTraining):
 
   def validate(self) -> None:
     super().validate()
-    self.check_positive("NUM_LAYERS", "MODEL_DIMS", "NUM_HEADS", "VOCAB_SIZE", "MAX_SEQ_LEN",
+    self.check_positive("NUM_LAYERS", "MODEL_DIMS", "VOCAB_SIZE", "MAX_SEQ_LEN",
                         "PERCORE_BATCH_SIZE", "NUM_TRAIN_STEPS", "CHECKPOINT_EVERY_N_STEPS",
                         "SUMMARY_INTERVAL_STEPS")
     self.check_heads()
@@ -44,7 +44,7 @@ class TransformerLmSpmdAdam(AdamTraining):
   def model(self) -> fdl.Config[LanguageModel]:
     return fdl.Config(
         LanguageModel, vocab_size=self.VOCAB_SIZE, model_dims=self.MODEL_DIMS,
-        num_layers=self.NUM_LAYERS, num_heads=self.NUM_HEADS,
+        num_layers=self.NUM_LAYERS, num_heads=self.num_heads(),
         dim_per_head=self.dims_per_head(), hidden_dims=self.hidden_dims(),
         activation=self.ACTIVATION, combine_qkv=self.COMBINE_QKV,
         use_repeated_layer=self.USE_REPEATED_LAYER, checkpoint_policy=self.CHECKPOINT_POLICY,

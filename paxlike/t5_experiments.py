@@ -48,7 +48,7 @@ class T5SpmdAdam(AdamTraining):
 
   def validate(self) -> None:
     super().validate()
-    self.check_positive("NUM_ENCODER_LAYERS", "NUM_DECODER_LAYERS", "MODEL_DIMS", "NUM_HEADS",
+    self.check_positive("NUM_ENCODER_LAYERS", "NUM_DECODER_LAYERS", "MODEL_DIMS",
                         "VOCAB_SIZE", "MAX_INPUT_LEN", "MAX_TARGET_LEN", "PERCORE_BATCH_SIZE",
                         "NUM_TRAIN_STEPS", "CHECKPOINT_EVERY_N_STEPS", "SUMMARY_INTERVAL_STEPS")
     self.check_heads()
@@ -61,7 +61,7 @@ class T5SpmdAdam(AdamTraining):
     return fdl.Config(
         T5Model, vocab_size=self.VOCAB_SIZE, model_dims=self.MODEL_DIMS,
         num_encoder_layers=self.NUM_ENCODER_LAYERS, num_decoder_layers=self.NUM_DECODER_LAYERS,
-        num_heads=self.NUM_HEADS, dim_per_head=self.dims_per_head(),
+        num_heads=self.num_heads(), dim_per_head=self.dims_per_head(),
         hidden_dims=self.hidden_dims(), activation=self.ACTIVATION,
         tie_embeddings=self.TIE_EMBEDDINGS,
         relative_attention_num_buckets=self.RELATIVE_ATTENTION_NUM_BUCKETS,

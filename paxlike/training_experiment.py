@@ -56,10 +56,18 @@ class AdamTraining(BaseExperiment):
     """HIDDEN_DIMS, or 4 x MODEL_DIMS when it is None."""
     return self.HIDDEN_DIMS if self.HIDDEN_DIMS is not None else 4 * self.MODEL_DIMS
 
+  def num_heads(self) -> int:
+    """NUM_HEADS, or MODEL_DIMS // DIMS_PER_HEAD when it is None (Pax's rule)."""
+    if self.NUM_HEADS is not None:
+      return self.NUM_HEADS
+    if self.DIMS_PER_HEAD is None:
+      raise UserError("NUM_HEADS and DIMS_PER_HEAD are both None; set at least one of them.")
+    return self.MODEL_DIMS // self.DIMS_PER_HEAD
+
   def dims_per_head(self) -> int:
     """DIMS_PER_HEAD, or MODEL_DIMS // NUM_HEADS when it is None."""
     return self.DIMS_PER_HEAD if self.DIMS_PER_HEAD is not None else (
-        self.MODEL_DIMS // self.NUM_HEADS)
+        self.MODEL_DIMS // self.num_heads())
 
   def check_positive(self, *names: str) -> None:
     """Raises UserError naming the first of these hyperparameters that is not positive."""
@@ -68,8 +76,21 @@ class AdamTraining(BaseExperiment):
         raise UserError(f"{name} must be positive, got {getattr(self, name)}.")
 
   def check_heads(self) -> None:
-    """Raises UserError when MODEL_DIMS does not split into NUM_HEADS heads by default."""
-    if self.DIMS_PER_HEAD is None and self.MODEL_DIMS % self.NUM_HEADS:
+    """Raises UserError when MODEL_DIMS, NUM_HEADS and DIMS_PER_HEAD do not fit together.
+
+    One of NUM_HEADS and DIMS_PER_HEAD may be None and is derived from the
+    other (Pax derives NUM_HEADS = MODEL_DIMS / DIMS_PER_HEAD); the one given
+    must divide MODEL_DIMS. When both are set they may differ from MODEL_DIMS
+    (T5 and Llama-style heads).
+    """
+    if self.NUM_HEADS is None and self.DIMS_PER_HEAD is None:
+      raise UserError("NUM_HEADS and DIMS_PER_HEAD are both None; set at least one of them.")
+    if self.NUM_HEADS is None:
+      if self.DIMS_PER_HEAD <= 0 or self.MODEL_DIMS % self.DIMS_PER_HEAD:
+        raise UserError(f"NUM_HEADS=None derives the heads as MODEL_DIMS / DIMS_PER_HEAD, but "
+                        f"MODEL_DIMS={self.MODEL_DIMS} is not a multiple of DIMS_PER_HEAD="
+                        f"{self.DIMS_PER_HEAD}; set NUM_HEADS or change one of them.")
+    elif self.DIMS_PER_HEAD is None and (self.NUM_HEADS <= 0 or self.MODEL_DIMS % self.NUM_HEADS):
       raise UserError(f"MODEL_DIMS={self.MODEL_DIMS} does not divide into NUM_HEADS="
                       f"{self.NUM_HEADS} heads; set DIMS_PER_HEAD or change one of them.")
 

@@ -19,8 +19,23 @@ def causal_mask(q_len: int, k_len: int) -> jax.Array:
   return jnp.arange(q_len)[:, None] >= jnp.arange(k_len)[None, :]
 
 
+def combined_mask(q_len: int, kv_len: int, mask: jax.Array | None, is_causal: bool,
+                  q_segment_ids: jax.Array | None, kv_segment_ids: jax.Array | None
+                  ) -> jax.Array | None:
+  """mask AND causal AND same-segment, broadcastable to [batch, heads, q_len, kv_len]."""
+  if is_causal:
+    causal = causal_mask(q_len, kv_len)[None, None]
+    mask = causal if mask is None else mask & causal
+  if q_segment_ids is not None:
+    same = q_segment_ids[:, None, :, None] == kv_segment_ids[:, None, None, :]
+    mask = same if mask is None else mask & same
+  return mask
+
+
 def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                           bias: jax.Array | None = None, mask: jax.Array | None = None,
+                          is_causal: bool = False, q_segment_ids: jax.Array | None = None,
+                          kv_segment_ids: jax.Array | None = None, logit_cap: float = 0.0,
                           scale: float = 1.0, dropout_rate: float = 0.0,
                           dropout_rng: jax.Array | None = None) -> jax.Array:
   """The attention every paxlike model family computes, in one place.
@@ -61,6 +76,12 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     bias: added to the logits, broadcastable to [batch, heads, q_len, kv_len]
       (T5's relative position bias).
     mask: bool, True where a query may attend a key; same broadcasting.
+    is_causal: query i attends key j only when j <= i (queries and keys aligned at
+      position 0); no [t, s] mask needs to be passed.
+    q_segment_ids, kv_segment_ids: int [batch, q_len] / [batch, kv_len]; a query
+      attends only keys of its own segment (packed rows). Both or neither.
+    logit_cap: > 0 caps the logits as cap * tanh(logits / cap) after the bias
+      (Pax's ATTEN_LOGIT_CAP); 0 or less: no cap.
     scale: multiplies the logits (1/sqrt(dim) for the LM; T5 uses 1.0).
     dropout_rate: the probability of dropping an attention probability.
     dropout_rng: the key dropout draws with; None (eval, decode) drops nothing.
@@ -68,17 +89,23 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   Returns:
     [batch, q_len, heads, dim] in q's dtype.
   """
+  if (q_segment_ids is None) != (kv_segment_ids is None):
+    raise ValueError("give both q_segment_ids and kv_segment_ids, or neither")
   dropout = dropout_rng is not None and dropout_rate > 0.0
-  if not dropout and jax.default_backend() == "gpu":
+  if not dropout and logit_cap <= 0.0 and jax.default_backend() == "gpu":
+    mask = combined_mask(q.shape[1], k.shape[1], mask, is_causal, q_segment_ids, kv_segment_ids)
     if bias is not None:
       bias = bias.astype(q.dtype)
     return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
                                         implementation=None)
+  mask = combined_mask(q.shape[1], k.shape[1], mask, is_causal, q_segment_ids, kv_segment_ids)
   if scale != 1.0:
     q = q * jnp.asarray(scale, q.dtype)
   logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32)
   if bias is not None:
     logits = logits + bias.astype(jnp.float32)
+  if logit_cap > 0.0:
+    logits = logit_cap * jnp.tanh(logits / logit_cap)
   if mask is not None:
     logits = jnp.where(mask, logits, -0.7 * jnp.finfo(jnp.float32).max)
   probs = jax.nn.softmax(logits, axis=-1)
@@ -114,11 +141,13 @@ class DotProductAttention(nn.Module):
       q = Linear((n, h), ("embed", "heads", "kv"), self.dtype, name="query")(x)
       k = Linear((n, h), ("embed", "heads", "kv"), self.dtype, name="key")(x)
       v = Linear((n, h), ("embed", "heads", "kv"), self.dtype, name="value")(x)
-    t = x.shape[1]
-    mask = causal_mask(t, t)[None, None]
+    mask = None
     if self.cache_mode is not None:
-      k, v, mask = self._use_cache(k, v, mask, index)
-    context = dot_product_attention(q, k, v, mask=mask, scale=h ** -0.5)
+      k, v, mask = self._use_cache(k, v, index)
+    # Training, eval and prefill are causal over aligned positions; an extend's
+    # mask says which cached positions exist.
+    context = dot_product_attention(q, k, v, mask=mask, is_causal=mask is None,
+                                    scale=h ** -0.5)
     context = nn.with_logical_constraint(context, ("batch", "length", "activation_heads", "kv"))
     context = checkpoint_name(context, "context")
     out = jax.lax.dot_general(
@@ -129,13 +158,14 @@ class DotProductAttention(nn.Module):
         (((2, 3), (0, 1)), ((), ())))
     return checkpoint_name(out, "out_proj")
 
-  def _use_cache(self, k: jax.Array, v: jax.Array, mask: jax.Array, index: jax.Array | None):
-    """prefill: stores k, v. extend: writes them at index; returns the whole cache."""
+  def _use_cache(self, k: jax.Array, v: jax.Array, index: jax.Array | None):
+    """prefill: stores k, v (mask None: causal). extend: writes them at index; returns
+    the whole cache and the mask of the positions written so far."""
     cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
     cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
     if self.cache_mode == "prefill":
       cached_k.value, cached_v.value = k, v
-      return k, v, mask
+      return k, v, None
     cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, index, 0, 0))
     cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, index, 0, 0))
     max_len = cached_k.value.shape[1]

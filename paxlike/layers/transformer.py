@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import flax.linen as nn
@@ -26,7 +27,24 @@ CHECKPOINT_POLICIES: dict[str, Any] = {
 }
 
 
-def remat_policy(name: str) -> Any:
+class AutodiffCheckpointType(enum.Enum):
+  """Pax's remat policy enum (`layers.AutodiffCheckpointType.SAVE_NOTHING`); the
+  string names above work too."""
+
+  SAVE_NOTHING = "SAVE_NOTHING"
+  SAVE_EVERYTHING = "SAVE_EVERYTHING"
+  SAVE_DOT_WITH_NO_BATCH_DIM = "SAVE_DOT_WITH_NO_BATCH_DIM"
+  SAVE_DOT_FOR_MLPERF_200B = "SAVE_DOT_FOR_MLPERF_200B"
+  SAVE_CONTEXT_AND_OUT_PROJ = "SAVE_CONTEXT_AND_OUT_PROJ"
+
+
+def policy_name(value: Any) -> str:
+  """The policy's name for an AutodiffCheckpointType member or a string."""
+  return value.name if isinstance(value, enum.Enum) else value
+
+
+def remat_policy(name: Any) -> Any:
+  name = policy_name(name)
   if name not in CHECKPOINT_POLICIES:
     raise UserError(f"CHECKPOINT_POLICY={name!r} is not one of {sorted(CHECKPOINT_POLICIES)}.")
   return CHECKPOINT_POLICIES[name]
@@ -74,7 +92,7 @@ class StackedTransformer(nn.Module):
     """cache_mode None trains/evaluates; "prefill" / "extend" decode (DotProductAttention)."""
     policy = remat_policy(self.checkpoint_policy)
     layer_cls = TransformerLayer
-    if self.checkpoint_policy != "SAVE_EVERYTHING" and cache_mode is None:
+    if policy_name(self.checkpoint_policy) != "SAVE_EVERYTHING" and cache_mode is None:
       layer_cls = nn.remat(TransformerLayer, policy=policy, prevent_cse=not self.use_repeated_layer)
     kwargs = dict(num_heads=self.num_heads, dim_per_head=self.dim_per_head,
                   hidden_dims=self.hidden_dims, activation=self.activation,
