@@ -330,3 +330,20 @@ class Checkpointer:
   def close(self) -> None:
     with self._write_errors():
       self._manager.close()
+
+
+def resolve_restore_dir(path: str) -> str:
+  """--restore_checkpoint_dir as a checkpoints/ folder (a job_log_dir is accepted too).
+
+  Raises:
+    UserError: the path does not exist or is not a directory.
+  """
+  path = os.path.abspath(os.path.expanduser(path))
+  if not os.path.isdir(path):
+    raise UserError(f"--restore_checkpoint_dir {path} does not exist or is not a directory; "
+                    "pass the checkpoints/ folder of an earlier run.")
+  nested = checkpoint_dir(path)
+  if os.path.isdir(nested) and not any(n.startswith(STEP_PREFIX + "_")
+                                       for n in os.listdir(path)):
+    return nested
+  return path

@@ -160,9 +160,8 @@ def plan(init: InitFrom, target: dict[str, Any], source: dict[str, Any]) -> Plan
 
 def _paxlike_checkpointer(path: str):
   from paxlike import checkpoints as ckpt_lib
-  from paxlike.resume import resolve_restore_dir
 
-  return ckpt_lib.Checkpointer(resolve_restore_dir(path), read_only=True)
+  return ckpt_lib.Checkpointer(ckpt_lib.resolve_restore_dir(path), read_only=True)
 
 
 def _paxlike_step(ckpt: Any, step: int | None, spec: str) -> int:

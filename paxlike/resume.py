@@ -20,7 +20,6 @@ the newest older step is tried.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 from typing import Any
 
@@ -47,23 +46,6 @@ def _read_only(directory: str) -> ckpt_lib.Checkpointer:
   return ckpt_lib.Checkpointer(directory, read_only=True)
 
 
-def resolve_restore_dir(path: str) -> str:
-  """--restore_checkpoint_dir as a checkpoints/ folder (a job_log_dir is accepted too).
-
-  Raises:
-    UserError: the path does not exist or is not a directory.
-  """
-  path = os.path.abspath(os.path.expanduser(path))
-  if not os.path.isdir(path):
-    raise UserError(f"--restore_checkpoint_dir {path} does not exist or is not a directory; "
-                    "pass the checkpoints/ folder of an earlier run.")
-  nested = ckpt_lib.checkpoint_dir(path)
-  if os.path.isdir(nested) and not any(n.startswith(ckpt_lib.STEP_PREFIX + "_")
-                                       for n in os.listdir(path)):
-    return nested
-  return path
-
-
 def _pick(ckpt: ckpt_lib.Checkpointer, steps: list[int], step: int | None,
           own: bool) -> Source:
   """The requested step of ckpt (the latest when None)."""
@@ -87,7 +69,7 @@ def find_source(own: ckpt_lib.Checkpointer, restore_checkpoint_dir: str | None,
   if own_steps:
     return _pick(own, own_steps, restore_checkpoint_step, True)
   if restore_checkpoint_dir:
-    other = _read_only(resolve_restore_dir(restore_checkpoint_dir))
+    other = _read_only(ckpt_lib.resolve_restore_dir(restore_checkpoint_dir))
     steps = other.all_steps()
     if not steps:
       raise UserError(f"--restore_checkpoint_dir {other.directory} holds no complete "
@@ -154,7 +136,7 @@ def abstract_train_state(task: Any, train_input: Any) -> Any:
   import jax
 
   from paxlike import train_state as ts
-  from paxlike.trainer import input_specs
+  from paxlike.inputs.base_input import input_specs
 
   sample_batch = task.model.init_batch(input_specs(train_input))
   return jax.eval_shape(ts.init_fn(task.model, task.learner.transform(), sample_batch),
@@ -196,7 +178,7 @@ def preflight_task(task: Any, train_input: Any, job_log_dir: str, mode: str,
   """
   abstract = abstract_train_state(task, train_input)
   if mode != "train":
-    directory = (resolve_restore_dir(restore_checkpoint_dir) if restore_checkpoint_dir
+    directory = (ckpt_lib.resolve_restore_dir(restore_checkpoint_dir) if restore_checkpoint_dir
                  else ckpt_lib.checkpoint_dir(job_log_dir))
     source = find_source(_read_only(directory), None, restore_checkpoint_step)
     if source.step is not None:

@@ -20,7 +20,7 @@ from paxlike import checkpoints as ckpt_lib
 from paxlike import faults, flops, goodput, initial, nonfinite, pgle, preemption, resume, summaries
 from paxlike import log as logging
 from paxlike import train_state as ts
-from paxlike.inputs.base_input import BaseInput
+from paxlike.inputs.base_input import BaseInput, input_specs
 from paxlike.steps import make_train_step
 from paxlike.task import Task
 
@@ -100,10 +100,6 @@ class Prefetcher:
   def close(self) -> None:
     self._stop.set()
     self._thread.join(timeout=5)
-
-
-def input_specs(inp: BaseInput) -> dict[str, jax.ShapeDtypeStruct]:
-  return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in inp.peek_specs().items()}
 
 
 def global_input_specs(inp: BaseInput) -> dict[str, jax.ShapeDtypeStruct]:

@@ -126,3 +126,10 @@ class BaseInput:
   def set_state(self, state: dict[str, Any]) -> None:
     """Continues the stream from a position returned by get_state()."""
     del state
+
+
+def input_specs(inp: BaseInput) -> dict[str, Any]:
+  """The features of one per-host batch of `inp`, as jax.ShapeDtypeStructs (nothing is read)."""
+  import jax
+
+  return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in inp.peek_specs().items()}
