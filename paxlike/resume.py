@@ -1,4 +1,4 @@
-"""Which checkpoint a run starts from, and whether it fits this run's model.
+"""How a run starts (its checkpoint, INIT_FROM weights or a fresh init), and whether it fits.
 
 The rule (Pax's): the latest complete step in job_log_dir/checkpoints; if
 there is none, --restore_checkpoint_dir (its latest step, or
@@ -244,3 +244,52 @@ def restore(own: ckpt_lib.Checkpointer, target: Any, abstract: Any,
     logging.info("restored step %d from %s", step, source.checkpointer.step_path(step))
     return state, input_state, step
   raise _no_good_step(source)
+
+
+def start(program: Any, train_input: Any, ckpt: ckpt_lib.Checkpointer, options: Any,
+          seed: int, record_dir: str | None = None) -> tuple[Any, int]:
+  """The run's first state and step: its checkpoint, else INIT_FROM's weights, else the seed.
+
+  Args:
+    program: the trainer's TrainProgram (partitioner, abstract state, init).
+    train_input: set to the restored input position when a checkpoint is read.
+    ckpt: job_log_dir's checkpointer.
+    options: the trainer's TrainOptions (restore flags, init_from).
+    seed: the fresh-init seed.
+    record_dir: where run_env.json records an INIT_FROM start (the chief's job_log_dir).
+  """
+  partitioner, abstract = program.partitioner, program.abstract
+  target = partitioner.abstract_state(abstract)
+  restored = restore(ckpt, target, abstract, options.restore_checkpoint_dir,
+                     options.restore_checkpoint_step, fallback=options.restore_fallback)
+  if restored is None:
+    if options.init_from:
+      return _init_from(program, options.init_from, seed, record_dir), 0
+    logging.info("no checkpoint found: initialising from seed %d", seed)
+    return program.init_state(seed), 0
+  state, input_state, step = restored
+  state = partitioner.shard_state(state)
+  train_input.set_state(input_state)
+  return state, int(step)
+
+
+def _init_from(program: Any, init: initial.InitFrom, seed: int,
+               record_dir: str | None) -> Any:
+  """The step-0 state of a run that starts from INIT_FROM; recorded in run_env.json."""
+  import jax
+
+  from paxlike import xla_flags
+
+  partitioner = program.partitioner
+  fresh = jax.device_get(partitioner.to_saveable(program.init_state(seed)))
+  state, plan = initial.load(init, program.task.model, program.abstract, fresh)
+  counts = plan.counts()
+  logging.info("no checkpoint found: starting from the parameters of %s (%d parameters taken, "
+               "%d of them renamed, %d freshly initialised) with %s optimizer state",
+               init.spec, counts["from_source"], counts["renamed"], counts["fresh"],
+               "its" if init.optimizer else "a fresh")
+  if record_dir:
+    xla_flags.update_run_env(record_dir, {"init_from": {
+        "source": init.spec, "rules": [list(r) for r in init.rules], "strict": init.strict,
+        "optimizer": "source" if init.optimizer else "fresh", "parameters": counts}})
+  return partitioner.shard_state(state)

@@ -204,7 +204,7 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
       ckpt_lib.checkpoint_dir(job_log_dir), max_to_keep=settings.max_checkpoints_to_keep,
       async_save=options.async_checkpoint, state_format=options.checkpoint_format)
   t_restore = time.perf_counter()
-  state, start_step = _restore_or_init(program, train_input, ckpt, options, settings.seed,
+  state, start_step = resume.start(program, train_input, ckpt, options, settings.seed,
                                        job_log_dir if is_chief else None)
   gp.restored(job_log_dir if is_chief else None, start_step, time.perf_counter() - t_restore)
   result = TrainResult(start_step=start_step, final_step=start_step, history=[])
@@ -323,26 +323,6 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
   return result
 
 
-def _init_from(program: TrainProgram, init: initial.InitFrom, seed: int,
-               record_dir: str | None) -> Any:
-  """The step-0 state of a run that starts from INIT_FROM; recorded in run_env.json."""
-  from paxlike import xla_flags
-
-  partitioner = program.partitioner
-  fresh = jax.device_get(partitioner.to_saveable(program.init_state(seed)))
-  state, plan = initial.load(init, program.task.model, program.abstract, fresh)
-  counts = plan.counts()
-  logging.info("no checkpoint found: starting from the parameters of %s (%d parameters taken, "
-               "%d of them renamed, %d freshly initialised) with %s optimizer state",
-               init.spec, counts["from_source"], counts["renamed"], counts["fresh"],
-               "its" if init.optimizer else "a fresh")
-  if record_dir:
-    xla_flags.update_run_env(record_dir, {"init_from": {
-        "source": init.spec, "rules": [list(r) for r in init.rules], "strict": init.strict,
-        "optimizer": "source" if init.optimizer else "fresh", "parameters": counts}})
-  return partitioner.shard_state(state)
-
-
 def _run_eval(options: TrainOptions, state: Any, step: int,
               decode: bool) -> dict[str, dict[str, float]]:
   out = {f"eval_test_{k}": v for k, v in options.evaluator.evaluate(state, step).items()}
@@ -369,21 +349,3 @@ def _add_mfu(values: dict[str, float], options: TrainOptions, num_devices: int) 
       values["mfu"] = per_device / peak
   if options.hardware_flops_per_step and peak:
     values["hfu"] = options.hardware_flops_per_step * values["steps_per_sec"] / num_devices / peak
-
-
-def _restore_or_init(program: TrainProgram, train_input: BaseInput,
-                     ckpt: ckpt_lib.Checkpointer, options: TrainOptions,
-                     seed: int, record_dir: str | None = None) -> tuple[Any, int]:
-  partitioner, abstract = program.partitioner, program.abstract
-  target = partitioner.abstract_state(abstract)
-  restored = resume.restore(ckpt, target, abstract, options.restore_checkpoint_dir,
-                            options.restore_checkpoint_step, fallback=options.restore_fallback)
-  if restored is None:
-    if options.init_from:
-      return _init_from(program, options.init_from, seed, record_dir), 0
-    logging.info("no checkpoint found: initialising from seed %d", seed)
-    return program.init_state(seed), 0
-  state, input_state, step = restored
-  state = partitioner.shard_state(state)
-  train_input.set_state(input_state)
-  return state, int(step)
