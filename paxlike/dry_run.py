@@ -144,7 +144,7 @@ def analyse(exp: Any) -> dict[str, Any]:
   from paxlike import mesh as mesh_lib
   from paxlike import train_state as ts
   from paxlike.partitioning import SpmdPartitioner
-  from paxlike.steps import make_train_step
+  from paxlike.steps import batch_shards, check_microbatches, make_train_step
 
   shape, n = mesh_size(exp)
   devices = jax.devices()[:n]
@@ -159,6 +159,7 @@ def analyse(exp: Any) -> dict[str, Any]:
   specs = input_specs(train_cfgs[0])
   global_batch = next(iter(specs.values())).shape[0]
   partitioner.check_global_batch(global_batch)
+  check_microbatches(global_batch, task.train.num_microbatches, batch_shards(partitioner))
 
   tx = task.learner.transform()
   t0 = time.perf_counter()
@@ -169,7 +170,8 @@ def analyse(exp: Any) -> dict[str, Any]:
            for k, v in specs.items()}
   key = jax.eval_shape(lambda: jax.random.key(0))
   step_fn = partitioner.compile(make_train_step(task.model, tx, task.learner.lr_schedule(),
-                                                partitioner.reduce))
+                                                partitioner.reduce,
+                                                num_microbatches=task.train.num_microbatches))
   try:
     lowered = step_fn.lower(state, batch, key)
   except ValueError as e:  # a dim the mesh does not divide (jax names the array and dim)

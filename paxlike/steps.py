@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from paxlike.errors import UserError
 from paxlike.train_state import TrainState
 
 # Metrics key of an int32 code saying what, if anything, was not finite in a step:
@@ -27,26 +28,101 @@ def nonfinite_code(loss: jax.Array, grads: Any, grad_norm: jax.Array) -> jax.Arr
   return jnp.where(jnp.isfinite(loss), code, 1).astype(jnp.int32)
 
 
+def split_microbatches(batch: dict[str, jax.Array], num_microbatches: int
+                       ) -> dict[str, jax.Array]:
+  """[B, ...] -> [k, B / k, ...]; microbatch j takes rows j, j + k, j + 2k, ...
+
+  Strided rather than contiguous: a batch sharded over devices by rows then
+  keeps every microbatch spread over all of them.
+  """
+  def split(x):
+    rows = x.shape[0]
+    return jnp.swapaxes(x.reshape(rows // num_microbatches, num_microbatches, *x.shape[1:]),
+                        0, 1)
+  return jax.tree.map(split, batch)
+
+
+def batch_shards(partitioner: Any) -> int:
+  """How many ways the partitioner splits a batch's rows (mesh batch shards or pmap devices)."""
+  shards = getattr(partitioner, "num_batch_shards", None)
+  return shards if shards is not None else jax.device_count()
+
+
+def check_microbatches(global_batch: int, num_microbatches: int, batch_shards: int) -> None:
+  """Raises UserError unless every microbatch divides over the batch shards.
+
+  Args:
+    global_batch: rows of one step's batch, over every host.
+    num_microbatches: NUM_MICROBATCHES.
+    batch_shards: devices (or mesh shards) the batch rows are split over.
+  """
+  if num_microbatches < 1 or global_batch % (num_microbatches * batch_shards):
+    raise UserError(
+        f"NUM_MICROBATCHES={num_microbatches} must be a positive divisor of the global batch "
+        f"{global_batch} that leaves each microbatch divisible over the {batch_shards} batch "
+        "shards; change NUM_MICROBATCHES or the batch size.")
+
+
+def _accumulated_grads(grad_fn: Callable, params: Any, batch: dict[str, jax.Array],
+                       key: jax.Array, num_microbatches: int):
+  """(loss, metrics), grads of the whole batch, computed k microbatches at a time.
+
+  fprop's loss is a mean over its weighted tokens (metrics["num_tokens"]), so
+  the whole batch's gradient is the token-weighted mean of the microbatches'
+  gradients; it is accumulated in float32. Count metrics (num_*) add up, the
+  others are token-weighted means, as for the whole batch.
+  """
+  micro = split_microbatches(batch, num_microbatches)
+  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+
+  def body(carry, xs):
+    grad_sum, metric_sums = carry
+    index, mb = xs
+    (loss, metrics), grads = grad_fn(params, mb, jax.random.fold_in(key, index))
+    n = jnp.asarray(metrics.get("num_tokens", 1.0), jnp.float32)
+    grad_sum = jax.tree.map(lambda s, g: s + n * g.astype(jnp.float32), grad_sum, grads)
+    metrics = dict(metrics, loss=loss)
+    metric_sums = {k: metric_sums[k] + (v if k.startswith("num_") else n * v)
+                   for k, v in ((k, v.astype(jnp.float32)) for k, v in metrics.items())}
+    return (grad_sum, metric_sums), None
+
+  (_, first_metrics), _ = jax.eval_shape(
+      grad_fn, params, jax.tree.map(lambda x: x[0], micro), key)
+  metric_zeros = {k: jnp.zeros((), jnp.float32) for k in dict(first_metrics, loss=0.0)}
+  (grad_sum, metric_sums), _ = jax.lax.scan(
+      body, (zeros, metric_zeros), (jnp.arange(num_microbatches), micro))
+  total = jnp.maximum(metric_sums.get("num_tokens", float(num_microbatches)), 1e-8)
+  grads = jax.tree.map(lambda g, p: (g / total).astype(p.dtype), grad_sum, params)
+  metrics = {k: v if k.startswith("num_") else v / total for k, v in metric_sums.items()}
+  return (metrics["loss"], metrics), grads
+
+
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     schedule: optax.Schedule,
                     reduce: Callable[[Any], Any] = lambda t: t,
-                    skip_nonfinite: bool = False) -> Callable:
+                    skip_nonfinite: bool = False, num_microbatches: int = 1) -> Callable:
   """One optimizer step. `reduce` averages gradients and metrics over pmap devices.
 
   The key is folded with the step, so a resumed run draws the same randomness.
   metrics[NONFINITE_KEY] says whether the loss and gradients were finite; with
   skip_nonfinite, a step where they were not keeps the old parameters and
-  optimizer state (the step counter still advances).
+  optimizer state (the step counter still advances). num_microbatches > 1
+  (NUM_MICROBATCHES) computes the gradient of the batch k rows-slices at a
+  time and applies one update equal to the whole batch's.
   """
+
+  def grad_fn(params, batch, key):
+    def loss_fn(params):
+      return model.apply({"params": params}, batch, method="fprop", rngs={"dropout": key})
+    return jax.value_and_grad(loss_fn, has_aux=True)(params)
 
   def train_step(state: TrainState, batch: dict[str, jax.Array], key: jax.Array):
     step_key = jax.random.fold_in(key, state.step)
-
-    def loss_fn(params):
-      return model.apply({"params": params}, batch, method="fprop",
-                         rngs={"dropout": step_key})
-
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    if num_microbatches > 1:
+      (loss, metrics), grads = _accumulated_grads(grad_fn, state.params, batch, step_key,
+                                                  num_microbatches)
+    else:
+      (loss, metrics), grads = grad_fn(state.params, batch, step_key)
     grads, metrics, loss = reduce((grads, metrics, loss))
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)

@@ -18,6 +18,7 @@ class TrainSettings:
   summary_interval_steps: int = 100
   eval_interval_steps: int = 0
   seed: int = 1234
+  num_microbatches: int = 1  # gradient accumulation: the batch in k slices, one update
 
 
 @dataclasses.dataclass

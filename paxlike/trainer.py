@@ -21,7 +21,7 @@ from paxlike import faults, flops, goodput, initial, nonfinite, pgle, preemption
 from paxlike import log as logging
 from paxlike import train_state as ts
 from paxlike.inputs.base_input import BaseInput, input_specs
-from paxlike.steps import make_train_step
+from paxlike.steps import batch_shards, check_microbatches, make_train_step
 from paxlike.task import Task
 
 
@@ -148,10 +148,13 @@ def build_train_program(task: Task, train_input: BaseInput, partitioner: Any,
   sample_batch = model.init_batch(global_specs)
   global_batch = next(iter(global_specs.values())).shape[0]
   partitioner.check_global_batch(global_batch)
+  num_microbatches = task.train.num_microbatches
+  check_microbatches(global_batch, num_microbatches, batch_shards(partitioner))
   abstract, logical = ts.logical_specs(model, tx, sample_batch)
   partitioner.set_state_specs(logical)
   step_fn = partitioner.compile(make_train_step(task.model, tx, schedule, partitioner.reduce,
-                                                skip_nonfinite=skip_nonfinite))
+                                                skip_nonfinite=skip_nonfinite,
+                                                num_microbatches=num_microbatches))
   return TrainProgram(
       task=task, partitioner=partitioner, tx=tx, schedule=schedule, sample_batch=sample_batch,
       global_specs=global_specs, global_batch=global_batch,

@@ -42,6 +42,9 @@ class AdamTraining(BaseExperiment):
   SUMMARY_INTERVAL_STEPS = 100
   EVAL_INTERVAL_STEPS = 0
   TRAIN_SEED = 1234
+  # Gradient accumulation (T5X's num_microbatches): the global batch is split into
+  # this many slices whose float32-accumulated gradient makes one update.
+  NUM_MICROBATCHES = 1
 
   ICI_MESH_SHAPE = [1, 1, 1]
   DCN_MESH_SHAPE = None
@@ -111,7 +114,8 @@ class AdamTraining(BaseExperiment):
             checkpoint_every_n_steps=self.CHECKPOINT_EVERY_N_STEPS,
             max_checkpoints_to_keep=self.MAX_CKPT_TO_KEEP,
             summary_interval_steps=self.SUMMARY_INTERVAL_STEPS,
-            eval_interval_steps=self.EVAL_INTERVAL_STEPS, seed=self.TRAIN_SEED))
+            eval_interval_steps=self.EVAL_INTERVAL_STEPS, seed=self.TRAIN_SEED,
+            num_microbatches=self.NUM_MICROBATCHES))
 
   def per_host_batch_size(self) -> int:
     """PERCORE_BATCH_SIZE x this host's device count (Pax's convention)."""
