@@ -145,6 +145,36 @@ def test_logit_cap_equals_hand_computation(qkv):
   assert np.abs(want - uncapped).max() > 0.1  # the cap changes the answer here
 
 
+def test_cudnn_inputs_mean_the_same_attention(qkv, monkeypatch):
+  """What the cuDNN path hands over (segments and masks as one mask spanning the query
+  axis, the bias in q's dtype, is_causal) is the same attention: checked through
+  jax.nn's XLA implementation, since this host has no cuDNN."""
+  real = jax.nn.dot_product_attention
+  seen = []
+
+  def through_xla(*args, implementation=None, **kwargs):
+    assert implementation == "cudnn"
+    seen.append({k: None if kwargs[k] is None else kwargs[k].shape for k in ("bias", "mask")})
+    return real(*args, implementation="xla", **kwargs)
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", through_xla)
+  q, k, v = map(jnp.asarray, qkv)
+  b, t, n, _ = q.shape
+  bias = jnp.asarray(np.random.default_rng(2).normal(size=(1, n, t, t)), F32)
+  valid = jnp.asarray(np.array([[1, 1, 1, 1, 1, 0], [1] * 6], bool))[:, None, None, :]
+  seg = jnp.asarray(np.array([[1, 1, 1, 2, 2, 0], [1, 2, 2, 2, 3, 3]], np.int32))
+  cases = [dict(is_causal=True, scale=0.3), dict(bias=bias, mask=valid),
+           dict(bias=bias, is_causal=True),
+           dict(is_causal=True, q_segment_ids=seg, kv_segment_ids=seg)]
+  for case in cases:
+    got = attention.cudnn_attention(q, k, v, **case)
+    want = attention.xla_attention(q, k, v, **case)
+    np.testing.assert_allclose(got, want, atol=1e-5, err_msg=str(case))
+  assert seen[0] == {"bias": None, "mask": None}  # causal alone: no [t, s] mask built
+  assert seen[1] == {"bias": (1, n, t, t), "mask": (b, 1, t, t)}  # padding spans the queries
+  assert seen[3] == {"bias": None, "mask": (b, 1, t, t)}
+
+
 # ------------------------------------------------- the choice as programs are lowered
 
 
