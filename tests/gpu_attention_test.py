@@ -98,9 +98,10 @@ def test_packed_segments():
 def test_default_policy_lowers_the_fused_kernel():
   q, k, v = _qkv(2, 128, 128, 4, 64)
   attention.start_run("auto")
-  hlo = jax.jit(lambda q, k, v: attention.dot_product_attention(q, k, v, is_causal=True)).lower(
-      q, k, v).compile().as_text()
-  assert "__cudnn$fmha" in hlo
+  lowered = jax.jit(lambda q, k, v: attention.dot_product_attention(q, k, v, is_causal=True)
+                    ).lower(q, k, v)
+  assert "__cudnn$fmha" in lowered.as_text()  # the fused kernel's custom call
+  lowered.compile()
   assert attention.run_record()["choices"] == [{"implementation": "cudnn",
                                                 "reason": "cuda, bfloat16"}]
 

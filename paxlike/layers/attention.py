@@ -57,7 +57,9 @@ def set_attention_policy(policy: str) -> None:
 
   "cudnn" follows the same rule as "auto" (cuDNN wherever it can run, XLA in
   the cases it cannot); it states the intent, and paxlike.main warns when
-  the run's platform cannot honour it.
+  the run's platform cannot honour it. The policy is read as a program is
+  traced: set it before the run's first step (paxlike.main does); a
+  function jax has already traced keeps the choice it was traced with.
   """
   _global["policy"] = _check_policy(policy)
 
