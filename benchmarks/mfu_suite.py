@@ -1,7 +1,11 @@
 """MFU suite: tokens/s and MFU across model sizes, always beside the plain-JAX reference.
 
     python -m benchmarks.mfu_suite [--device_kind=cpu] [--sizes=tiny,small,medium]
-        [--steps=10] [--out=benchmarks/results/mfu]
+        [--steps=10] [--out=benchmarks/results/mfu] [--list]
+
+`--device_kind=h100` (any GPU kind) runs what fits one GPU by default: the 1B
+LM shape of C4Spmd1BAdam4Replicas (batch 8 x 1024, bf16), FlanT5Base and
+FlanT5Large, each on a [1, 1, 1] mesh; `--list` prints a plan without running it.
 
 Each size runs `python -m benchmarks.train_step` (the step paxlike.trainer runs
 and the hand-written JAX step of the model's family, benchmarks/reference_lm.py
@@ -60,10 +64,23 @@ SIZES: dict[str, tuple[str, list[str]]] = {
     "c4_1b": ("C4Spmd1BAdam4Replicas", []),
     "c4_16b": ("C4Spmd16BAdam32Replicas", []),
     "lmcloud_32b": ("LmCloudSpmd32B", []),
+    # One GPU (an H100 80GB): Pax's models on a [1, 1, 1] mesh, bf16, at the batch sizes of
+    # ../shared/GPU_FACTS.md. No dropout: the T5 reference has none, and attention
+    # dropout would keep attention off cuDNN's fused kernel.
+    "c4_1b_1gpu": ("C4Spmd1BAdam4Replicas", ["ICI_MESH_SHAPE=[1,1,1]",
+                                             "PERCORE_BATCH_SIZE=8"]),
+    "flan_t5_base_1gpu": ("FlanT5Base", ["ICI_MESH_SHAPE=[1,1,1]", "PERCORE_BATCH_SIZE=32",
+                                         "DROPOUT_RATE=0.0"]),
+    "flan_t5_large_1gpu": ("FlanT5Large", ["ICI_MESH_SHAPE=[1,1,1]", "PERCORE_BATCH_SIZE=16",
+                                           "DROPOUT_RATE=0.0"]),
 }
 DEFAULT_SIZES = {"cpu": ["tiny", "small", "medium", "t5_tiny", "t5_small", "t5_medium"],
-                 "gpu": ["medium", "large", "lmcloud_2b"],
+                 "gpu": ["c4_1b_1gpu", "flan_t5_base_1gpu", "flan_t5_large_1gpu"],
                  "tpu": ["large", "lmcloud_2b", "c4_1b"]}
+# On GPUs attention runs without a logit cap (Pax's GPU configs set ATTEN_LOGIT_CAP=-1:
+# cuDNN's fused kernel has no cap, and the PyTorch peers use none); added where the
+# experiment has the knob.
+GPU_NO_LOGIT_CAP = "ATTEN_LOGIT_CAP=-1.0"
 # --device_kind -> the device table's key in paxlike.flops.PEAK_FLOPS.
 DEVICE_KINDS = {"cpu": None, "tpu_v4": "TPU v4", "tpu_v5e": "TPU v5e", "tpu_v5p": "TPU v5p",
                 "tpu_v6e": "TPU v6", "a100": "A100", "h100": "H100", "h200": "H200"}
@@ -88,6 +105,32 @@ def mesh_devices(exp_name: str, overrides: Sequence[str]) -> int:
   for d in list(exp.ICI_MESH_SHAPE) + list(exp.DCN_MESH_SHAPE or []):
     n *= d
   return n
+
+
+def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
+  """The sizes this invocation runs: name, experiment, overrides and devices, checked.
+
+  Each experiment is instantiated with its overrides (an unknown or mistyped
+  hyperparameter fails here, before anything runs), nothing is compiled.
+  """
+  from paxlike import experiment, registry
+
+  family = _family(args.device_kind)
+  sizes = args.sizes or DEFAULT_SIZES[family]
+  unknown = [s for s in sizes if s not in SIZES]
+  if unknown:
+    raise SuiteError(f"unknown sizes {unknown}; choose from {', '.join(SIZES)}.")
+  out = []
+  for size in sizes:
+    exp_name, overrides = SIZES[size]
+    overrides = [*overrides, *args.set]
+    names = {h.name for h in experiment.hparams(registry.get(exp_name)())}
+    if family == "gpu" and "ATTEN_LOGIT_CAP" in names and not any(
+        o.startswith("ATTEN_LOGIT_CAP=") for o in overrides):
+      overrides.append(GPU_NO_LOGIT_CAP)
+    out.append({"size": size, "exp": exp_name, "overrides": overrides,
+                "devices": mesh_devices(exp_name, overrides)})
+  return out
 
 
 def _env(devices: int | None) -> dict[str, str]:
@@ -219,16 +262,11 @@ def run_suite(args: argparse.Namespace, runner=run_train_step, calibrator=calibr
               ) -> dict[str, Any]:
   """Every size: train_step record + peak + MFU; the whole report."""
   family = _family(args.device_kind)
-  sizes = args.sizes or DEFAULT_SIZES[family]
-  unknown = [s for s in sizes if s not in SIZES]
-  if unknown:
-    raise SuiteError(f"unknown sizes {unknown}; choose from {', '.join(SIZES)}.")
   peaks: dict[str, dict[str, Any]] = {}
   results = []
-  for size in sizes:
-    exp_name, overrides = SIZES[size]
-    overrides = [*overrides, *args.set]
-    devices = mesh_devices(exp_name, overrides)
+  for entry in plan(args):
+    size, exp_name, overrides, devices = (entry[k] for k in ("size", "exp", "overrides",
+                                                              "devices"))
     t0 = time.time()
     record = runner(exp_name, overrides, args.steps, args.warmup,
                     devices if family == "cpu" else None, args.timeout)
@@ -281,6 +319,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   p.add_argument("--out", default=os.path.join(REPO_ROOT, "benchmarks", "results", "mfu"),
                  help="where report.json, report.md and mfu.png go.")
   p.add_argument("--timeout", type=float, default=1800, help="seconds per size.")
+  p.add_argument("--list", action="store_true",
+                 help="print the sizes that would run (experiment, overrides, devices) and "
+                      "exit; nothing is compiled.")
   args = p.parse_args(argv)
   if args.steps < 1 or args.warmup < 0:
     _fail("--steps must be at least 1 and --warmup at least 0.")
@@ -292,6 +333,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   from paxlike.errors import UserError
 
   try:
+    if args.list:
+      for entry in plan(args):
+        print(f"{entry['size']}: {entry['exp']} on {entry['devices']} device(s), "
+              f"--set {' '.join(entry['overrides']) or '(none)'}")
+      return 0
     report = run_suite(args)
   except (SuiteError, UserError) as e:
     _fail(str(e))

@@ -47,6 +47,11 @@ class BaseExperiment:
   INIT_FROM_RULES: list[tuple[str, str | None]] | None = None  # None: the same names
   INIT_FROM_STRICT = True
   INIT_FROM_OPTIMIZER = False  # also take the source's optimizer state (paxlike sources)
+  # Attention (Pax's switches; paxlike.layers.attention): None picks per platform
+  # (cuDNN's fused kernel on CUDA for bf16/fp16, XLA elsewhere); True asks for the
+  # fused kernel wherever it can run; False keeps XLA everywhere. The first one set wins.
+  USE_CUDNN_FLASH_ATTENTION: bool | None = None
+  USE_FLASH_ATTENTION: bool | None = None
 
   def __init__(self) -> None:
     self._overrides: dict[str, Any] = {}

@@ -156,6 +156,15 @@ def run(argv_flags: flags.FlagValues) -> int:
 
   log.setup(jax.process_index(), jax.process_count(),
             quiet_libraries=not argv_flags["verbosity"].present)
+  from paxlike.layers import attention
+
+  # Pax's switches -> the attention policy every program of this run is lowered with.
+  attention.start_run(attention.policy_from_flags(
+      getattr(exp, "USE_CUDNN_FLASH_ATTENTION", None), getattr(exp, "USE_FLASH_ATTENTION", None)),
+      log=log.info)
+  if attention.current_policy() == attention.CUDNN and attention.lowering_platform() != "cuda":
+    log.warning("fused attention was asked for, but this run is on %s: attention runs on XLA",
+                attention.lowering_platform())
   from paxlike import initial, job_lock, preemption, resume
 
   if argv_flags.mode == "train":  # eval/decode may read a job while it trains (Pax's evaler)
@@ -217,6 +226,8 @@ def run(argv_flags: flags.FlagValues) -> int:
         "experiment": f"{exp_cls.__module__}.{exp_cls.__qualname__}",
         "mode": argv_flags.mode, "partitioner": partitioner.kind,
         "mesh": mesh_desc, "overrides": argv_flags.set, **flag_plan.record()}))
+    # Each new attention choice (logged once) is added as programs are lowered.
+    attention.on_choice(lambda rec: xla_flags.update_run_env(job_log_dir, {"attention": rec}))
 
   options = trainer.TrainOptions(
       enable_checkpoint_saving=argv_flags.enable_checkpoint_saving,

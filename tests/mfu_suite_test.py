@@ -59,3 +59,35 @@ def test_unknown_size_exits_2():
                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2, describe(proc)
   assert proc.stderr.strip().startswith("error: unknown sizes ['huge']")
+
+
+def test_h100_runs_the_one_gpu_sizes(monkeypatch):
+  """--device_kind=h100 plans the 1B LM (batch 8 x 1024, bf16), FlanT5Base and FlanT5Large,
+  each on one device without dropout; nothing is compiled."""
+  import numpy as np
+
+  from paxlike import experiment, registry
+
+  # Where an experiment has an attention logit cap, the GPU sizes turn it off.
+  monkeypatch.setattr(registry.get("FlanT5Large"), "ATTEN_LOGIT_CAP", 50.0, raising=False)
+  entries = mfu_suite.plan(mfu_suite.parse_args(["--device_kind=h100"]))
+  assert [e["exp"] for e in entries] == ["C4Spmd1BAdam4Replicas", "FlanT5Base", "FlanT5Large"]
+  assert [e["devices"] for e in entries] == [1, 1, 1]
+  exps = [experiment.instantiate(registry.get(e["exp"]), e["overrides"]) for e in entries]
+  lm, base, large = exps
+  assert (lm.PERCORE_BATCH_SIZE, lm.MAX_SEQ_LEN, lm.NUM_LAYERS, lm.MODEL_DIMS) == (8, 1024, 13,
+                                                                                  2560)
+  assert all(np.dtype(e.FPROP_DTYPE).name == "bfloat16" for e in exps)
+  assert all(list(e.ICI_MESH_SHAPE) == [1, 1, 1] for e in exps)
+  assert base.PERCORE_BATCH_SIZE == 32 and base.DROPOUT_RATE == 0.0 == large.DROPOUT_RATE
+  assert large.ATTEN_LOGIT_CAP == -1.0
+  assert not any(o.startswith("ATTEN_LOGIT_CAP") for o in entries[1]["overrides"])
+
+
+def test_list_prints_the_plan_and_runs_nothing():
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.mfu_suite", "--device_kind=h100",
+                         "--sizes=flan_t5_base_1gpu", "--list"],
+                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, describe(proc)
+  assert proc.stdout.strip() == ("flan_t5_base_1gpu: FlanT5Base on 1 device(s), --set "
+                                 "ICI_MESH_SHAPE=[1,1,1] PERCORE_BATCH_SIZE=32 DROPOUT_RATE=0.0")

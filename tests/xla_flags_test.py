@@ -170,8 +170,8 @@ def test_every_gpu_preset_and_pgle_flag_is_known_to_this_xla(tmp_path):
 
 
 def test_a_run_records_resolved_flags_and_pgle_in_run_env(tmp_path):
-  """The experiment's flag reaches XLA_FLAGS, each flag's source is recorded, and
-  --pgle=auto on a CPU is recorded as not enabled, said in one line."""
+  """The experiment's flag reaches XLA_FLAGS, each flag's source is recorded,
+  --pgle=auto on a CPU is recorded as not enabled, said in one line; so is attention."""
   proc = run_cli([f"--exp={TINY}", "--job_log_dir=job", "--set", "NUM_TRAIN_STEPS=2",
                   "--set", "XLA_FLAGS_OVERRIDES={'cpu': {'xla_cpu_enable_fast_math': False}}",
                   "--pgle=auto", "--peak_tflops_per_device=0.01"], cwd=tmp_path)
@@ -188,3 +188,9 @@ def test_a_run_records_resolved_flags_and_pgle_in_run_env(tmp_path):
   lines = [ln for ln in proc.stderr.splitlines() if "PGLE does nothing on cpu" in ln]
   assert len(lines) == 1, proc.stderr
   assert "jax_enable_pgle" not in proc.stderr
+  # The attention implementation: chosen as programs are lowered, logged once, recorded.
+  assert env["attention"] == {"policy": "auto",
+                              "choices": [{"implementation": "xla", "reason": "cpu"}]}
+  assert [ln for ln in proc.stderr.splitlines() if "attention:" in ln][0].endswith(
+      "attention: xla (cpu)"), proc.stderr
+  assert proc.stderr.count("attention: ") == 1, proc.stderr

@@ -30,6 +30,7 @@ import numpy as np
 from paxlike.errors import UserError
 from paxlike.export import serving, warmup
 from paxlike.export.job import ExportJob
+from paxlike.layers import attention
 
 FORMAT = "paxlike.savedmodel"
 FORMAT_VERSION = 1
@@ -208,9 +209,10 @@ class SavedModelExporter:
 
     job = plan
     names = serving.param_names(job.abstract_params)
-    module, signatures = build_module(tf, job, names,
-                                      serving.flat_params(params, job.abstract_params))
-    tf.saved_model.save(module, out_dir, signatures=signatures)
+    with attention.portable():  # the same portable program serving.lower checked
+      module, signatures = build_module(tf, job, names,
+                                        serving.flat_params(params, job.abstract_params))
+      tf.saved_model.save(module, out_dir, signatures=signatures)
     extra = os.path.join(out_dir, warmup.DIR)
     os.makedirs(extra)
     with tf.io.TFRecordWriter(os.path.join(extra, warmup.FILE)) as w:

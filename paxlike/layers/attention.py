@@ -1,17 +1,216 @@
-"""Causal multi-head dot-product attention."""
+"""Multi-head dot-product attention, and the choice of its implementation per platform.
+
+One function, `dot_product_attention`, computes the attention of every model
+family. When a program is lowered it picks how (`choose_implementation`):
+
+  cudnn  cuDNN's fused flash attention (jax.nn.dot_product_attention with
+         implementation="cudnn") on CUDA GPUs for bfloat16/float16 inputs;
+  xla    two einsums and a float32 softmax everywhere else: CPUs, TPUs,
+         float32, attention dropout, a logit cap, one query position (a
+         decode extend step) and any shape cuDNN refuses.
+
+The policy ("auto", "xla" or "cudnn") is process-wide (`set_attention_policy`,
+or `attention_policy(...)` as a context); paxlike.main sets it per run from
+Pax's USE_CUDNN_FLASH_ATTENTION / USE_FLASH_ATTENTION. Exports lower with
+"xla" (see `portable`): cuDNN cannot be lowered on a host without a GPU, and
+its custom call is not among jax.export's stable ones.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from paxlike.errors import UserError
 from paxlike.layers.linear import Linear
 
 Dtype = Any
+
+POLICIES = ("auto", "xla", "cudnn")
+CUDNN, XLA = "cudnn", "xla"
+_FUSED_DTYPES = ("bfloat16", "float16")
+
+_state = threading.local()  # a policy context on this thread
+_global = {"policy": "auto"}
+_run: dict[str, Any] = {"choices": [], "listener": None}
+
+
+# ------------------------------------------------------------------ the policy
+
+
+def _check_policy(policy: str) -> str:
+  if policy not in POLICIES:
+    raise ValueError(f"attention policy {policy!r}: choose one of {', '.join(POLICIES)}")
+  return policy
+
+
+def set_attention_policy(policy: str) -> None:
+  """Sets the process-wide policy: "auto" (cuDNN where it applies), "xla" or "cudnn".
+
+  "cudnn" follows the same rule as "auto" (cuDNN wherever it can run, XLA in
+  the cases it cannot); it states the intent, and paxlike.main warns when
+  the run's platform cannot honour it. The policy is read as a program is
+  traced: set it before the run's first step (paxlike.main does); a
+  function jax has already traced keeps the choice it was traced with.
+  """
+  _global["policy"] = _check_policy(policy)
+
+
+def current_policy() -> str:
+  """The policy in force on this thread: the innermost `attention_policy` context, else global."""
+  stack = getattr(_state, "stack", None)
+  return stack[-1] if stack else _global["policy"]
+
+
+@contextlib.contextmanager
+def attention_policy(policy: str) -> Iterator[None]:
+  """Programs traced inside use `policy` (on this thread)."""
+  stack = getattr(_state, "stack", None)
+  if stack is None:
+    stack = _state.stack = []
+  stack.append(_check_policy(policy))
+  try:
+    yield
+  finally:
+    stack.pop()
+
+
+def portable() -> contextlib.AbstractContextManager[None]:
+  """The policy exports lower under: XLA attention, which every platform runs."""
+  return attention_policy(XLA)
+
+
+def policy_from_flags(use_cudnn_flash_attention: Any = None,
+                      use_flash_attention: Any = None) -> str:
+  """Pax's USE_CUDNN_FLASH_ATTENTION / USE_FLASH_ATTENTION -> a policy.
+
+  None (both): "auto". The first one set decides: True -> "cudnn" (fused
+  attention where the platform has it), False -> "xla".
+
+  Raises:
+    UserError: a value that is neither None nor a bool.
+  """
+  for name, value in (("USE_CUDNN_FLASH_ATTENTION", use_cudnn_flash_attention),
+                      ("USE_FLASH_ATTENTION", use_flash_attention)):
+    if value is not None and not isinstance(value, bool):
+      raise UserError(f"{name} must be True, False or None (auto), got {value!r}.")
+  for value in (use_cudnn_flash_attention, use_flash_attention):
+    if value is not None:
+      return CUDNN if value else XLA
+  return "auto"
+
+
+# ---------------------------------------------------------------- the choice
+
+
+def lowering_platform() -> str:
+  """The platform this process lowers for: 'cpu', 'tpu', 'cuda' or 'rocm'."""
+  backend = jax.default_backend()
+  if backend != "gpu":
+    return backend
+  try:
+    from jax.extend import backend as jax_backend
+
+    version = jax_backend.get_backend().platform_version.lower()
+  except Exception:  # an unusual plugin: assume CUDA, cuDNN's refusal then falls back
+    return "cuda"
+  return "rocm" if "rocm" in version else "cuda"
+
+
+def cudnn_max_head_dim() -> int:
+  """cuDNN's largest head dim for bf16/fp16 flash attention: 256 from Hopper on, else 128."""
+  try:
+    capability = jax.devices()[0].compute_capability
+    return 256 if tuple(int(x) for x in str(capability).split(".")) >= (9, 0) else 128
+  except Exception:  # no compute capability (not CUDA): the conservative bound
+    return 128
+
+
+def choose_implementation(platform: str, dtype: Any, *, policy: str = "auto",
+                          dropout: bool = False, logit_cap: float = 0.0, q_len: int = 2,
+                          kv_len: int = 2, head_dim: int = 64, has_bias: bool = False,
+                          max_head_dim: int = 128) -> tuple[str, str]:
+  """("cudnn" | "xla", why) for one attention call, decided from static facts.
+
+  Args:
+    platform: what the program is lowered for ('cpu', 'cuda', 'rocm', 'tpu').
+    dtype: the inputs' dtype.
+    policy: "auto" or "cudnn": cuDNN wherever the rule allows; "xla": never.
+    dropout: attention dropout is on (cuDNN never returns the probabilities).
+    logit_cap: > 0 caps the logits (jax.nn's fused call has no cap).
+    q_len, kv_len, head_dim, has_bias: the call's shape; cuDNN refuses one
+      query position (a bias or mask must span the query axis), head dims
+      that are not a multiple of 8 or above max_head_dim, and odd lengths
+      with a bias.
+    max_head_dim: cuDNN's bound on this GPU (cudnn_max_head_dim()).
+  """
+  dtype_name = np.dtype(dtype).name
+  where = f"{platform}, {dtype_name}"
+  if _check_policy(policy) == XLA:
+    return XLA, f"{where}, policy xla"
+  if platform != "cuda":
+    return XLA, platform
+  if dtype_name not in _FUSED_DTYPES:
+    return XLA, where
+  if dropout:
+    return XLA, f"{where}, attention dropout"
+  if logit_cap > 0.0:
+    return XLA, f"{where}, attention logit cap"
+  if q_len == 1:
+    return XLA, f"{where}, one query position"
+  if head_dim % 8 or head_dim > max_head_dim:
+    return XLA, f"{where}, head dim {head_dim}"
+  if has_bias and (q_len % 2 or kv_len % 2):
+    return XLA, f"{where}, odd length {q_len}x{kv_len} with a bias"
+  return CUDNN, where
+
+
+def describe(implementation: str, reason: str) -> str:
+  """The log line's text: 'cudnn fused (cuda, bfloat16)' or 'xla (cpu)'."""
+  return f"{'cudnn fused' if implementation == CUDNN else implementation} ({reason})"
+
+
+# ------------------------------------------------------------ run bookkeeping
+
+
+def start_run(policy: str, log: Callable[[str], None] | None = None) -> None:
+  """Sets the run's policy and forgets earlier choices; each new choice is logged once."""
+  set_attention_policy(policy)
+  _run.update(policy=policy, choices=[], listener=None, log=log)
+
+
+def on_choice(listener: Callable[[dict[str, Any]], None] | None) -> None:
+  """Calls listener(run_record()) now and whenever a new choice is made."""
+  _run["listener"] = listener
+  if listener is not None:
+    listener(run_record())
+
+
+def run_record() -> dict[str, Any]:
+  """run_env.json's "attention": the policy and each distinct (implementation, reason)."""
+  return {"policy": _run.get("policy", _global["policy"]),
+          "choices": [{"implementation": i, "reason": r} for i, r in _run["choices"]]}
+
+
+def _note(implementation: str, reason: str) -> None:
+  if (implementation, reason) in _run["choices"]:
+    return
+  _run["choices"].append((implementation, reason))
+  if _run.get("log") is not None:
+    _run["log"](f"attention: {describe(implementation, reason)}")
+  if _run["listener"] is not None:
+    _run["listener"](run_record())
+
+
+# ----------------------------------------------------------------- attention
 
 
 def causal_mask(q_len: int, k_len: int) -> jax.Array:
@@ -40,36 +239,34 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                           dropout_rng: jax.Array | None = None) -> jax.Array:
   """The attention every paxlike model family computes, in one place.
 
-  On GPUs (without dropout): jax.nn.dot_product_attention with
-  implementation=None, so JAX's own choice of kernel applies there. On JAX
-  0.10 that choice is still its XLA path; cuDNN's fused kernel needs an
-  explicit implementation="cudnn", which fails for float32 inputs and would
-  tie an exported multi-platform program to CUDA, so it is left to JAX.
+  The implementation is chosen as the program is lowered
+  (choose_implementation, under the policy in force): cuDNN's fused kernel
+  on CUDA for bf16/fp16 inputs, else the XLA einsum path. Should cuDNN
+  refuse a call while it is traced, the XLA path runs instead (the reason
+  is logged once and kept in run_env.json).
 
-  Everywhere else (CPUs, TPUs), and with dropout anywhere: two einsums, the
-  plain-JAX references' math (benchmarks/reference_lm.py, reference_t5.py).
-  q is scaled before the logit matmul (a [b, t, n, h] multiply, none when
-  scale is 1), the logits leave the matmul in float32, the bias is added,
-  masked keys get -0.7 * float32 max (jax.nn's value), softmax runs in
-  float32 and the probabilities weight v in v's dtype. jax.nn's XLA path
-  vmaps the core over head groups, so logits and masks carry a
-  [b, n, t, 1, s]-style group axis that XLA relayouts with copies/transposes
-  of whole logit tensors, and it scales the float32 logits (and their
-  gradient) after the matmul. Measured on a 2-core CPU with
-  `python -m benchmarks.train_step` (float32; medians of 6-9 interleaved
-  runs, paxlike / reference step time), jax.nn's path -> this one:
-  LmCloudSpmdTiny at MODEL_DIMS=128, 4 layers, length 128: 1.088 -> 1.019
-  (the LM's own einsums before this function existed: 1.015 on the same
-  machine); FlanT5Tiny: 1.105 -> 1.037; FlanT5Tiny at MODEL_DIMS=128,
-  HIDDEN_DIMS=256, DIMS_PER_HEAD=32, lengths 64/32: 1.099 -> 1.014. The
-  optimized HLOs then hold no more copies or transposes than the
-  references'; the ops left over come from the train step's non-finite
-  check (paxlike.steps).
+  The XLA path: two einsums, the plain-JAX references' math
+  (benchmarks/reference_lm.py, reference_t5.py). q is scaled before the
+  logit matmul (a [b, t, n, h] multiply, none when scale is 1), the logits
+  leave the matmul in float32, the bias is added, the cap applied, masked
+  keys get -0.7 * float32 max (jax.nn's value), softmax runs in float32 and
+  the probabilities weight v in v's dtype. jax.nn's own XLA path vmaps the
+  core over head groups, so logits and masks carry a [b, n, t, 1, s]-style
+  group axis that XLA relayouts with copies/transposes of whole logit
+  tensors, and it scales the float32 logits (and their gradient) after the
+  matmul. Measured on a 2-core CPU with `python -m benchmarks.train_step`
+  (float32; medians of 6-9 interleaved runs, paxlike / reference step
+  time), jax.nn's path -> this one: LmCloudSpmdTiny at MODEL_DIMS=128, 4
+  layers, length 128: 1.088 -> 1.019; FlanT5Tiny: 1.105 -> 1.037;
+  FlanT5Tiny at MODEL_DIMS=128, HIDDEN_DIMS=256, DIMS_PER_HEAD=32, lengths
+  64/32: 1.099 -> 1.014. Dropout on the attention probabilities (T5 while
+  training) needs the probabilities, which a fused kernel never exposes: the
+  einsum path drops them (scaling the kept ones by 1 / (1 - rate)).
 
-  Dropout on the attention probabilities (T5 while training) needs the
-  probabilities, which jax.nn.dot_product_attention never exposes: the einsum
-  path drops them (scaling the kept ones by 1 / (1 - rate)) before they
-  weight the values.
+  The cuDNN path: causal attention goes through is_causal (no [t, s] mask
+  is built); the segment mask and any mask become an additive bias, and a
+  bias or mask with a query axis of 1 is broadcast to the full query axis,
+  which cuDNN requires.
 
   Args:
     q: [batch, q_len, heads, dim]; k, v: [batch, kv_len, heads, dim].
@@ -92,12 +289,36 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   if (q_segment_ids is None) != (kv_segment_ids is None):
     raise ValueError("give both q_segment_ids and kv_segment_ids, or neither")
   dropout = dropout_rng is not None and dropout_rate > 0.0
-  if not dropout and logit_cap <= 0.0 and jax.default_backend() == "gpu":
-    mask = combined_mask(q.shape[1], k.shape[1], mask, is_causal, q_segment_ids, kv_segment_ids)
-    if bias is not None:
-      bias = bias.astype(q.dtype)
-    return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
-                                        implementation=None)
+  platform = lowering_platform()
+  implementation, reason = choose_implementation(
+      platform, q.dtype, policy=current_policy(), dropout=dropout, logit_cap=logit_cap,
+      q_len=q.shape[1], kv_len=k.shape[1], head_dim=q.shape[-1], has_bias=bias is not None,
+      max_head_dim=cudnn_max_head_dim() if platform == "cuda" else 128)
+  if implementation == CUDNN:
+    try:
+      out = cudnn_attention(q, k, v, bias=bias, mask=mask, is_causal=is_causal,
+                            q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                            scale=scale)
+    except (ValueError, NotImplementedError, RuntimeError) as e:  # refused while tracing
+      first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      implementation, reason = XLA, f"{reason}, cuDNN refused: {first}"
+    else:
+      _note(implementation, reason)
+      return out
+  _note(implementation, reason)
+  return xla_attention(q, k, v, bias=bias, mask=mask, is_causal=is_causal,
+                       q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                       logit_cap=logit_cap, scale=scale,
+                       dropout_rng=dropout_rng if dropout else None, dropout_rate=dropout_rate)
+
+
+def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array | None = None,
+                  mask: jax.Array | None = None, is_causal: bool = False,
+                  q_segment_ids: jax.Array | None = None,
+                  kv_segment_ids: jax.Array | None = None, logit_cap: float = 0.0,
+                  scale: float = 1.0, dropout_rate: float = 0.0,
+                  dropout_rng: jax.Array | None = None) -> jax.Array:
+  """The portable path (dot_product_attention's arguments); runs on every platform."""
   mask = combined_mask(q.shape[1], k.shape[1], mask, is_causal, q_segment_ids, kv_segment_ids)
   if scale != 1.0:
     q = q * jnp.asarray(scale, q.dtype)
@@ -109,10 +330,33 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   if mask is not None:
     logits = jnp.where(mask, logits, -0.7 * jnp.finfo(jnp.float32).max)
   probs = jax.nn.softmax(logits, axis=-1)
-  if dropout:
+  if dropout_rng is not None and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
     probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
   return jnp.einsum("bnts,bsnh->btnh", probs.astype(v.dtype), v)
+
+
+def _full_query_axis(x: jax.Array, q_len: int, kv_len: int) -> jax.Array:
+  """x broadcastable to [b, n, t, s] as 4-D with t and s spelled out (cuDNN's requirement)."""
+  x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+  return jnp.broadcast_to(x, (x.shape[0], x.shape[1], q_len, kv_len))
+
+
+def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array | None = None,
+                    mask: jax.Array | None = None, is_causal: bool = False,
+                    q_segment_ids: jax.Array | None = None,
+                    kv_segment_ids: jax.Array | None = None, scale: float = 1.0) -> jax.Array:
+  """cuDNN's fused attention (no dropout, no cap); raises where cuDNN refuses the call."""
+  t, s = q.shape[1], k.shape[1]
+  if q_segment_ids is not None:
+    same = q_segment_ids[:, None, :, None] == kv_segment_ids[:, None, None, :]
+    mask = same if mask is None else mask & same
+  if mask is not None:
+    mask = _full_query_axis(mask, t, s)
+  if bias is not None:
+    bias = _full_query_axis(bias.astype(q.dtype), t, s)
+  return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, is_causal=is_causal,
+                                      scale=scale, implementation="cudnn")
 
 
 class DotProductAttention(nn.Module):

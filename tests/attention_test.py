@@ -1,0 +1,267 @@
+"""paxlike.layers.attention: which implementation runs where, and the XLA path's math."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from paxlike.errors import UserError
+from paxlike.layers import attention
+
+BF16, F16, F32 = jnp.bfloat16, jnp.float16, jnp.float32
+
+
+# platform, dtype, keyword arguments -> implementation, reason
+RULES = [
+    ("cuda", BF16, {}, "cudnn", "cuda, bfloat16"),
+    ("cuda", F16, {}, "cudnn", "cuda, float16"),
+    ("cuda", BF16, {"policy": "cudnn"}, "cudnn", "cuda, bfloat16"),
+    ("cuda", BF16, {"policy": "xla"}, "xla", "cuda, bfloat16, policy xla"),
+    ("cuda", F32, {}, "xla", "cuda, float32"),
+    ("cuda", F32, {"policy": "cudnn"}, "xla", "cuda, float32"),
+    ("cpu", BF16, {}, "xla", "cpu"),
+    ("cpu", F32, {"policy": "cudnn"}, "xla", "cpu"),
+    ("tpu", BF16, {}, "xla", "tpu"),
+    ("rocm", BF16, {}, "xla", "rocm"),
+    ("cuda", BF16, {"dropout": True}, "xla", "cuda, bfloat16, attention dropout"),
+    ("cuda", BF16, {"logit_cap": 50.0}, "xla", "cuda, bfloat16, attention logit cap"),
+    ("cuda", BF16, {"logit_cap": -1.0}, "cudnn", "cuda, bfloat16"),  # Pax's "no cap"
+    ("cuda", BF16, {"q_len": 1, "kv_len": 128}, "xla", "cuda, bfloat16, one query position"),
+    ("cuda", BF16, {"q_len": 1, "kv_len": 128, "has_bias": True}, "xla",
+     "cuda, bfloat16, one query position"),
+    ("cuda", BF16, {"q_len": 512, "kv_len": 512, "has_bias": True}, "cudnn", "cuda, bfloat16"),
+    ("cuda", BF16, {"q_len": 7, "kv_len": 7, "has_bias": True}, "xla",
+     "cuda, bfloat16, odd length 7x7 with a bias"),
+    ("cuda", BF16, {"q_len": 7, "kv_len": 7}, "cudnn", "cuda, bfloat16"),
+    ("cuda", BF16, {"head_dim": 12}, "xla", "cuda, bfloat16, head dim 12"),
+    ("cuda", BF16, {"head_dim": 256}, "xla", "cuda, bfloat16, head dim 256"),
+    ("cuda", BF16, {"head_dim": 256, "max_head_dim": 256}, "cudnn", "cuda, bfloat16"),
+]
+
+
+@pytest.mark.parametrize("platform,dtype,kwargs,implementation,reason", RULES)
+def test_selection_rule(platform, dtype, kwargs, implementation, reason):
+  assert attention.choose_implementation(platform, dtype, **kwargs) == (implementation, reason)
+
+
+def test_log_text():
+  assert attention.describe("cudnn", "cuda, bfloat16") == "cudnn fused (cuda, bfloat16)"
+  assert attention.describe("xla", "cpu") == "xla (cpu)"
+
+
+def test_pax_switches_map_onto_the_policy():
+  assert attention.policy_from_flags(None, None) == "auto"
+  assert attention.policy_from_flags(True, None) == "cudnn"
+  assert attention.policy_from_flags(None, True) == "cudnn"
+  assert attention.policy_from_flags(False, None) == "xla"
+  assert attention.policy_from_flags(False, True) == "xla"  # USE_CUDNN_FLASH_ATTENTION first
+  with pytest.raises(UserError, match="USE_CUDNN_FLASH_ATTENTION must be True, False or None"):
+    attention.policy_from_flags(1, None)
+  with pytest.raises(ValueError, match="choose one of auto, xla, cudnn"):
+    attention.set_attention_policy("flash")
+
+
+def test_policy_context_nests_and_restores():
+  before = attention.current_policy()
+  with attention.attention_policy("xla"):
+    assert attention.current_policy() == "xla"
+    with attention.attention_policy("cudnn"):
+      assert attention.current_policy() == "cudnn"
+    assert attention.current_policy() == "xla"
+  assert attention.current_policy() == before
+
+
+# ------------------------------------------------------------- the XLA path's math
+
+
+def _softmax(x):
+  x = x - x.max(-1, keepdims=True)
+  e = np.exp(x)
+  return e / e.sum(-1, keepdims=True)
+
+
+def _hand(q, k, v, *, bias=None, allowed=None, cap=0.0, scale=1.0):
+  """float64 attention with numpy; allowed [b, 1|n, t, s] bool."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  logits = np.einsum("btnh,bsnh->bnts", q * scale, k)
+  if bias is not None:
+    logits = logits + np.asarray(bias, np.float64)
+  if cap > 0:
+    logits = cap * np.tanh(logits / cap)
+  if allowed is not None:
+    logits = np.where(allowed, logits, -1e300)
+  return np.einsum("bnts,bsnh->btnh", _softmax(logits), v)
+
+
+@pytest.fixture(scope="module")
+def qkv():
+  rng = np.random.default_rng(0)
+  b, t, n, h = 2, 6, 3, 8
+  return [rng.normal(size=(b, t, n, h)).astype(np.float32) for _ in range(3)]
+
+
+def test_causal_equals_hand_computation(qkv):
+  q, k, v = qkv
+  t = q.shape[1]
+  got = attention.dot_product_attention(*map(jnp.asarray, qkv), is_causal=True, scale=0.35)
+  allowed = np.tril(np.ones((t, t), bool))[None, None]
+  np.testing.assert_allclose(got, _hand(q, k, v, allowed=allowed, scale=0.35), atol=1e-5)
+
+
+def test_bias_and_padding_mask_equal_hand_computation(qkv):
+  """T5's encoder: a [1, n, t, s] bias and a [b, 1, 1, s] key padding mask."""
+  q, k, v = qkv
+  b, t, n, _ = q.shape
+  bias = np.random.default_rng(1).normal(size=(1, n, t, t)).astype(np.float32)
+  valid = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], bool)[:, None, None, :]
+  got = attention.dot_product_attention(*map(jnp.asarray, qkv), bias=jnp.asarray(bias),
+                                        mask=jnp.asarray(valid))
+  np.testing.assert_allclose(got, _hand(q, k, v, bias=bias, allowed=valid), atol=1e-5)
+
+
+def test_segment_ids_with_causal_equal_hand_computation(qkv):
+  """Packed rows: a query attends earlier keys of its own segment only."""
+  q, k, v = qkv
+  t = q.shape[1]
+  seg = np.array([[1, 1, 1, 2, 2, 0], [1, 2, 2, 2, 3, 3]], np.int32)
+  got = attention.dot_product_attention(*map(jnp.asarray, qkv), is_causal=True,
+                                        q_segment_ids=jnp.asarray(seg),
+                                        kv_segment_ids=jnp.asarray(seg), scale=0.5)
+  allowed = (np.tril(np.ones((t, t), bool))[None, None]
+             & (seg[:, None, :, None] == seg[:, None, None, :]))
+  np.testing.assert_allclose(got, _hand(q, k, v, allowed=allowed, scale=0.5), atol=1e-5)
+
+
+def test_logit_cap_equals_hand_computation(qkv):
+  q, k, v = (3 * x for x in qkv)  # logits well beyond the cap
+  got = attention.dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
+                                        is_causal=True, logit_cap=5.0)
+  allowed = np.tril(np.ones((q.shape[1],) * 2, bool))[None, None]
+  want = _hand(q, k, v, allowed=allowed, cap=5.0)
+  np.testing.assert_allclose(got, want, atol=1e-4)
+  uncapped = _hand(q, k, v, allowed=allowed)
+  assert np.abs(want - uncapped).max() > 0.1  # the cap changes the answer here
+
+
+def test_cudnn_inputs_mean_the_same_attention(qkv, monkeypatch):
+  """What the cuDNN path hands over (segments and masks as one mask spanning the query
+  axis, the bias in q's dtype, is_causal) is the same attention: checked through
+  jax.nn's XLA implementation, since this host has no cuDNN."""
+  real = jax.nn.dot_product_attention
+  seen = []
+
+  def through_xla(*args, implementation=None, **kwargs):
+    assert implementation == "cudnn"
+    seen.append({k: None if kwargs[k] is None else kwargs[k].shape for k in ("bias", "mask")})
+    return real(*args, implementation="xla", **kwargs)
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", through_xla)
+  q, k, v = map(jnp.asarray, qkv)
+  b, t, n, _ = q.shape
+  bias = jnp.asarray(np.random.default_rng(2).normal(size=(1, n, t, t)), F32)
+  valid = jnp.asarray(np.array([[1, 1, 1, 1, 1, 0], [1] * 6], bool))[:, None, None, :]
+  seg = jnp.asarray(np.array([[1, 1, 1, 2, 2, 0], [1, 2, 2, 2, 3, 3]], np.int32))
+  cases = [dict(is_causal=True, scale=0.3), dict(bias=bias, mask=valid),
+           dict(bias=bias, is_causal=True),
+           dict(is_causal=True, q_segment_ids=seg, kv_segment_ids=seg)]
+  for case in cases:
+    got = attention.cudnn_attention(q, k, v, **case)
+    want = attention.xla_attention(q, k, v, **case)
+    np.testing.assert_allclose(got, want, atol=1e-5, err_msg=str(case))
+  assert seen[0] == {"bias": None, "mask": None}  # causal alone: no [t, s] mask built
+  assert seen[1] == {"bias": (1, n, t, t), "mask": (b, 1, t, t)}  # padding spans the queries
+  assert seen[3] == {"bias": None, "mask": (b, 1, t, t)}
+
+
+# ------------------------------------------------- the choice as programs are lowered
+
+
+@pytest.fixture
+def fresh_run():
+  """A run's bookkeeping for one test; the process-wide policy restored after it."""
+  lines: list[str] = []
+  attention.start_run("auto", log=lines.append)
+  yield lines
+  attention.start_run("auto")
+
+
+def test_cpu_choice_is_logged_once_and_recorded(qkv, fresh_run):
+  records = []
+  attention.on_choice(records.append)
+  for causal in (True, False, True):
+    jax.jit(lambda q, k, v, c=causal: attention.dot_product_attention(q, k, v, is_causal=c))(
+        *qkv)
+  assert fresh_run == ["attention: xla (cpu)"]
+  assert records[-1] == {"policy": "auto",
+                         "choices": [{"implementation": "xla", "reason": "cpu"}]}
+
+
+def test_cudnn_refusal_falls_back_to_the_xla_path(qkv, fresh_run, monkeypatch):
+  """A CUDA lowering whose cuDNN call is refused (here: no cuDNN in this process) runs
+  the XLA path, with the refusal as the logged reason."""
+  monkeypatch.setattr(attention, "lowering_platform", lambda: "cuda")
+  q, k, v = (jnp.asarray(x, BF16) for x in qkv)
+  bias = jnp.zeros((1, q.shape[2], q.shape[1], q.shape[1]), F32)
+  got = attention.dot_product_attention(q, k, v, bias=bias, is_causal=True)
+  want = attention.xla_attention(q, k, v, bias=bias, is_causal=True)
+  np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+  assert fresh_run == ["attention: xla (cuda, bfloat16, cuDNN refused: cuDNN is not detected.)"]
+
+
+# ----------------------------------------------------------------------- exports
+
+
+class _AttendingModel:
+  """A decode made of one bf16 causal self-attention over the prompt ids' embeddings."""
+
+  def decode_features(self):
+    return ("ids",)
+
+  def decode(self, params, batch, key, settings):
+    from paxlike import decoding
+
+    x = params["embed"].astype(BF16)[batch["ids"]][:, :, None, :]  # [b, t, 1 head, 8]
+    y = attention.dot_product_attention(x, x, x, is_causal=True, scale=0.5)
+    tokens = jnp.argmax(y[:, :, 0].astype(F32), axis=-1)[:, None, :]
+    return decoding.DecodeOutput(tokens.astype(jnp.int32), jnp.zeros(tokens.shape[:2]),
+                                 jnp.full(tokens.shape[:2], tokens.shape[-1], jnp.int32))
+
+
+def _job(platforms):
+  from paxlike import decoding
+  from paxlike.export import job as job_lib
+
+  return job_lib.ExportJob(
+      experiment="x", model=_AttendingModel(), settings=decoding.DecodeSettings(),
+      abstract_params={"embed": jax.ShapeDtypeStruct((16, 8), F32)},
+      features=(job_lib.Feature("ids", (4,), "int32", None),), vocabulary={"kind": "none"},
+      append_eos=None, examples={}, example_texts=(), platforms=platforms, job_log_dir="")
+
+
+def test_export_for_every_platform_keeps_the_portable_path(monkeypatch, fresh_run):
+  """Even where the host would fuse attention (a CUDA host, policy cudnn), an export for
+  cpu,cuda,tpu lowers XLA attention and succeeds from this CPU host."""
+  from paxlike.export import serving
+
+  calls = []
+
+  def fused(*args, **kwargs):
+    calls.append(1)
+    return attention.xla_attention(*args, **kwargs)
+
+  monkeypatch.setattr(attention, "lowering_platform", lambda: "cuda")
+  monkeypatch.setattr(attention, "cudnn_attention", fused)
+  attention.set_attention_policy("cudnn")
+  # Outside an export, this lowering would take the fused kernel.
+  jax.jit(serving.serving_fn(_job(("cpu",)).model, _job(("cpu",)).settings,
+                             _job(("cpu",)).abstract_params)).trace(
+      *serving.arg_specs(_job(("cpu",)), 2))
+  assert calls == [1]
+  calls.clear()
+  exported = serving.lower(_job(("cpu", "cuda", "tpu")))
+  assert calls == []
+  assert exported.platforms == ("cpu", "cuda", "tpu")
+  assert "cudnn" not in exported.mlir_module()
+  assert fresh_run[-1] == "attention: xla (cuda, bfloat16, policy xla)"
