@@ -11,6 +11,7 @@ it does the same math as paxlike.models.language_model.LanguageModel:
   with separate q/k/v [embed, heads, dim] and output [heads, dim, embed]
   weights, softmax in float32, a relu FFN with biases;
 - a final LayerNorm, tied logits, weighted cross-entropy in float32;
+- Pax's tanh caps on the attention and output logits when the model has them;
 - remat with the same policy, `lax.scan` over stacked layers when repeated;
 - clip by global norm + adamw with Pax's learning-rate schedules.
 
@@ -64,6 +65,9 @@ class RefConfig:
   activation: str = "relu"
   use_repeated_layer: bool = True
   checkpoint_policy: str = "SAVE_NOTHING"
+  # Pax's logit caps, cap * tanh(x / cap) when positive: attention and output logits.
+  atten_logit_cap: float = 0.0
+  softmax_cap_logits: float = 0.0
   # Optimizer: clip by global norm (0 = off), then adamw.
   learning_rate: float = 1e-3
   schedule: str = "constant"
@@ -187,6 +191,8 @@ def transformer_layer(cfg: RefConfig, x: jax.Array, p: Params) -> jax.Array:
   v = jnp.einsum("btd,dnh->btnh", h, p["wv"].astype(dt))
   q = q * jnp.asarray(cfg.dim_per_head ** -0.5, dt)
   logits = jnp.einsum("btnh,bsnh->bnts", q, k).astype(jnp.float32)
+  if cfg.atten_logit_cap > 0:
+    logits = cfg.atten_logit_cap * jnp.tanh(logits / cfg.atten_logit_cap)
   causal = jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]
   logits = jnp.where(causal, logits, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(logits, axis=-1).astype(dt)
@@ -223,7 +229,10 @@ def forward(cfg: RefConfig, params: Params, ids: jax.Array) -> jax.Array:
     for p in params["layers"]:
       x = layer(x, p)
   x = layer_norm(x, params["final_norm_scale"], params["final_norm_bias"], dt)
-  return constrain(cfg, jnp.einsum("btd,vd->btv", x, table.astype(dt)), "vocab")
+  logits = jnp.einsum("btd,vd->btv", x, table.astype(dt))
+  if cfg.softmax_cap_logits > 0:
+    logits = cfg.softmax_cap_logits * jnp.tanh(logits / cfg.softmax_cap_logits)
+  return constrain(cfg, logits, "vocab")
 
 
 def loss_and_metrics(cfg: RefConfig, params: Params,
