@@ -93,9 +93,18 @@ def test_in_process_analysis_splits_state_over_the_mesh():
 
 
 def test_a_dimension_the_mesh_does_not_divide_is_a_user_error():
-  exp = experiment.instantiate(registry.get(TINY), ["VOCAB_SIZE=255", "ICI_MESH_SHAPE=[1,1,2]"])
+  exp = experiment.instantiate(registry.get(TINY), ["HIDDEN_DIMS=255", "ICI_MESH_SHAPE=[1,1,2]"])
   with pytest.raises(UserError, match=r"does not shard over the mesh \[1, 1, 2\].*255.*pad"):
     dry_run.analyse(exp)
+
+
+def test_a_vocabulary_the_mesh_does_not_divide_is_padded_and_counted_at_its_size():
+  """As Pax shards GPT-3's vocabulary over 24 ways: the table pads, the count does not."""
+  exp = experiment.instantiate(registry.get(TINY), ["VOCAB_SIZE=255", "ICI_MESH_SHAPE=[1,1,2]",
+                                                    "NUM_LAYERS=1", "MAX_SEQ_LEN=8",
+                                                    "PERCORE_BATCH_SIZE=1"])
+  report = dry_run.analyse(exp)
+  assert report["params"] == expected_param_count(1, 64, 256, 255)
 
 
 def test_dry_run_of_a_t5_with_adafactor_on_a_data_and_model_mesh(tmp_path):

@@ -301,6 +301,7 @@ def test_vocab_the_mdl_axis_does_not_divide_is_padded_and_trains(tmp_path):
   assert "mdl" in tuple(table.sharding.spec)
   np.testing.assert_array_equal(np.asarray(table)[100:], 0.0)  # no id or logit reaches them
   model = fdl.build(exp.model())
+  assert model.padding_params() == 4 * 32
   assert flops.param_count(model.flops_dims(8)) == count_params(result.state.params) - 4 * 32
 
   params = jax.device_get(result.state.params)

@@ -227,6 +227,11 @@ class LanguageModel(BaseModel):
   def tokens_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> int:
     return int(np.prod(specs["ids"].shape[:2]))
 
+  def padding_params(self) -> int:
+    """The rows padding the vocabulary tables to the 'mdl' axis, times model_dims."""
+    pad = padded_vocab(self.vocab_size, self.vocab_pad_multiple) - self.vocab_size
+    return pad * self.model_dims * (2 if self.separate_embedding else 1)
+
   def compute_dtype(self) -> str:
     return np.dtype(self.fprop_dtype).name
 
