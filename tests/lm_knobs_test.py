@@ -310,3 +310,26 @@ def test_vocab_the_mdl_axis_does_not_divide_is_padded_and_trains(tmp_path):
   ids = _ids(vocab=100)
   np.testing.assert_allclose(_logits(model, params, ids), _logits(unpadded, cut, ids),
                              rtol=1e-5, atol=1e-6)
+
+
+def test_decoding_with_every_knob_matches_the_full_forward_pass():
+  """prefill + one-position extends give the logits of the full pass, with the learned
+  position table, untied tables, gate, biases, caps, padded vocabulary and hybrid norms."""
+  model = _model(["TRAINABLE_POSITION_EMB=True", "TRAINABLE_PE_MAX_SEQ_LEN=16",
+                  "SEPARATE_EMBEDDING=True", "USE_GATED_ACTIVATION=True", "USE_BIAS=True",
+                  "ATTEN_LOGIT_CAP=1.0", "SOFTMAX_CAP_LOGITS=2.0",
+                  "NORM_POLICY='primer_hybrid'", "USE_REPEATED_LAYER=True",
+                  "VOCAB_SIZE=30"]).clone(vocab_pad_multiple=8)
+  params = _params(model)
+  assert params["softmax"]["embedding"].shape == (32, 16)
+  ids = _ids(vocab=30)
+  full = _logits(model, params, ids)
+  assert full.shape == (2, SEQ, 30)
+  prompt = ids.at[:, 4:].set(0)
+  _, state = model.apply({"params": params}, prompt, "prefill", mutable=["cache"])
+  cache = state["cache"]
+  for i in range(4, SEQ):
+    logits, state = model.apply({"params": params, "cache": cache}, ids[:, i], jnp.asarray(i),
+                                method="extend", mutable=["cache"])
+    cache = state["cache"]
+    np.testing.assert_allclose(logits, full[:, i], rtol=1e-4, atol=1e-5)
