@@ -134,6 +134,7 @@ def lm_ref_config(model: Any, learner: Any, layout: dict[str, Any]) -> Any:
       hidden_dims=model.hidden_dims, dtype=model.fprop_dtype, activation=model.activation,
       use_repeated_layer=model.use_repeated_layer, checkpoint_policy=model.checkpoint_policy,
       atten_logit_cap=model.atten_logit_cap, softmax_cap_logits=model.softmax_cap_logits,
+      softmax_bias=model.softmax_has_bias, per_dim_scale=model.per_dim_scale,
       **optimizer_fields(learner), **layout)
 
 

@@ -61,6 +61,8 @@ class LmDims:
   use_bias: bool = False  # USE_BIAS: q/k/v and output projection biases
   position_table_len: int = 0  # TRAINABLE_POSITION_EMB: TRAINABLE_PE_MAX_SEQ_LEN rows
   norms_per_sublayer: int = 1  # 2 for NORM_POLICY 'primer_hybrid'
+  softmax_bias: bool = True  # Pax's softmax adds a [vocab] bias (off in Pax's GPT-3)
+  per_dim_scale: bool = True  # Pax's [dims_per_head] query scale per layer (off in GPT-3)
 
 
 def ffn_matrices(d: LmDims) -> int:
@@ -80,15 +82,18 @@ def param_count(d: LmDims) -> int:
   Per layer: q, k, v, output (4 x model x heads x dim), their biases with
   use_bias (3 x heads x dim + model); the FFN's matrices (2 or 3 x model x
   hidden) and biases (1 or 2 x hidden, + model); LayerNorms with scale and bias
-  (2 x model each; two per layer, four with primer_hybrid). Then the final
-  LayerNorm, the softmax table (vocab x model), a separate input table, and a
+  (2 x model each; two per layer, four with primer_hybrid); the per-dim query
+  scale (dims_per_head). Then the final LayerNorm, the softmax table
+  (vocab x model) and its bias (vocab), a separate input table, and a
   trainable position table (position_table_len x model).
   """
   m, a = d.model_dims, d.num_heads * d.dims_per_head
-  attn = 4 * m * a + ((3 * a + m) if d.use_bias else 0)
+  attn = (4 * m * a + ((3 * a + m) if d.use_bias else 0)
+          + (d.dims_per_head if d.per_dim_scale else 0))
   ffn = ffn_matrices(d) * m * d.hidden_dims + (ffn_matrices(d) - 1) * d.hidden_dims + m
   norms = 2 * d.norms_per_sublayer * 2 * m
-  tables = (2 if d.separate_embedding else 1) * d.vocab_size * m + d.position_table_len * m
+  tables = ((2 if d.separate_embedding else 1) * d.vocab_size * m + d.position_table_len * m
+            + (d.vocab_size if d.softmax_bias else 0))
   return d.num_layers * (attn + ffn + norms) + 2 * m + tables
 
 

@@ -59,6 +59,10 @@ class TransformerLmSpmdAdam(AdamTraining):
   LAYERNORM_EPSILON = 1e-6
   NORM_POLICY = "pre"  # or 'post', 'primer_hybrid'
   EMBEDDING_LOOKUP_STYLE = "index"  # or 'matmul' (one-hot matmul, as Pax can)
+  # Two parameters praxis's LM layers have by default; Pax's GPT-3 (c4's
+  # C4SpmdGpt3AdamOrgHP) switches both off in its task().
+  SOFTMAX_HAS_BIAS = True  # praxis softmax_tpl.feed_forward_tpl.has_bias: a [vocab] logit bias
+  PER_DIM_SCALE = True  # praxis tr_atten_tpl.internal_enable_per_dim_scale: learned query scale
 
   def validate(self) -> None:
     super().validate()
@@ -133,7 +137,8 @@ class TransformerLmSpmdAdam(AdamTraining):
         trainable_position_emb=self.TRAINABLE_POSITION_EMB,
         trainable_pe_max_seq_len=self.TRAINABLE_PE_MAX_SEQ_LEN,
         embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
-        vocab_pad_multiple=self.mdl_axis_size())
+        vocab_pad_multiple=self.mdl_axis_size(), softmax_has_bias=self.SOFTMAX_HAS_BIAS,
+        per_dim_scale=self.PER_DIM_SCALE)
 
 
 class SyntheticDataset(BaseExperiment):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import train_in_process
 
-from paxlike import experiment, flops
+from paxlike import experiment, flops, registry
 from paxlike.errors import UserError
 from paxlike.layers import activations
 from paxlike.layers.attention import DotProductAttention
@@ -111,10 +111,71 @@ def _count(model: LanguageModel) -> int:
     [], ["TRAINABLE_POSITION_EMB=True", "TRAINABLE_PE_MAX_SEQ_LEN=64"],
     ["USE_GATED_ACTIVATION=True"], ["USE_BIAS=True"], ["SEPARATE_EMBEDDING=True"],
     ["NORM_POLICY='primer_hybrid'"], ["NORM_POLICY='post'", "COMBINE_QKV=True"],
+    ["SOFTMAX_HAS_BIAS=False"], ["PER_DIM_SCALE=False", "USE_REPEATED_LAYER=True"],
 ])
 def test_flops_param_count_equals_the_models_parameters(overrides):
   model = _model(overrides)
   assert _count(model) == flops.param_count(model.flops_dims(SEQ))
+
+
+def test_paxs_softmax_bias_and_per_dim_scale_are_on_by_default_and_gpt3_turns_them_off():
+  """Pax's LM has a [vocab] softmax bias and a [dim_per_head] query scale per layer."""
+  layers, vocab, dim_per_head = 2, 32, 8
+  model = _model()
+  params = _params(model)
+  assert params["softmax"]["bias"].shape == (vocab,)
+  assert params["transformer"]["x_layers_0"]["attention"]["per_dim_scale"].shape == (8,)
+  base = _count(model)
+  assert _count(_model(["SOFTMAX_HAS_BIAS=False"])) == base - vocab
+  assert _count(_model(["PER_DIM_SCALE=False"])) == base - layers * dim_per_head
+  gpt3 = experiment.instantiate(registry.get("C4SpmdGpt3AdamOrgHP")).model()
+  assert (gpt3.softmax_has_bias, gpt3.per_dim_scale) == (False, False)
+  pax_2b = experiment.instantiate(registry.get("LmCloudSpmd2B")).model()
+  assert (pax_2b.softmax_has_bias, pax_2b.per_dim_scale) == (True, True)
+
+
+def test_per_dim_scale_is_softplus_of_theta_over_softplus_zero_sqrt_dim():
+  """With theta set, the attention equals numpy's: q * softplus(theta) / (ln 2 * sqrt(h))."""
+  n, h, d = 2, 4, 8
+  layer = DotProductAttention(n, h)
+  x = jax.random.normal(jax.random.key(0), (2, SEQ, d))
+  params = nn.unbox(layer.init(jax.random.key(1), x))["params"]
+  theta = np.asarray([-2.0, -0.5, 0.5, 3.0], np.float32)
+  params = {**params, "per_dim_scale": jnp.asarray(theta)}
+  out = np.asarray(layer.apply({"params": params}, x))
+
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  xs = np.asarray(x, np.float64)
+  softplus = np.log1p(np.exp(theta.astype(np.float64)))
+  q = np.einsum("btd,dnh->btnh", xs, p["query"]["w"]) * softplus / (np.log(2.0) * np.sqrt(h))
+  k = np.einsum("btd,dnh->btnh", xs, p["key"]["w"])
+  v = np.einsum("btd,dnh->btnh", xs, p["value"]["w"])
+  logits = np.einsum("btnh,bsnh->bnts", q, k)
+  logits = np.where(np.tril(np.ones((SEQ, SEQ), bool)), logits, -np.inf)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  want = np.einsum("btnh,nhd->btd", np.einsum("bnts,bsnh->btnh", probs, v), p["post"])
+  np.testing.assert_allclose(out, want, rtol=2e-4, atol=2e-5)
+  # At theta = 0 it is the plain 1/sqrt(h) scaling of PER_DIM_SCALE = False.
+  zero = {**params, "per_dim_scale": jnp.zeros((h,))}
+  plain = DotProductAttention(n, h, per_dim_scale=False)
+  np.testing.assert_allclose(layer.apply({"params": zero}, x),
+                             plain.apply({"params": params}, x), rtol=1e-6, atol=1e-6)
+
+
+def test_softmax_bias_is_added_to_the_logits_before_the_cap():
+  capped = _model(["SOFTMAX_CAP_LOGITS=2.0"])
+  uncapped = _model(["SOFTMAX_CAP_LOGITS=0.0"])
+  params = _params(capped)
+  ids = _ids()
+  bias = jax.random.normal(jax.random.key(4), (32,)) * 3.0
+  zero_bias = _logits(uncapped, params, ids)
+  params["softmax"]["bias"] = bias
+  np.testing.assert_allclose(_logits(uncapped, params, ids), zero_bias + np.asarray(bias),
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(_logits(capped, params, ids),
+                             2.0 * np.tanh((zero_bias + np.asarray(bias)) / 2.0),
+                             rtol=1e-5, atol=1e-6)
 
 
 def test_trainable_positions_gate_bias_and_separate_table_add_their_parameters():
@@ -301,12 +362,13 @@ def test_vocab_the_mdl_axis_does_not_divide_is_padded_and_trains(tmp_path):
   assert "mdl" in tuple(table.sharding.spec)
   np.testing.assert_array_equal(np.asarray(table)[100:], 0.0)  # no id or logit reaches them
   model = fdl.build(exp.model())
-  assert model.padding_params() == 4 * 32
-  assert flops.param_count(model.flops_dims(8)) == count_params(result.state.params) - 4 * 32
+  assert result.state.params["softmax"]["bias"].shape == (104,)  # padded like the table
+  assert model.padding_params() == 4 * 32 + 4
+  assert flops.param_count(model.flops_dims(8)) == count_params(result.state.params) - 4 * 33
 
   params = jax.device_get(result.state.params)
   unpadded = model.clone(vocab_pad_multiple=1)
-  cut = {**params, "softmax": {"embedding": params["softmax"]["embedding"][:100]}}
+  cut = {**params, "softmax": {k: v[:100] for k, v in params["softmax"].items()}}
   ids = _ids(vocab=100)
   np.testing.assert_allclose(_logits(model, params, ids), _logits(unpadded, cut, ids),
                              rtol=1e-5, atol=1e-6)
@@ -322,6 +384,10 @@ def test_decoding_with_every_knob_matches_the_full_forward_pass():
                   "VOCAB_SIZE=30"]).clone(vocab_pad_multiple=8)
   params = _params(model)
   assert params["softmax"]["embedding"].shape == (32, 16)
+  # The softmax bias and per-dim scales start at zero; move them so decoding must use them.
+  params["softmax"]["bias"] = jax.random.normal(jax.random.key(5), (32,))
+  attention = params["transformer"]["repeat"]["attention"]
+  attention["per_dim_scale"] = jax.random.normal(jax.random.key(6), (2, 8))
   ids = _ids(vocab=30)
   full = _logits(model, params, ids)
   assert full.shape == (2, SEQ, 30)

@@ -7,11 +7,27 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from paxlike.layers.linear import Linear
 
 Dtype = Any
+
+# 1 / softplus(0) = 1 / ln 2: a zero per-dim-scale parameter then scales by 1/sqrt(dim) exactly.
+_R_SOFTPLUS_0 = 1.0 / np.log(2.0)
+
+
+def scale_query_per_dim(q: jax.Array, theta: jax.Array) -> jax.Array:
+  """Pax's per-dimension query scale: q * softplus(theta) / (softplus(0) * sqrt(dim)).
+
+  theta is a learned [dim_per_head] vector (praxis's PerDimScale, initialised
+  to zeros, where it equals the plain 1/sqrt(dim) scaling); the scale is
+  computed in float32 and applied in q's dtype.
+  """
+  dim = q.shape[-1]
+  scale = (_R_SOFTPLUS_0 / np.sqrt(dim)) * jax.nn.softplus(theta.astype(jnp.float32))
+  return q * scale.astype(q.dtype)
 
 
 def causal_mask(q_len: int, k_len: int) -> jax.Array:
@@ -118,7 +134,9 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 class DotProductAttention(nn.Module):
   """Multi-head causal self-attention; combine_qkv fuses the three projections.
 
-  use_bias adds biases to the q/k/v and output projections (Pax's USE_BIAS);
+  per_dim_scale (Pax's default, praxis's internal_enable_per_dim_scale) scales
+  the query by a learned [dim_per_head] vector (see scale_query_per_dim); off, by
+  1/sqrt(dim_per_head). use_bias adds biases to the q/k/v and output projections (Pax's USE_BIAS);
   logit_cap > 0 caps the attention logits as cap * tanh(logits / cap) (Pax's
   ATTEN_LOGIT_CAP); dropout_rate drops attention probabilities while
   training. segment_ids [batch, length] (packed rows) keep each query to the
@@ -139,6 +157,7 @@ class DotProductAttention(nn.Module):
   use_bias: bool = False
   logit_cap: float = 0.0
   dropout_rate: float = 0.0
+  per_dim_scale: bool = True
 
   @nn.compact
   def __call__(self, x: jax.Array, index: jax.Array | None = None,
@@ -151,6 +170,11 @@ class DotProductAttention(nn.Module):
       q = Linear((n, h), ("embed", "heads", "kv"), self.dtype, b, name="query")(x)
       k = Linear((n, h), ("embed", "heads", "kv"), self.dtype, b, name="key")(x)
       v = Linear((n, h), ("embed", "heads", "kv"), self.dtype, b, name="value")(x)
+    scale = h ** -0.5
+    if self.per_dim_scale:
+      q = scale_query_per_dim(q, self.param("per_dim_scale", nn.with_logical_partitioning(
+          nn.initializers.zeros, ("kv",)), (h,), jnp.float32))
+      scale = 1.0
     mask = None
     if self.cache_mode is not None:
       k, v, mask = self._use_cache(k, v, index)
@@ -162,7 +186,7 @@ class DotProductAttention(nn.Module):
     # mask says which cached positions exist.
     context = dot_product_attention(q, k, v, mask=mask, is_causal=mask is None,
                                     q_segment_ids=segment_ids, kv_segment_ids=segment_ids,
-                                    logit_cap=self.logit_cap, scale=h ** -0.5,
+                                    logit_cap=self.logit_cap, scale=scale,
                                     dropout_rate=self.dropout_rate, dropout_rng=rng)
     context = nn.with_logical_constraint(context, ("batch", "length", "activation_heads", "kv"))
     context = checkpoint_name(context, "context")

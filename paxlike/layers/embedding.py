@@ -78,7 +78,9 @@ class SharedEmbeddingSoftmax(nn.Module):
   """One [vocab, embed] table: embeds ids (scaled by sqrt(embed)) and scores logits.
 
   padded_rows > vocab_size pads the table (see padded_vocab); logits cover
-  the real vocabulary only. soft_cap_logits > 0 caps the logits as
+  the real vocabulary only. use_bias (Pax's default: praxis's softmax is a
+  feed-forward layer with has_bias) adds a learned [vocab] bias, zeros at
+  init, to the logits. soft_cap_logits > 0 then caps them as
   cap * tanh(logits / cap) (Pax's SOFTMAX_CAP_LOGITS).
   """
 
@@ -88,10 +90,14 @@ class SharedEmbeddingSoftmax(nn.Module):
   padded_rows: int = 0  # 0: vocab_size
   lookup_style: str = "index"
   soft_cap_logits: float = 0.0
+  use_bias: bool = True
 
   def setup(self) -> None:
-    self.table = _table(self, "embedding", max(self.padded_rows, self.vocab_size),
-                        self.vocab_size, self.dims)
+    rows = max(self.padded_rows, self.vocab_size)
+    self.table = _table(self, "embedding", rows, self.vocab_size, self.dims)
+    if self.use_bias:  # padded like the table, so it shards over 'mdl' the same way
+      self.bias = self.param("bias", nn.with_logical_partitioning(
+          nn.initializers.zeros, ("vocab",)), (rows,), jnp.float32)
 
   def embed(self, ids: jax.Array) -> jax.Array:
     x = lookup(self.table, ids, self.lookup_style, self.dtype)
@@ -101,6 +107,8 @@ class SharedEmbeddingSoftmax(nn.Module):
     logits = jnp.einsum("btd,vd->btv", x.astype(self.dtype), self.table.astype(self.dtype))
     if logits.shape[-1] > self.vocab_size:
       logits = logits[..., :self.vocab_size]
+    if self.use_bias:
+      logits = logits + self.bias[:self.vocab_size].astype(self.dtype)
     return soft_cap(logits, self.soft_cap_logits)
 
 

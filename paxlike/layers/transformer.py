@@ -75,6 +75,7 @@ class TransformerLayer(nn.Module):
   atten_logit_cap: float = 0.0
   use_gated_activation: bool = False
   dropout_rate: float = 0.0
+  per_dim_scale: bool = True
 
   def _residual(self, x: jax.Array, sublayer: Any, name: str) -> jax.Array:
     """x + sublayer(x) with this layer's norm policy; norms named pre_/post_<name>_norm."""
@@ -100,7 +101,7 @@ class TransformerLayer(nn.Module):
     attention = DotProductAttention(
         self.num_heads, self.dim_per_head, self.combine_qkv, self.dtype, self.cache_mode,
         use_bias=self.use_bias, logit_cap=self.atten_logit_cap, dropout_rate=self.dropout_rate,
-        name="attention")
+        per_dim_scale=self.per_dim_scale, name="attention")
     x = self._residual(x, lambda h: attention(h, index, segment_ids), "attn")
     ffn = FeedForward(self.hidden_dims, self.activation, self.dtype,
                       use_gated_activation=self.use_gated_activation,

@@ -71,7 +71,11 @@ class LanguageModel(BaseModel):
   [trainable_pe_max_seq_len, model_dims] table instead of adding sinusoids;
   atten_logit_cap / softmax_cap_logits > 0 cap the attention and output
   logits with cap * tanh(x / cap); vocab_pad_multiple pads the vocabulary
-  tables to a multiple of the 'mdl' axis (padded_vocab).
+  tables to a multiple of the 'mdl' axis (padded_vocab). Two parameters Pax's
+  LM has by default, each switchable off as Pax's GPT-3 does: softmax_has_bias
+  adds a [vocab] bias to the logits (before the cap), per_dim_scale scales
+  each layer's queries by a learned [dim_per_head] vector instead of
+  1/sqrt(dim_per_head) (paxlike.layers.attention.scale_query_per_dim).
   """
 
   vocab_size: int
@@ -98,12 +102,15 @@ class LanguageModel(BaseModel):
   trainable_pe_max_seq_len: int = 16384
   embedding_lookup_style: str = "index"
   vocab_pad_multiple: int = 1
+  softmax_has_bias: bool = True
+  per_dim_scale: bool = True
 
   def setup(self) -> None:
     rows = padded_vocab(self.vocab_size, self.vocab_pad_multiple)
     self.softmax = SharedEmbeddingSoftmax(
         self.vocab_size, self.model_dims, self.fprop_dtype, padded_rows=rows,
-        lookup_style=self.embedding_lookup_style, soft_cap_logits=self.softmax_cap_logits)
+        lookup_style=self.embedding_lookup_style, soft_cap_logits=self.softmax_cap_logits,
+        use_bias=self.softmax_has_bias)
     if self.separate_embedding:
       self.embedding = Embedding(self.vocab_size, self.model_dims, self.fprop_dtype,
                                  padded_rows=rows, lookup_style=self.embedding_lookup_style)
@@ -114,7 +121,7 @@ class LanguageModel(BaseModel):
                     ("layernorm_epsilon", self.layernorm_epsilon), ("use_bias", self.use_bias),
                     ("atten_logit_cap", self.atten_logit_cap),
                     ("use_gated_activation", self.use_gated_activation),
-                    ("dropout_rate", self.dropout_prob))
+                    ("dropout_rate", self.dropout_prob), ("per_dim_scale", self.per_dim_scale))
     self.transformer = StackedTransformer(
         num_layers=self.num_layers, num_heads=self.num_heads, dim_per_head=self.dim_per_head,
         hidden_dims=self.hidden_dims, activation=self.activation,
@@ -218,7 +225,8 @@ class LanguageModel(BaseModel):
                         separate_embedding=self.separate_embedding, use_bias=self.use_bias,
                         position_table_len=(self.trainable_pe_max_seq_len
                                             if self.trainable_position_emb else 0),
-                        norms_per_sublayer=2 if self.norm_policy == "primer_hybrid" else 1)
+                        norms_per_sublayer=2 if self.norm_policy == "primer_hybrid" else 1,
+                        softmax_bias=self.softmax_has_bias, per_dim_scale=self.per_dim_scale)
 
   def model_flops_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> float:
     batch, seq_len = specs["ids"].shape[:2]
@@ -228,9 +236,10 @@ class LanguageModel(BaseModel):
     return int(np.prod(specs["ids"].shape[:2]))
 
   def padding_params(self) -> int:
-    """The rows padding the vocabulary tables to the 'mdl' axis, times model_dims."""
+    """The rows padding the vocabulary tables (and the softmax bias) to the 'mdl' axis."""
     pad = padded_vocab(self.vocab_size, self.vocab_pad_multiple) - self.vocab_size
-    return pad * self.model_dims * (2 if self.separate_embedding else 1)
+    return pad * (self.model_dims * (2 if self.separate_embedding else 1)
+                  + (1 if self.softmax_has_bias else 0))
 
   def compute_dtype(self) -> str:
     return np.dtype(self.fprop_dtype).name
