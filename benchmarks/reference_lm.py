@@ -9,8 +9,12 @@ it does the same math as paxlike.models.language_model.LanguageModel:
 - sinusoidal positions added to the embeddings;
 - pre-LN layers (LayerNorm in float32 with scale and bias), causal attention
   with separate q/k/v [embed, heads, dim] and output [heads, dim, embed]
-  weights, softmax in float32, a relu FFN with biases;
-- a final LayerNorm, tied logits, weighted cross-entropy in float32;
+  weights, the query scaled by Pax's learned per-dim scale
+  (softplus(theta) / (softplus(0) sqrt(dim))) or by 1/sqrt(dim), softmax in
+  float32, a relu FFN with biases;
+- a final LayerNorm, tied logits plus Pax's [vocab] softmax bias (when the
+  model has it), weighted cross-entropy in float32;
+- Pax's tanh caps on the attention and output logits when the model has them;
 - remat with the same policy, `lax.scan` over stacked layers when repeated;
 - clip by global norm + adamw with Pax's learning-rate schedules.
 
@@ -64,6 +68,12 @@ class RefConfig:
   activation: str = "relu"
   use_repeated_layer: bool = True
   checkpoint_policy: str = "SAVE_NOTHING"
+  # Pax's logit caps, cap * tanh(x / cap) when positive: attention and output logits.
+  atten_logit_cap: float = 0.0
+  softmax_cap_logits: float = 0.0
+  # Pax's defaults: a [vocab] bias on the logits; a learned [dim] query scale per layer.
+  softmax_bias: bool = True
+  per_dim_scale: bool = True
   # Optimizer: clip by global norm (0 = off), then adamw.
   learning_rate: float = 1e-3
   schedule: str = "constant"
@@ -104,7 +114,8 @@ def init_params(cfg: RefConfig, key: jax.Array) -> Params:
 
   def layer(key):
     k = jax.random.split(key, 6)
-    return {
+    extra = {"per_dim_scale": jnp.zeros((h,))} if cfg.per_dim_scale else {}
+    return extra | {
         "attn_norm_scale": jnp.ones((d,)), "attn_norm_bias": jnp.zeros((d,)),
         "wq": fan_in(k[0], (d, n, h), d), "wk": fan_in(k[1], (d, n, h), d),
         "wv": fan_in(k[2], (d, n, h), d), "wo": fan_in(k[3], (n, h, d), n * h),
@@ -119,7 +130,8 @@ def init_params(cfg: RefConfig, key: jax.Array) -> Params:
     layers = jax.vmap(layer)(layer_keys)
   else:
     layers = [layer(k) for k in layer_keys]
-  return {
+  extra = {"softmax_bias": jnp.zeros((v,))} if cfg.softmax_bias else {}
+  return extra | {
       "embedding": jax.random.normal(k_embed, (v, d), jnp.float32) * d ** -0.5,
       "layers": layers,
       "final_norm_scale": jnp.ones((d,)), "final_norm_bias": jnp.zeros((d,)),
@@ -128,7 +140,8 @@ def init_params(cfg: RefConfig, key: jax.Array) -> Params:
 
 def _layer_from_paxlike(p: Params) -> Params:
   att, ffn = p["attention"], p["ffn"]
-  return {
+  extra = {"per_dim_scale": att["per_dim_scale"]} if "per_dim_scale" in att else {}
+  return extra | {
       "attn_norm_scale": p["pre_attn_norm"]["scale"], "attn_norm_bias": p["pre_attn_norm"]["bias"],
       "wq": att["query"]["w"], "wk": att["key"]["w"], "wv": att["value"]["w"], "wo": att["post"],
       "ffn_norm_scale": p["pre_ffn_norm"]["scale"], "ffn_norm_bias": p["pre_ffn_norm"]["bias"],
@@ -147,7 +160,8 @@ def params_from_paxlike(cfg: RefConfig, params: Params) -> Params:
     layers = _layer_from_paxlike(stack["repeat"])
   else:
     layers = [_layer_from_paxlike(stack[f"x_layers_{i}"]) for i in range(cfg.num_layers)]
-  return {
+  extra = {"softmax_bias": params["softmax"]["bias"]} if cfg.softmax_bias else {}
+  return extra | {
       "embedding": params["softmax"]["embedding"],
       "layers": layers,
       "final_norm_scale": params["final_norm"]["scale"],
@@ -185,8 +199,14 @@ def transformer_layer(cfg: RefConfig, x: jax.Array, p: Params) -> jax.Array:
   q = jnp.einsum("btd,dnh->btnh", h, p["wq"].astype(dt))
   k = jnp.einsum("btd,dnh->btnh", h, p["wk"].astype(dt))
   v = jnp.einsum("btd,dnh->btnh", h, p["wv"].astype(dt))
-  q = q * jnp.asarray(cfg.dim_per_head ** -0.5, dt)
+  if cfg.per_dim_scale:
+    scale = jax.nn.softplus(p["per_dim_scale"]) / (math.log(2.0) * math.sqrt(cfg.dim_per_head))
+    q = q * scale.astype(dt)
+  else:
+    q = q * jnp.asarray(cfg.dim_per_head ** -0.5, dt)
   logits = jnp.einsum("btnh,bsnh->bnts", q, k).astype(jnp.float32)
+  if cfg.atten_logit_cap > 0:
+    logits = cfg.atten_logit_cap * jnp.tanh(logits / cfg.atten_logit_cap)
   causal = jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]
   logits = jnp.where(causal, logits, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(logits, axis=-1).astype(dt)
@@ -223,7 +243,12 @@ def forward(cfg: RefConfig, params: Params, ids: jax.Array) -> jax.Array:
     for p in params["layers"]:
       x = layer(x, p)
   x = layer_norm(x, params["final_norm_scale"], params["final_norm_bias"], dt)
-  return constrain(cfg, jnp.einsum("btd,vd->btv", x, table.astype(dt)), "vocab")
+  logits = jnp.einsum("btd,vd->btv", x, table.astype(dt))
+  if cfg.softmax_bias:
+    logits = logits + params["softmax_bias"].astype(dt)
+  if cfg.softmax_cap_logits > 0:
+    logits = cfg.softmax_cap_logits * jnp.tanh(logits / cfg.softmax_cap_logits)
+  return constrain(cfg, logits, "vocab")
 
 
 def loss_and_metrics(cfg: RefConfig, params: Params,

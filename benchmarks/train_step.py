@@ -118,11 +118,27 @@ def lm_ref_config(model: Any, learner: Any, layout: dict[str, Any]) -> Any:
   if model.activation not in ref.ACTIVATIONS:
     raise UserError(f"the reference has no activation {model.activation!r}; "
                     "pass --no-reference.")
+  # What the reference leaves out: the model's value must be the plain one.
+  plain = {"use_gated_activation": ("USE_GATED_ACTIVATION", False),
+           "use_bias": ("USE_BIAS", False), "norm_policy": ("NORM_POLICY", "pre"),
+           "separate_embedding": ("SEPARATE_EMBEDDING", False),
+           "trainable_position_emb": ("TRAINABLE_POSITION_EMB", False),
+           "dropout_prob": ("DROPOUT_PROB", 0.0),
+           "embedding_lookup_style": ("EMBEDDING_LOOKUP_STYLE", "index")}
+  for field, (hparam, value) in plain.items():
+    if getattr(model, field) != value:
+      raise UserError(f"the reference implements only {hparam}={value!r}; set it or pass "
+                      "--no-reference.")
+  if model.vocab_size % max(model.vocab_pad_multiple, 1):
+    raise UserError("the reference has no padded vocabulary; use a VOCAB_SIZE the 'mdl' axis "
+                    "divides or pass --no-reference.")
   return ref.RefConfig(
       vocab_size=model.vocab_size, model_dims=model.model_dims, num_layers=model.num_layers,
       num_heads=model.num_heads, dim_per_head=model.dim_per_head,
       hidden_dims=model.hidden_dims, dtype=model.fprop_dtype, activation=model.activation,
       use_repeated_layer=model.use_repeated_layer, checkpoint_policy=model.checkpoint_policy,
+      atten_logit_cap=model.atten_logit_cap, softmax_cap_logits=model.softmax_cap_logits,
+      softmax_bias=model.softmax_has_bias, per_dim_scale=model.per_dim_scale,
       **optimizer_fields(learner), **layout)
 
 
@@ -130,7 +146,7 @@ def t5_ref_config(model: Any, learner: Any, layout: dict[str, Any]) -> Any:
   from benchmarks import reference_t5 as ref
 
   if model.dropout_rate:
-    raise UserError("the T5 reference has no dropout; --set DROPOUT_RATE=0.0 or pass "
+    raise UserError("the T5 reference has no dropout; --set DROPOUT_PROB=0.0 or pass "
                     "--no-reference.")
   return ref.T5RefConfig(
       vocab_size=model.vocab_size, model_dims=model.model_dims,

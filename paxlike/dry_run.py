@@ -199,7 +199,8 @@ def analyse(exp: Any) -> dict[str, Any]:
       "features": {k: list(v.shape[1:]) for k, v in specs.items()},
       "compute_dtype": task.model.compute_dtype(),
       "training_optimized_sharding": bool(exp.TRAINING_OPTIMIZED_SHARDING),
-      "params": ts.count_params(abstract.params),
+      # Pax's count: rows padding a table to the mesh (LanguageModel) are not parameters.
+      "params": ts.count_params(abstract.params) - task.model.padding_params(),
       "bytes_per_device": {
           "params": _bytes_per_device(state.params),
           "opt_state": _bytes_per_device(state.opt_state),

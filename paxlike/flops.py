@@ -7,8 +7,10 @@ definition, rematerialisation excluded):
     6 * N  +  6 * L * S * D_attn
 
 where N counts every weight matrix a token passes through (embedding/softmax
-table included, since the shared table is a real matmul for the logits;
-norms and biases excluded), L is the layer count, S the sequence length and
+table included, since the shared table is a real matmul for the logits; a
+gated FFN's third matrix included; a separate input table and a trainable
+position table excluded, being gathers; norms and biases excluded), L is the
+layer count, S the sequence length and
 D_attn = heads x dims_per_head. The attention term is 12·L·S·D_attn halved
 for the causal mask: on average each query attends to S/2 keys, which is what
 the work actually needs (MaxText's convention; Levanter does not halve).
@@ -45,20 +47,54 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
 
 @dataclasses.dataclass(frozen=True)
 class LmDims:
+  """A decoder-only LM's shape, as its FLOPs and parameter count need it."""
+
   num_layers: int
   model_dims: int
   hidden_dims: int
   num_heads: int
   dims_per_head: int
-  vocab_size: int
+  vocab_size: int  # the real vocabulary (a table padded for the mesh is counted at this size)
   seq_len: int
+  gated: bool = False  # USE_GATED_ACTIVATION: a third [model, hidden] FFN matrix
+  separate_embedding: bool = False  # SEPARATE_EMBEDDING: a second [vocab, model] table
+  use_bias: bool = False  # USE_BIAS: q/k/v and output projection biases
+  position_table_len: int = 0  # TRAINABLE_POSITION_EMB: TRAINABLE_PE_MAX_SEQ_LEN rows
+  norms_per_sublayer: int = 1  # 2 for NORM_POLICY 'primer_hybrid'
+  softmax_bias: bool = True  # Pax's softmax adds a [vocab] bias (off in Pax's GPT-3)
+  per_dim_scale: bool = True  # Pax's [dims_per_head] query scale per layer (off in GPT-3)
+
+
+def ffn_matrices(d: LmDims) -> int:
+  return 3 if d.gated else 2
 
 
 def matmul_params(d: LmDims) -> int:
-  """Weights a token's matmuls touch: per layer QKV + output + two FFN, plus the table."""
+  """Weights a token's matmuls touch: per layer QKV + output + the FFN's, plus the softmax."""
   attn = 4 * d.model_dims * d.num_heads * d.dims_per_head
-  ffn = 2 * d.model_dims * d.hidden_dims
+  ffn = ffn_matrices(d) * d.model_dims * d.hidden_dims
   return d.num_layers * (attn + ffn) + d.vocab_size * d.model_dims
+
+
+def param_count(d: LmDims) -> int:
+  """Every parameter of the LM at its real vocabulary size (Pax's count).
+
+  Per layer: q, k, v, output (4 x model x heads x dim), their biases with
+  use_bias (3 x heads x dim + model); the FFN's matrices (2 or 3 x model x
+  hidden) and biases (1 or 2 x hidden, + model); LayerNorms with scale and bias
+  (2 x model each; two per layer, four with primer_hybrid); the per-dim query
+  scale (dims_per_head). Then the final LayerNorm, the softmax table
+  (vocab x model) and its bias (vocab), a separate input table, and a
+  trainable position table (position_table_len x model).
+  """
+  m, a = d.model_dims, d.num_heads * d.dims_per_head
+  attn = (4 * m * a + ((3 * a + m) if d.use_bias else 0)
+          + (d.dims_per_head if d.per_dim_scale else 0))
+  ffn = ffn_matrices(d) * m * d.hidden_dims + (ffn_matrices(d) - 1) * d.hidden_dims + m
+  norms = 2 * d.norms_per_sublayer * 2 * m
+  tables = ((2 if d.separate_embedding else 1) * d.vocab_size * m + d.position_table_len * m
+            + (d.vocab_size if d.softmax_bias else 0))
+  return d.num_layers * (attn + ffn + norms) + 2 * m + tables
 
 
 def model_flops_per_token(d: LmDims, causal_halving: bool = True) -> float:

@@ -11,14 +11,25 @@ from __future__ import annotations
 import fiddle as fdl
 import jax.numpy as jnp
 
+from paxlike.errors import UserError
 from paxlike.experiment import BaseExperiment
 from paxlike.inputs.synthetic import SyntheticLmInput
+from paxlike.layers import activations
+from paxlike.layers.activations import activation_name
+from paxlike.layers.embedding import LOOKUP_STYLES
+from paxlike.layers.linear import ACTIVATIONS
+from paxlike.layers.transformer import NORM_POLICIES
 from paxlike.models.language_model import LanguageModel
 from paxlike.training_experiment import AdamTraining
 
 
 class TransformerLmSpmdAdam(AdamTraining):
-  """A decoder-only Transformer LM trained with Adam on a device mesh."""
+  """A decoder-only Transformer LM trained with Adam on a device mesh.
+
+  The model knobs below the dims carry Pax's template defaults
+  (model_params.TransformerLmSpmdAdafactor and c4's TransformerLmSpmdAdam):
+  logit caps on, packed input honoured, pre-norm, tied tables, no gate.
+  """
 
   NUM_LAYERS = 2
   MODEL_DIMS = 64
@@ -34,21 +45,100 @@ class TransformerLmSpmdAdam(AdamTraining):
   COMBINE_QKV = False
   ACTIVATION = "relu"
 
+  # Pax's model knobs, with Pax's template defaults.
+  ACTIVATION_CLS = activations.ReLU  # Pax's name; ACTIVATION (a string) is the other spelling
+  USE_GATED_ACTIVATION = False
+  TRAINABLE_POSITION_EMB = False  # True: a learned position table instead of sinusoids
+  TRAINABLE_PE_MAX_SEQ_LEN = 16 * 1024
+  SEPARATE_EMBEDDING = False  # True: the input table is not the softmax's
+  USE_BIAS = False  # biases on the attention's q/k/v and output projections
+  ATTEN_LOGIT_CAP = 50.0  # cap * tanh(logits / cap) on attention logits; <= 0: none
+  SOFTMAX_CAP_LOGITS = 30.0  # the same on the output logits; <= 0: none
+  PACKED_INPUT = True  # honour the batch's segment_ids / segment_pos when it has them
+  DROPOUT_PROB = 0.0
+  LAYERNORM_EPSILON = 1e-6
+  NORM_POLICY = "pre"  # or 'post', 'primer_hybrid'
+  EMBEDDING_LOOKUP_STYLE = "index"  # or 'matmul' (one-hot matmul, as Pax can)
+  # Two parameters praxis's LM layers have by default; Pax's GPT-3 (c4's
+  # C4SpmdGpt3AdamOrgHP) switches both off in its task().
+  SOFTMAX_HAS_BIAS = True  # praxis softmax_tpl.feed_forward_tpl.has_bias: a [vocab] logit bias
+  PER_DIM_SCALE = True  # praxis tr_atten_tpl.internal_enable_per_dim_scale: learned query scale
+
   def validate(self) -> None:
     super().validate()
     self.check_positive("NUM_LAYERS", "MODEL_DIMS", "VOCAB_SIZE", "MAX_SEQ_LEN",
                         "PERCORE_BATCH_SIZE", "NUM_TRAIN_STEPS", "CHECKPOINT_EVERY_N_STEPS",
                         "SUMMARY_INTERVAL_STEPS")
     self.check_heads()
+    self.activation()
+    if self.NORM_POLICY not in NORM_POLICIES:
+      raise UserError(f"NORM_POLICY={self.NORM_POLICY!r} is not one of {list(NORM_POLICIES)}.")
+    if self.EMBEDDING_LOOKUP_STYLE not in LOOKUP_STYLES:
+      raise UserError(f"EMBEDDING_LOOKUP_STYLE={self.EMBEDDING_LOOKUP_STYLE!r} is not one of "
+                      f"{list(LOOKUP_STYLES)}.")
+    if not 0.0 <= self.DROPOUT_PROB < 1.0:
+      raise UserError(f"DROPOUT_PROB must be in [0, 1), got {self.DROPOUT_PROB}.")
+    if self.TRAINABLE_POSITION_EMB and self.TRAINABLE_PE_MAX_SEQ_LEN < self.MAX_SEQ_LEN:
+      raise UserError(f"TRAINABLE_PE_MAX_SEQ_LEN={self.TRAINABLE_PE_MAX_SEQ_LEN} is shorter "
+                      f"than MAX_SEQ_LEN={self.MAX_SEQ_LEN}; the position table needs a row "
+                      "per position.")
+
+  def activation(self) -> str:
+    """The FFN activation's key from ACTIVATION_CLS (Pax's) or ACTIVATION (a string).
+
+    The one set closer to the experiment wins (--set, then the class chain from
+    the experiment's own class up); set at the same place with different
+    activations, they conflict.
+    """
+    names = {}
+    for hparam in ("ACTIVATION_CLS", "ACTIVATION"):
+      value = getattr(self, hparam)
+      if value is not None:
+        names[hparam] = (self._hparam_depth(hparam),
+                         activation_name(value, tuple(ACTIVATIONS), hparam))
+    if not names:
+      raise UserError("ACTIVATION_CLS and ACTIVATION are both None; set ACTIVATION_CLS, "
+                      "e.g. layers.GELU.")
+    (depth, name), *rest = sorted(names.values())
+    if rest and rest[0][0] == depth and rest[0][1] != name:
+      raise UserError(f"ACTIVATION_CLS={self.ACTIVATION_CLS!r} and ACTIVATION="
+                      f"{self.ACTIVATION!r} are set together and disagree; set only "
+                      "ACTIVATION_CLS (Pax's name).")
+    return name
+
+  def _hparam_depth(self, name: str) -> int:
+    """0 for an instance value (--set), else 1 + the index of the defining class in the MRO."""
+    if name in vars(self):
+      return 0
+    for i, cls in enumerate(type(self).__mro__):
+      if name in vars(cls):
+        return i + 1
+    return len(type(self).__mro__) + 1
+
+  def mdl_axis_size(self) -> int:
+    """Devices on the mesh's 'mdl' axis (ICI x DCN); 1 without a mesh (pmap)."""
+    if self.ICI_MESH_SHAPE is None:
+      return 1
+    dcn = self.DCN_MESH_SHAPE
+    return int(self.ICI_MESH_SHAPE[-1]) * (int(dcn[-1]) if dcn else 1)
 
   def model(self) -> fdl.Config[LanguageModel]:
     return fdl.Config(
         LanguageModel, vocab_size=self.VOCAB_SIZE, model_dims=self.MODEL_DIMS,
         num_layers=self.NUM_LAYERS, num_heads=self.num_heads(),
         dim_per_head=self.dims_per_head(), hidden_dims=self.hidden_dims(),
-        activation=self.ACTIVATION, combine_qkv=self.COMBINE_QKV,
+        activation=self.activation(), combine_qkv=self.COMBINE_QKV,
         use_repeated_layer=self.USE_REPEATED_LAYER, checkpoint_policy=self.CHECKPOINT_POLICY,
-        fprop_dtype=self.FPROP_DTYPE)
+        fprop_dtype=self.FPROP_DTYPE, use_gated_activation=self.USE_GATED_ACTIVATION,
+        use_bias=self.USE_BIAS, norm_policy=self.NORM_POLICY,
+        layernorm_epsilon=self.LAYERNORM_EPSILON, dropout_prob=self.DROPOUT_PROB,
+        atten_logit_cap=self.ATTEN_LOGIT_CAP, softmax_cap_logits=self.SOFTMAX_CAP_LOGITS,
+        packed_input=self.PACKED_INPUT, separate_embedding=self.SEPARATE_EMBEDDING,
+        trainable_position_emb=self.TRAINABLE_POSITION_EMB,
+        trainable_pe_max_seq_len=self.TRAINABLE_PE_MAX_SEQ_LEN,
+        embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
+        vocab_pad_multiple=self.mdl_axis_size(), softmax_has_bias=self.SOFTMAX_HAS_BIAS,
+        per_dim_scale=self.PER_DIM_SCALE)
 
 
 class SyntheticDataset(BaseExperiment):

@@ -1,7 +1,7 @@
 """Unregistered experiment templates for encoder-decoder (T5 / Flan-T5) models.
 
 Hyperparameters keep the LM's names where they mean the same (MODEL_DIMS,
-HIDDEN_DIMS, NUM_HEADS, DIMS_PER_HEAD, VOCAB_SIZE, DROPOUT_RATE,
+HIDDEN_DIMS, NUM_HEADS, DIMS_PER_HEAD, VOCAB_SIZE, DROPOUT_PROB,
 FPROP_DTYPE, ...) and add the encoder-decoder ones: NUM_ENCODER_LAYERS,
 NUM_DECODER_LAYERS, MAX_INPUT_LEN (encoder positions) and MAX_TARGET_LEN
 (decoder positions). Derived values are computed in model()/datasets() from
@@ -39,8 +39,8 @@ class T5SpmdAdam(AdamTraining):
   TIE_EMBEDDINGS = False  # True: original T5's shared softmax, scaled by MODEL_DIMS**-0.5
   RELATIVE_ATTENTION_NUM_BUCKETS = 32
   RELATIVE_ATTENTION_MAX_DISTANCE = 128
-  LAYER_NORM_EPSILON = 1e-6
-  DROPOUT_RATE = 0.0
+  LAYERNORM_EPSILON = 1e-6
+  DROPOUT_PROB = 0.0
   PERCORE_BATCH_SIZE = 8
   FPROP_DTYPE = jnp.float32
   USE_REPEATED_LAYER = False
@@ -54,8 +54,8 @@ class T5SpmdAdam(AdamTraining):
     self.check_heads()
     if self.ACTIVATION not in ACTIVATIONS:
       raise UserError(f"ACTIVATION={self.ACTIVATION!r} is not one of {ACTIVATIONS}.")
-    if not 0.0 <= self.DROPOUT_RATE < 1.0:
-      raise UserError(f"DROPOUT_RATE must be in [0, 1), got {self.DROPOUT_RATE}.")
+    if not 0.0 <= self.DROPOUT_PROB < 1.0:
+      raise UserError(f"DROPOUT_PROB must be in [0, 1), got {self.DROPOUT_PROB}.")
 
   def model(self) -> fdl.Config[T5Model]:
     return fdl.Config(
@@ -66,7 +66,7 @@ class T5SpmdAdam(AdamTraining):
         tie_embeddings=self.TIE_EMBEDDINGS,
         relative_attention_num_buckets=self.RELATIVE_ATTENTION_NUM_BUCKETS,
         relative_attention_max_distance=self.RELATIVE_ATTENTION_MAX_DISTANCE,
-        layer_norm_epsilon=self.LAYER_NORM_EPSILON, dropout_rate=self.DROPOUT_RATE,
+        layer_norm_epsilon=self.LAYERNORM_EPSILON, dropout_rate=self.DROPOUT_PROB,
         use_repeated_layer=self.USE_REPEATED_LAYER, checkpoint_policy=self.CHECKPOINT_POLICY,
         fprop_dtype=self.FPROP_DTYPE, max_target_len=self.MAX_TARGET_LEN)
 

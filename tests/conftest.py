@@ -95,12 +95,13 @@ def read_scalars(event_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def expected_param_count(num_layers: int, model_dims: int, hidden_dims: int,
-                         vocab_size: int) -> int:
-  """Parameters of the LM: shared embedding, per layer attention (q, k, v, post),
-  FFN with biases and two LayerNorms, and the final LayerNorm."""
+                         vocab_size: int, dims_per_head: int) -> int:
+  """Parameters of the LM: shared embedding and its softmax bias, per layer attention
+  (q, k, v, post, the per-dim query scale), FFN with biases and two LayerNorms, and
+  the final LayerNorm."""
   d, h = model_dims, hidden_dims
-  per_layer = 4 * d * d + (d * h + h) + (h * d + d) + 2 * (2 * d)
-  return vocab_size * d + num_layers * per_layer + 2 * d
+  per_layer = 4 * d * d + dims_per_head + (d * h + h) + (h * d + d) + 2 * (2 * d)
+  return vocab_size * (d + 1) + num_layers * per_layer + 2 * d
 
 
 def parse_model_analysis(text: str) -> tuple[dict[str, dict[str, str]], int]:

@@ -30,7 +30,8 @@ def test_dry_run_of_c4_1b_reports_about_1b_parameters(c4_1b):
   report = json.loads((job / "dry_run.json").read_text())
   assert report["experiment"] == "experiments.lm.c4.C4Spmd1BAdam4Replicas"
   assert report["params"] == expected_param_count(num_layers=13, model_dims=2560,
-                                                  hidden_dims=10240, vocab_size=32000)
+                                                  hidden_dims=10240, vocab_size=32000,
+                                                  dims_per_head=128)
   assert 1.0e9 < report["params"] < 1.2e9
   assert report["num_devices"] == 4 and report["mesh"] == {"replica": 1, "data": 4, "mdl": 1}
   assert report["global_batch"] == 128 and report["features"]["ids"] == [1024]  # 32 per core x 4
@@ -87,15 +88,24 @@ def test_in_process_analysis_splits_state_over_the_mesh():
                                                     "PERCORE_BATCH_SIZE=1",
                                                     "ICI_MESH_SHAPE=[1,4,2]"])
   report = dry_run.analyse(exp)
-  assert report["params"] == expected_param_count(1, 64, 256, 256)
+  assert report["params"] == expected_param_count(1, 64, 256, 256, 16)
   ratio = report["bytes_per_device"]["params"] / (report["params"] * 4)
   assert 1 / 8 <= ratio < 1 / 7
 
 
 def test_a_dimension_the_mesh_does_not_divide_is_a_user_error():
-  exp = experiment.instantiate(registry.get(TINY), ["VOCAB_SIZE=255", "ICI_MESH_SHAPE=[1,1,2]"])
+  exp = experiment.instantiate(registry.get(TINY), ["HIDDEN_DIMS=255", "ICI_MESH_SHAPE=[1,1,2]"])
   with pytest.raises(UserError, match=r"does not shard over the mesh \[1, 1, 2\].*255.*pad"):
     dry_run.analyse(exp)
+
+
+def test_a_vocabulary_the_mesh_does_not_divide_is_padded_and_counted_at_its_size():
+  """As Pax shards GPT-3's vocabulary over 24 ways: the table pads, the count does not."""
+  exp = experiment.instantiate(registry.get(TINY), ["VOCAB_SIZE=255", "ICI_MESH_SHAPE=[1,1,2]",
+                                                    "NUM_LAYERS=1", "MAX_SEQ_LEN=8",
+                                                    "PERCORE_BATCH_SIZE=1"])
+  report = dry_run.analyse(exp)
+  assert report["params"] == expected_param_count(1, 64, 256, 255, 16)
 
 
 def test_dry_run_of_a_t5_with_adafactor_on_a_data_and_model_mesh(tmp_path):

@@ -92,7 +92,7 @@ def test_tiny_run_dumps_model_analysis(tiny_job):
   _, job = tiny_job
   rows, total = parse_model_analysis((job / "model_analysis.txt").read_text())
   assert total == expected_param_count(num_layers=2, model_dims=64, hidden_dims=256,
-                                       vocab_size=256)
+                                       vocab_size=256, dims_per_head=16)
   assert total == sum(int(r["count"].replace(",", "")) for r in rows.values())
   assert rows["softmax/embedding"]["shape"] == "(256, 64)"
   assert rows["softmax/embedding"]["dtype"] == "float32"
@@ -157,7 +157,7 @@ def test_user_experiment_in_its_own_module_runs_through_main(tmp_path):
   layer_shapes = {r["shape"] for n, r in rows.items() if n.startswith("transformer/")}
   assert "(1, 32, 128)" in layer_shapes  # ffn1: 1 layer, 32 -> 4 x 32
   assert total == expected_param_count(num_layers=1, model_dims=32, hidden_dims=128,
-                                       vocab_size=256)
+                                       vocab_size=256, dims_per_head=8)
 
   sections = parse_cls_vars((job / "experiment_cls_vars.txt").read_text())
   assert sections["usermod.MyTiny"] == {"MODEL_DIMS": "32", "NUM_LAYERS": "1"}

@@ -111,6 +111,9 @@ class C4SpmdGpt3AdamOrgHP(C4SpmdAdam):
   USE_REPEATED_LAYER = True
   ACTIVATION = "gelu"
   CHECKPOINT_POLICY = "SAVE_NOTHING"
+  # Pax's task() turns off the softmax bias and the per-dim query scale.
+  SOFTMAX_HAS_BIAS = False
+  PER_DIM_SCALE = False
 
   LEARNING_RATE = 6e-5
   WEIGHT_DECAY = 0.1

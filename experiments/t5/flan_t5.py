@@ -30,7 +30,7 @@ class FlanT5(SyntheticSeq2SeqDataset, T5SpmdAdam):
   DIMS_PER_HEAD = 64
   ACTIVATION = "gated-gelu"
   TIE_EMBEDDINGS = False
-  DROPOUT_RATE = 0.1  # the released config's; --set DROPOUT_RATE=0.0 turns it off
+  DROPOUT_PROB = 0.1  # the released config's; --set DROPOUT_PROB=0.0 turns it off
   MAX_INPUT_LEN = 512
   MAX_TARGET_LEN = 128
   FPROP_DTYPE = jnp.bfloat16
@@ -118,7 +118,7 @@ class FlanT5Tiny(FlanT5):
   VOCAB_SIZE = 256
   MAX_INPUT_LEN = 32
   MAX_TARGET_LEN = 16
-  DROPOUT_RATE = 0.0
+  DROPOUT_PROB = 0.0
   FPROP_DTYPE = jnp.float32
   USE_REPEATED_LAYER = False
   OPTIMIZER = "adam"

@@ -56,7 +56,7 @@ T5_FIELDS: dict[str, tuple[str, Any]] = {
     "tie_word_embeddings": ("TIE_EMBEDDINGS", True),
     "relative_attention_num_buckets": ("RELATIVE_ATTENTION_NUM_BUCKETS", 32),
     "relative_attention_max_distance": ("RELATIVE_ATTENTION_MAX_DISTANCE", 128),
-    "layer_norm_epsilon": ("LAYER_NORM_EPSILON", 1e-6),
+    "layer_norm_epsilon": ("LAYERNORM_EPSILON", 1e-6),
 }
 
 # ------------------------------------------------------------------ config

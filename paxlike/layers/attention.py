@@ -213,6 +213,22 @@ def _note(implementation: str, reason: str) -> None:
 # ----------------------------------------------------------------- attention
 
 
+# 1 / softplus(0) = 1 / ln 2: a zero per-dim-scale parameter then scales by 1/sqrt(dim) exactly.
+_R_SOFTPLUS_0 = 1.0 / np.log(2.0)
+
+
+def scale_query_per_dim(q: jax.Array, theta: jax.Array) -> jax.Array:
+  """Pax's per-dimension query scale: q * softplus(theta) / (softplus(0) * sqrt(dim)).
+
+  theta is a learned [dim_per_head] vector (praxis's PerDimScale, initialised
+  to zeros, where it equals the plain 1/sqrt(dim) scaling); the scale is
+  computed in float32 and applied in q's dtype.
+  """
+  dim = q.shape[-1]
+  scale = (_R_SOFTPLUS_0 / np.sqrt(dim)) * jax.nn.softplus(theta.astype(jnp.float32))
+  return q * scale.astype(q.dtype)
+
+
 def causal_mask(q_len: int, k_len: int) -> jax.Array:
   """True where query position i may attend key position j (j <= i)."""
   return jnp.arange(q_len)[:, None] >= jnp.arange(k_len)[None, :]
@@ -362,6 +378,14 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array
 class DotProductAttention(nn.Module):
   """Multi-head causal self-attention; combine_qkv fuses the three projections.
 
+  per_dim_scale (Pax's default, praxis's internal_enable_per_dim_scale) scales
+  the query by a learned [dim_per_head] vector (see scale_query_per_dim); off, by
+  1/sqrt(dim_per_head). use_bias adds biases to the q/k/v and output projections (Pax's USE_BIAS);
+  logit_cap > 0 caps the attention logits as cap * tanh(logits / cap) (Pax's
+  ATTEN_LOGIT_CAP); dropout_rate drops attention probabilities while
+  training. segment_ids [batch, length] (packed rows) keep each query to the
+  keys of its own segment.
+
   cache_mode drives decoding (paxlike.decoding): "prefill" runs the whole
   input and stores its keys/values in the 'cache' collection; "extend" takes
   one new position at `index`, writes its key/value there and attends to
@@ -374,24 +398,40 @@ class DotProductAttention(nn.Module):
   combine_qkv: bool = False
   dtype: Dtype = jnp.float32
   cache_mode: str | None = None
+  use_bias: bool = False
+  logit_cap: float = 0.0
+  dropout_rate: float = 0.0
+  per_dim_scale: bool = True
 
   @nn.compact
-  def __call__(self, x: jax.Array, index: jax.Array | None = None) -> jax.Array:
-    n, h = self.num_heads, self.dim_per_head
+  def __call__(self, x: jax.Array, index: jax.Array | None = None,
+               segment_ids: jax.Array | None = None) -> jax.Array:
+    n, h, b = self.num_heads, self.dim_per_head, self.use_bias
     if self.combine_qkv:
-      qkv = Linear((3, n, h), ("embed", "qkv", "heads", "kv"), self.dtype, name="qkv")(x)
+      qkv = Linear((3, n, h), ("embed", "qkv", "heads", "kv"), self.dtype, b, name="qkv")(x)
       q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     else:
-      q = Linear((n, h), ("embed", "heads", "kv"), self.dtype, name="query")(x)
-      k = Linear((n, h), ("embed", "heads", "kv"), self.dtype, name="key")(x)
-      v = Linear((n, h), ("embed", "heads", "kv"), self.dtype, name="value")(x)
+      q = Linear((n, h), ("embed", "heads", "kv"), self.dtype, b, name="query")(x)
+      k = Linear((n, h), ("embed", "heads", "kv"), self.dtype, b, name="key")(x)
+      v = Linear((n, h), ("embed", "heads", "kv"), self.dtype, b, name="value")(x)
+    scale = h ** -0.5
+    if self.per_dim_scale:
+      q = scale_query_per_dim(q, self.param("per_dim_scale", nn.with_logical_partitioning(
+          nn.initializers.zeros, ("kv",)), (h,), jnp.float32))
+      scale = 1.0
     mask = None
     if self.cache_mode is not None:
       k, v, mask = self._use_cache(k, v, index)
+      segment_ids = None  # decoding runs one sequence per row
+    rng = None
+    if self.dropout_rate > 0.0 and self.has_rng("dropout"):
+      rng = self.make_rng("dropout")
     # Training, eval and prefill are causal over aligned positions; an extend's
     # mask says which cached positions exist.
     context = dot_product_attention(q, k, v, mask=mask, is_causal=mask is None,
-                                    scale=h ** -0.5)
+                                    q_segment_ids=segment_ids, kv_segment_ids=segment_ids,
+                                    logit_cap=self.logit_cap, scale=scale,
+                                    dropout_rate=self.dropout_rate, dropout_rng=rng)
     context = nn.with_logical_constraint(context, ("batch", "length", "activation_heads", "kv"))
     context = checkpoint_name(context, "context")
     out = jax.lax.dot_general(
@@ -400,6 +440,9 @@ class DotProductAttention(nn.Module):
                                              in_axis=(0, 1), out_axis=2),
             ("heads", "kv", "embed")), (n, h, x.shape[-1]), jnp.float32).astype(self.dtype),
         (((2, 3), (0, 1)), ((), ())))
+    if b:
+      out = out + self.param("post_bias", nn.with_logical_partitioning(
+          nn.initializers.zeros, ("embed",)), (x.shape[-1],), jnp.float32).astype(self.dtype)
     return checkpoint_name(out, "out_proj")
 
   def _use_cache(self, k: jax.Array, v: jax.Array, index: jax.Array | None):

@@ -66,18 +66,36 @@ class LayerNorm(nn.Module):
     return y.astype(self.dtype)
 
 
+def dropout_active(module: nn.Module, rate: float) -> bool:
+  """Dropout runs only for a positive rate and when the caller passed a 'dropout' rng."""
+  return rate > 0.0 and module.has_rng("dropout")
+
+
 class FeedForward(nn.Module):
-  """Two projections with an activation between: embed -> hidden -> embed."""
+  """Two projections with an activation between: embed -> hidden -> embed.
+
+  use_gated_activation (Pax's USE_GATED_ACTIVATION): the hidden layer is
+  act(x @ ffn1_gate + b) * (x @ ffn1 + b), a third [embed, hidden] matrix.
+  dropout_rate drops hidden activations while training (Pax's relu dropout).
+  """
 
   hidden_dims: int
   activation: str = "relu"
   dtype: Dtype = jnp.float32
+  use_gated_activation: bool = False
+  dropout_rate: float = 0.0
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     d = x.shape[-1]
     h = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, use_bias=True, name="ffn1")(x)
-    h = ACTIVATIONS[self.activation](h)
+    if self.use_gated_activation:
+      gate = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, use_bias=True,
+                    name="ffn1_gate")(x)
+      h = ACTIVATIONS[self.activation](gate) * h
+    else:
+      h = ACTIVATIONS[self.activation](h)
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=not dropout_active(self, self.dropout_rate))
     h = nn.with_logical_constraint(h, ("batch", "length", "activation_mlp"))
     h = checkpoint_name(h, "ffn1")
     y = Linear((d,), ("mlp", "embed"), self.dtype, use_bias=True, name="ffn2")(h)

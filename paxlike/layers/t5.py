@@ -33,6 +33,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from paxlike.errors import UserError
 from paxlike.layers.attention import dot_product_attention
+from paxlike.layers.linear import dropout_active
 
 Dtype = Any
 
@@ -40,11 +41,6 @@ FFN_ACTIVATIONS = ("gated-gelu", "relu")
 
 # Attention modes of one decoder layer (see T5Attention).
 FULL, PREFILL, EXTEND = "full", "prefill", "extend"
-
-
-def dropout_active(module: nn.Module, rate: float) -> bool:
-  """Dropout runs only for a positive rate and when the caller passed a 'dropout' rng."""
-  return rate > 0.0 and module.has_rng("dropout")
 
 
 # ------------------------------------------------------------------ helpers

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from paxlike.errors import UserError
 from paxlike.layers.attention import DotProductAttention
-from paxlike.layers.linear import FeedForward, LayerNorm
+from paxlike.layers.linear import FeedForward, LayerNorm, dropout_active
 
 Dtype = Any
 
@@ -50,8 +50,17 @@ def remat_policy(name: Any) -> Any:
   return CHECKPOINT_POLICIES[name]
 
 
+NORM_POLICIES = ("pre", "post", "primer_hybrid")
+
+
 class TransformerLayer(nn.Module):
-  """x + attention(norm(x)), then x + ffn(norm(x))."""
+  """Attention then feed-forward, each a residual sublayer normalised per norm_policy.
+
+  Pax's NORM_POLICY: 'pre' is x + f(norm(x)); 'post' is norm(x + f(x));
+  'primer_hybrid' is x + norm_post(f(norm_pre(x))). dropout_rate (Pax's
+  DROPOUT_PROB) drops attention probabilities, hidden FFN activations and
+  each sublayer's output before the residual add, while training.
+  """
 
   num_heads: int
   dim_per_head: int
@@ -60,21 +69,53 @@ class TransformerLayer(nn.Module):
   combine_qkv: bool = False
   dtype: Dtype = jnp.float32
   cache_mode: str | None = None  # see DotProductAttention
+  norm_policy: str = "pre"
+  layernorm_epsilon: float = 1e-6
+  use_bias: bool = False
+  atten_logit_cap: float = 0.0
+  use_gated_activation: bool = False
+  dropout_rate: float = 0.0
+  per_dim_scale: bool = True
+
+  def _residual(self, x: jax.Array, sublayer: Any, name: str) -> jax.Array:
+    """x + sublayer(x) with this layer's norm policy; norms named pre_/post_<name>_norm."""
+    if self.norm_policy not in NORM_POLICIES:
+      raise UserError(f"NORM_POLICY={self.norm_policy!r} is not one of {list(NORM_POLICIES)}.")
+
+    def norm(where: str) -> LayerNorm:
+      return LayerNorm(self.layernorm_epsilon, self.dtype, name=f"{where}_{name}_norm")
+
+    h = norm("pre")(x) if self.norm_policy in ("pre", "primer_hybrid") else x
+    y = sublayer(h)
+    if self.norm_policy == "primer_hybrid":
+      y = norm("post")(y)
+    y = nn.Dropout(self.dropout_rate)(y, deterministic=not dropout_active(self, self.dropout_rate))
+    x = x + y
+    if self.norm_policy == "post":
+      x = norm("post")(x)
+    return nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
 
   @nn.compact
-  def __call__(self, x: jax.Array, index: jax.Array | None = None) -> tuple[jax.Array, None]:
-    h = LayerNorm(dtype=self.dtype, name="pre_attn_norm")(x)
-    x = x + DotProductAttention(self.num_heads, self.dim_per_head, self.combine_qkv,
-                                self.dtype, self.cache_mode, name="attention")(h, index)
-    x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
-    h = LayerNorm(dtype=self.dtype, name="pre_ffn_norm")(x)
-    x = x + FeedForward(self.hidden_dims, self.activation, self.dtype, name="ffn")(h)
-    x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
+  def __call__(self, x: jax.Array, index: jax.Array | None = None,
+               segment_ids: jax.Array | None = None) -> tuple[jax.Array, None]:
+    attention = DotProductAttention(
+        self.num_heads, self.dim_per_head, self.combine_qkv, self.dtype, self.cache_mode,
+        use_bias=self.use_bias, logit_cap=self.atten_logit_cap, dropout_rate=self.dropout_rate,
+        per_dim_scale=self.per_dim_scale, name="attention")
+    x = self._residual(x, lambda h: attention(h, index, segment_ids), "attn")
+    ffn = FeedForward(self.hidden_dims, self.activation, self.dtype,
+                      use_gated_activation=self.use_gated_activation,
+                      dropout_rate=self.dropout_rate, name="ffn")
+    x = self._residual(x, ffn, "ffn")
     return x, None
 
 
 class StackedTransformer(nn.Module):
-  """num_layers TransformerLayers; scanned over a 'layers' axis when repeated."""
+  """num_layers TransformerLayers; scanned over a 'layers' axis when repeated.
+
+  layer_kwargs: further TransformerLayer fields (norm_policy, use_bias, ...),
+  as a tuple of (name, value) pairs so the module stays hashable.
+  """
 
   num_layers: int
   num_heads: int
@@ -85,10 +126,12 @@ class StackedTransformer(nn.Module):
   use_repeated_layer: bool = True
   checkpoint_policy: str = "SAVE_NOTHING"
   dtype: Dtype = jnp.float32
+  layer_kwargs: tuple[tuple[str, Any], ...] = ()
 
   @nn.compact
   def __call__(self, x: jax.Array, cache_mode: str | None = None,
-               index: jax.Array | None = None) -> jax.Array:
+               index: jax.Array | None = None,
+               segment_ids: jax.Array | None = None) -> jax.Array:
     """cache_mode None trains/evaluates; "prefill" / "extend" decode (DotProductAttention)."""
     policy = remat_policy(self.checkpoint_policy)
     layer_cls = TransformerLayer
@@ -96,13 +139,14 @@ class StackedTransformer(nn.Module):
       layer_cls = nn.remat(TransformerLayer, policy=policy, prevent_cse=not self.use_repeated_layer)
     kwargs = dict(num_heads=self.num_heads, dim_per_head=self.dim_per_head,
                   hidden_dims=self.hidden_dims, activation=self.activation,
-                  combine_qkv=self.combine_qkv, dtype=self.dtype, cache_mode=cache_mode)
+                  combine_qkv=self.combine_qkv, dtype=self.dtype, cache_mode=cache_mode,
+                  **dict(self.layer_kwargs))
     if self.use_repeated_layer:
       stack = nn.scan(layer_cls, variable_axes={"params": 0, "cache": 0},
-                      split_rngs={"params": True}, in_axes=nn.broadcast,
+                      split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
                       length=self.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-      x, _ = stack(**kwargs, name="repeat")(x, index)
+      x, _ = stack(**kwargs, name="repeat")(x, index, segment_ids)
       return x
     for i in range(self.num_layers):
-      x, _ = layer_cls(**kwargs, name=f"x_layers_{i}")(x, index)
+      x, _ = layer_cls(**kwargs, name=f"x_layers_{i}")(x, index, segment_ids)
     return x

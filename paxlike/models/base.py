@@ -25,6 +25,7 @@ Plain methods (no parameters needed; callable on the unbound module):
                           global batch given as {feature: ShapeDtypeStruct}
   tokens_per_step(specs)  token positions one train step processes
   compute_dtype()         the matmul dtype's name, for the device peak
+  padding_params()        parameter entries that only pad tables to the mesh
   special_ids()           {"eos_id", "pad_id"} for decoding
   gather_cache(cache, idx) the cache with its batch rows taken at idx
                           (beam search expands and reorders rows with it)
@@ -87,6 +88,10 @@ class BaseModel(nn.Module):
 
   def gather_cache(self, cache: Any, indices: jax.Array) -> Any:
     raise NotImplementedError
+
+  def padding_params(self) -> int:
+    """Parameter entries that only pad a table to the mesh (not counted as parameters)."""
+    return 0
 
   def special_ids(self) -> dict[str, int]:
     """The ids decoding ends rows with and pads them with."""

@@ -10,7 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from paxlike import decoding, flops
-from paxlike.layers.embedding import SharedEmbeddingSoftmax, sinusoidal_position_embedding
+from paxlike.layers.embedding import (
+    Embedding,
+    SharedEmbeddingSoftmax,
+    TrainablePositionalEmbedding,
+    padded_vocab,
+    sinusoidal_at,
+)
 from paxlike.layers.linear import LayerNorm
 from paxlike.layers.transformer import StackedTransformer
 from paxlike.models.base import BaseModel
@@ -53,9 +59,23 @@ class LanguageModel(BaseModel):
   """Token ids -> next-token logits, with Pax's shared embedding/softmax.
 
   Batches are dicts with int `ids` and `labels` [batch, length] and float
-  `weights` [batch, length] (0 for padding); decoding reads `ids` and
-  `prompt_lens` (row r's prompt is ids[r, :prompt_lens[r]]) and generates
-  into the rest of the row.
+  `weights` [batch, length] (0 for padding); with packed_input, optional
+  int `segment_ids` (1, 2, ... per sequence in a row, Pax's name) keep each
+  sequence's tokens from attending to the others', and `segment_pos` (the
+  position within its sequence) place them; a batch without them has one
+  sequence per row. Decoding reads `ids` and `prompt_lens` (row r's prompt
+  is ids[r, :prompt_lens[r]]) and generates into the rest of the row.
+
+  The Pax knobs (see paxlike.lm_experiments): separate_embedding unties the
+  input table from the softmax; trainable_position_emb learns a
+  [trainable_pe_max_seq_len, model_dims] table instead of adding sinusoids;
+  atten_logit_cap / softmax_cap_logits > 0 cap the attention and output
+  logits with cap * tanh(x / cap); vocab_pad_multiple pads the vocabulary
+  tables to a multiple of the 'mdl' axis (padded_vocab). Two parameters Pax's
+  LM has by default, each switchable off as Pax's GPT-3 does: softmax_has_bias
+  adds a [vocab] bias to the logits (before the cap), per_dim_scale scales
+  each layer's queries by a learned [dim_per_head] vector instead of
+  1/sqrt(dim_per_head) (paxlike.layers.attention.scale_query_per_dim).
   """
 
   vocab_size: int
@@ -69,32 +89,75 @@ class LanguageModel(BaseModel):
   use_repeated_layer: bool = True
   checkpoint_policy: str = "SAVE_NOTHING"
   fprop_dtype: Dtype = jnp.float32
+  use_gated_activation: bool = False
+  use_bias: bool = False
+  norm_policy: str = "pre"
+  layernorm_epsilon: float = 1e-6
+  dropout_prob: float = 0.0
+  atten_logit_cap: float = 0.0
+  softmax_cap_logits: float = 0.0
+  packed_input: bool = False
+  separate_embedding: bool = False
+  trainable_position_emb: bool = False
+  trainable_pe_max_seq_len: int = 16384
+  embedding_lookup_style: str = "index"
+  vocab_pad_multiple: int = 1
+  softmax_has_bias: bool = True
+  per_dim_scale: bool = True
 
   def setup(self) -> None:
-    self.softmax = SharedEmbeddingSoftmax(self.vocab_size, self.model_dims, self.fprop_dtype)
+    rows = padded_vocab(self.vocab_size, self.vocab_pad_multiple)
+    self.softmax = SharedEmbeddingSoftmax(
+        self.vocab_size, self.model_dims, self.fprop_dtype, padded_rows=rows,
+        lookup_style=self.embedding_lookup_style, soft_cap_logits=self.softmax_cap_logits,
+        use_bias=self.softmax_has_bias)
+    if self.separate_embedding:
+      self.embedding = Embedding(self.vocab_size, self.model_dims, self.fprop_dtype,
+                                 padded_rows=rows, lookup_style=self.embedding_lookup_style)
+    if self.trainable_position_emb:
+      self.position_emb = TrainablePositionalEmbedding(
+          self.trainable_pe_max_seq_len, self.model_dims, self.fprop_dtype)
+    layer_kwargs = (("norm_policy", self.norm_policy),
+                    ("layernorm_epsilon", self.layernorm_epsilon), ("use_bias", self.use_bias),
+                    ("atten_logit_cap", self.atten_logit_cap),
+                    ("use_gated_activation", self.use_gated_activation),
+                    ("dropout_rate", self.dropout_prob), ("per_dim_scale", self.per_dim_scale))
     self.transformer = StackedTransformer(
         num_layers=self.num_layers, num_heads=self.num_heads, dim_per_head=self.dim_per_head,
         hidden_dims=self.hidden_dims, activation=self.activation,
         combine_qkv=self.combine_qkv, use_repeated_layer=self.use_repeated_layer,
-        checkpoint_policy=self.checkpoint_policy, dtype=self.fprop_dtype)
-    self.final_norm = LayerNorm(dtype=self.fprop_dtype)
+        checkpoint_policy=self.checkpoint_policy, dtype=self.fprop_dtype,
+        layer_kwargs=layer_kwargs)
+    self.final_norm = LayerNorm(self.layernorm_epsilon, dtype=self.fprop_dtype)
 
   def __call__(self, ids: jax.Array, cache_mode: str | None = None,
-               index: jax.Array | None = None) -> jax.Array:
-    """[batch, length] ids -> [batch, length, vocab] logits; ids start at position `index`."""
-    x = self.softmax.embed(ids)
-    pos = sinusoidal_position_embedding(ids.shape[1], self.model_dims,
-                                        offset=0 if index is None else index)
-    x = x + pos.astype(self.fprop_dtype)[None]
+               index: jax.Array | None = None, segment_ids: jax.Array | None = None,
+               segment_pos: jax.Array | None = None) -> jax.Array:
+    """[batch, length] ids -> [batch, length, vocab] logits; ids start at position `index`.
+
+    segment_ids / segment_pos: packed rows (see the class docstring).
+    """
+    x = self.embedding(ids) if self.separate_embedding else self.softmax.embed(ids)
+    if segment_pos is None:
+      segment_pos = jnp.arange(ids.shape[1])[None] + (0 if index is None else index)
+    if self.trainable_position_emb:
+      pos = self.position_emb(segment_pos)
+    else:
+      pos = sinusoidal_at(segment_pos, self.model_dims).astype(self.fprop_dtype)
+    x = x + pos
     x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
-    x = self.transformer(x, cache_mode, index)
+    x = self.transformer(x, cache_mode, index, segment_ids)
     x = self.final_norm(x)
     logits = self.softmax.logits(x)
     return nn.with_logical_constraint(logits, ("batch", "length", "activation_vocab"))
 
   def fprop(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Returns (mean weighted loss, metrics)."""
-    return weighted_loss(self(batch["ids"]), batch["labels"], batch["weights"])
+    segment_ids = segment_pos = None
+    if self.packed_input:
+      segment_ids, segment_pos = batch.get("segment_ids"), batch.get("segment_pos")
+    logits = self(batch["ids"], segment_ids=segment_ids, segment_pos=segment_pos)
+    return weighted_loss(logits, batch["labels"], batch["weights"])
 
   # ------------------------------------------------------------- decoding
 
@@ -157,7 +220,13 @@ class LanguageModel(BaseModel):
 
   def flops_dims(self, seq_len: int) -> flops.LmDims:
     return flops.LmDims(self.num_layers, self.model_dims, self.hidden_dims, self.num_heads,
-                        self.dim_per_head, self.vocab_size, seq_len)
+                        self.dim_per_head, self.vocab_size, seq_len,
+                        gated=self.use_gated_activation,
+                        separate_embedding=self.separate_embedding, use_bias=self.use_bias,
+                        position_table_len=(self.trainable_pe_max_seq_len
+                                            if self.trainable_position_emb else 0),
+                        norms_per_sublayer=2 if self.norm_policy == "primer_hybrid" else 1,
+                        softmax_bias=self.softmax_has_bias, per_dim_scale=self.per_dim_scale)
 
   def model_flops_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> float:
     batch, seq_len = specs["ids"].shape[:2]
@@ -165,6 +234,12 @@ class LanguageModel(BaseModel):
 
   def tokens_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> int:
     return int(np.prod(specs["ids"].shape[:2]))
+
+  def padding_params(self) -> int:
+    """The rows padding the vocabulary tables (and the softmax bias) to the 'mdl' axis."""
+    pad = padded_vocab(self.vocab_size, self.vocab_pad_multiple) - self.vocab_size
+    return pad * (self.model_dims * (2 if self.separate_embedding else 1)
+                  + (1 if self.softmax_has_bias else 0))
 
   def compute_dtype(self) -> str:
     return np.dtype(self.fprop_dtype).name
