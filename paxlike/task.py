@@ -18,6 +18,7 @@ class TrainSettings:
   summary_interval_steps: int = 100
   eval_interval_steps: int = 0
   seed: int = 1234
+  target_log_pplx: float | None = None  # stop once an eval's log_pplx is at or below it
 
 
 @dataclasses.dataclass
