@@ -25,6 +25,8 @@ from absl import logging
 from paxlike.errors import UserError
 
 SET_SOURCE = "--set"
+# int hyperparameters that Pax also allows as fractions.
+FRACTIONAL_HPARAMS = ("PERCORE_BATCH_SIZE", "PERCORE_EVAL_BATCH_SIZE")
 
 
 class BaseExperiment:
@@ -203,6 +205,10 @@ def _convert(key: str, raw: str, current: Any) -> Any:
     ok = isinstance(value, bool) and isinstance(current, bool)
   elif isinstance(current, float) and isinstance(value, int):
     value, ok = float(value), True
+  elif isinstance(current, int) and isinstance(value, float) and (
+      value.is_integer() or key in FRACTIONAL_HPARAMS):
+    ok = True  # 4.0 is 4; Pax's per-core batch sizes may be fractions (0.75)
+    value = int(value) if value.is_integer() else value
   elif isinstance(current, list | tuple) and isinstance(value, list | tuple):
     value, ok = type(current)(value), True
   if not ok:
@@ -352,9 +358,9 @@ def unread_hparams(exp: BaseExperiment) -> list[str]:
       continue
     if name in unused:
       logging.info("%s = %r on %s is not used: %s", name, _untracked_get(exp, name),
-                   klass.__qualname__, unused[name])
+                   klass.__name__, unused[name])
       continue
-    lines.append(f"{name} = {_show(_untracked_get(exp, name))} on {klass.__qualname__}: "
+    lines.append(f"{name} = {_show(_untracked_get(exp, name))} on {klass.__name__}: "
                  f"nothing reads it; {_describe_unread(name, known)}.")
   for name, value in sorted(overrides.items()):
     if name in unused and name not in reads:
@@ -410,8 +416,9 @@ def user_config_errors(what: str) -> Iterator[None]:
 
 
 def _method_owner(exp: BaseExperiment, method: str) -> str:
-  func = getattr(type(exp), method)
-  return getattr(func, "__qualname__", f"{type(exp).__qualname__}.{method}")
+  """`Class.method` of the class on exp's chain that defines the method exp runs."""
+  owner = next((k for k in type(exp).__mro__ if method in vars(k)), type(exp))
+  return f"{owner.__name__}.{method}"
 
 
 def call_user(exp: BaseExperiment, method: str) -> Any:
