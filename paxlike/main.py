@@ -208,10 +208,11 @@ def run(argv_flags: flags.FlagValues) -> int:
   if argv_flags.mode == "export":
     exporter = export_lib.get(argv_flags.export_format)
   # Everything a run can refuse is checked before it writes anything into job_log_dir.
-  source = resume.preflight_task(
-      task, train_inputs[0], job_log_dir, argv_flags.mode, argv_flags.restore_checkpoint_dir,
-      argv_flags.restore_checkpoint_step, argv_flags.restore_fallback,
-      will_save=argv_flags.enable_checkpoint_saving, init_from=init_from)
+  with experiment.user_config_errors(f"initialising {exp_cls.__name__}'s model"):
+    source = resume.preflight_task(
+        task, train_inputs[0], job_log_dir, argv_flags.mode, argv_flags.restore_checkpoint_dir,
+        argv_flags.restore_checkpoint_step, argv_flags.restore_fallback,
+        will_save=argv_flags.enable_checkpoint_saving, init_from=init_from)
   if argv_flags.mode == "export":
     if source.step is None and not init_from:
       raise UserError(f"{job_log_dir} has no checkpoint to export; train first, or pass "

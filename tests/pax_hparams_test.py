@@ -299,3 +299,23 @@ def test_refused_run_exits_2_and_leaves_no_job_dir(tmp_path, mode):
       in proc.stderr, describe(proc)
   assert "Traceback" not in proc.stderr
   assert not job.exists()
+
+
+def test_target_log_pplx_stops_at_the_first_eval_that_reaches_it():
+  from paxlike import trainer
+
+  evals = {"eval_test_a": {"log_pplx": 2.5}, "eval_test_b": {"log_pplx": 1.9}}
+  assert trainer._reached_target(2.0, evals, 10)
+  assert not trainer._reached_target(1.5, evals, 10)
+  assert not trainer._reached_target(None, evals, 10)
+  _, configs = _build(_tiny_cls(), [*SMALL, "TARGET_LOG_PPLX=2.0"])
+  assert configs.task.train.target_log_pplx == 2.0
+
+
+def test_target_log_pplx_without_evals_is_refused(tmp_path):
+  job = tmp_path / "job"
+  proc = run_cli([f"--exp={TINY}", f"--job_log_dir={job}", *[f"--set={s}" for s in SMALL],
+                  "--set=TARGET_LOG_PPLX=2.0"], cwd=tmp_path, pythonpath=[REPO_ROOT])
+  assert proc.returncode == 2, describe(proc)
+  assert "TARGET_LOG_PPLX=2.0 stops training when an eval reaches it" in proc.stderr
+  assert not job.exists()
