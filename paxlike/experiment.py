@@ -508,7 +508,8 @@ def overwritten_overrides(exp: BaseExperiment, task_cfg: Any) -> list[str]:
 
   The fields a --set key feeds are found by building paxlike's own task()
   twice, with the key's value and with another one; a field the user's
-  task() then sets to something else overwrote the --set.
+  task() sets to something else, whatever the key's value, overwrote the
+  --set.
   """
   template = _template_task(exp)
   overrides = exp.__dict__.get("_overrides", {})
@@ -529,12 +530,16 @@ def overwritten_overrides(exp: BaseExperiment, task_cfg: Any) -> list[str]:
       d[key] = other
       try:
         fed = {p for p, v in _flatten(template()).items() if not _same(v, base.get(p))}
+        # The user's task() may derive the field from the key itself (3 x MODEL_DIMS):
+        # then the --set reaches it and nothing was overwritten.
+        responds = _flatten(exp.task())
       except Exception:  # noqa: BLE001  (a value the template rejects: nothing to compare)
-        fed = set()
+        fed, responds = set(), {}
       finally:
         d[key] = value
       for path in sorted(fed):
-        if path in user and not _same(user[path], base[path]):
+        if (path in user and not _same(user[path], base[path])
+            and _same(responds.get(path), user[path])):
           lines.append(f"--set {key}={_show(value)} is overwritten by "
                        f"{_method_owner(exp, 'task')}(), which sets task.{path} = "
                        f"{user[path]!r}; use --set {path}={_show(base[path])} to set the "

@@ -111,6 +111,17 @@ def test_a_set_that_task_overwrites_is_refused_naming_the_task():
   assert configs.task.learner.learning_rate == 0.01
 
 
+def test_a_task_that_derives_a_field_from_the_set_key_is_not_refused():
+  class Derives(registry.get(TINY)):
+    def task(self):
+      task_p = super().task()
+      task_p.model.hidden_dims = 3 * self.MODEL_DIMS  # --set MODEL_DIMS reaches it
+      return task_p
+
+  _, configs = _build(Derives, [*SMALL, "MODEL_DIMS=32"])
+  assert configs.task.model.hidden_dims == 96
+
+
 def test_set_of_a_task_path_applies_after_task():
   _, configs = _build(_Sets300, [*SMALL, "train.num_train_steps=3",
                                  "learner.clip_gradient_norm_to_value=2.5"])
