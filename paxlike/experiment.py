@@ -231,7 +231,7 @@ def apply_overrides(exp: BaseExperiment, overrides: list[str]) -> None:
     if is_task_path(key):  # applied to the built task config, after task()
       exp.__dict__.setdefault("_path_overrides", {})[key] = raw
       continue
-    if key in PAX_RENAMED:
+    if key in PAX_RENAMED and key not in known:
       raise UserError(f"--set {key}: paxlike calls it {PAX_RENAMED[key]} (Pax's name); "
                       f"write --set {PAX_RENAMED[key]}={raw}.")
     if key not in known:
