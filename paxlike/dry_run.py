@@ -140,7 +140,7 @@ def analyse(exp: Any) -> dict[str, Any]:
   import numpy as np
   from jax.sharding import Mesh
 
-  from paxlike import config, flops
+  from paxlike import config, experiment, flops
   from paxlike import mesh as mesh_lib
   from paxlike import train_state as ts
   from paxlike.partitioning import SpmdPartitioner
@@ -152,8 +152,9 @@ def analyse(exp: Any) -> dict[str, Any]:
   device_mesh = Mesh(np.asarray(devices).reshape(shape), mesh_lib.MESH_AXES)
   partitioner = SpmdPartitioner(
       device_mesh, rules=mesh_lib.logical_axis_rules(exp.TRAINING_OPTIMIZED_SHARDING))
-  task = config.build(exp.task())
-  train_cfgs = [c for c in exp.datasets() if getattr(c, "is_training", True)]
+  task = config.build(experiment.task_config(exp))  # with --set a.b=V applied
+  train_cfgs = [c for c in experiment.call_user(exp, "datasets")
+                if getattr(c, "is_training", True)]
   if not train_cfgs:
     raise UserError(f"{type(exp).__name__}.datasets() has no input with is_training=True.")
   specs = input_specs(train_cfgs[0])

@@ -1,21 +1,32 @@
 """BaseExperiment: hyperparameters as UPPERCASE class attributes.
 
-Also: `--set KEY=VALUE` overrides with type checks, and the dump of every
-hyperparameter with the class (or `--set`) it came from.
+Also: `--set KEY=VALUE` overrides with type checks (and `--set a.b=VALUE` into
+the built task config), the dump of every hyperparameter with the class (or
+`--set`) it came from, and the check that every hyperparameter a user wrote
+was read (nothing is silently ignored).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
+import functools
+import inspect
+import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import fiddle as fdl
 import numpy as np
+from absl import logging
 
 from paxlike.errors import UserError
 
 SET_SOURCE = "--set"
+# int hyperparameters that Pax also allows as fractions.
+FRACTIONAL_HPARAMS = ("PERCORE_BATCH_SIZE", "PERCORE_EVAL_BATCH_SIZE")
 
 
 class BaseExperiment:
@@ -55,6 +66,27 @@ class BaseExperiment:
 
   def __init__(self) -> None:
     self._overrides: dict[str, Any] = {}
+
+  def __getattribute__(self, name: str) -> Any:
+    # Records every UPPERCASE hyperparameter read, so that a run can refuse the
+    # ones nothing reads (check_all_read).
+    if name[:1] != "_" and name.isupper():
+      reads = object.__getattribute__(self, "__dict__").get("_hparam_reads")
+      if reads is not None:
+        reads.add(name)
+    return object.__getattribute__(self, name)
+
+  def not_used(self, *names: str, reason: str) -> None:
+    """Declares these hyperparameters consulted but not used in this configuration.
+
+    A template calls this for knobs that legitimately do nothing here (the
+    other schedule's LR_* when LR_SCHEDULE picks one): set on a class they
+    pass the read check with a log line; set by `--set` they are refused with
+    the reason, since the user asked for something that has no effect.
+    """
+    unused = self.__dict__.setdefault("_hparam_unused", {})
+    for name in names:
+      unused[name] = reason
 
   def task(self) -> Any:
     """A fiddle config of the task: model + learner + train settings."""
@@ -103,11 +135,13 @@ def hparams(exp: BaseExperiment) -> list[HParam]:
   """Every UPPERCASE attribute of exp with its value and provenance."""
   cls = type(exp)
   out = {}
-  for klass in reversed(cls.__mro__):
-    for name, value in vars(klass).items():
-      # dtypes (jnp.float32, ...) are callable but are hyperparameters, not methods.
-      if is_hparam(name) and (_is_dtype_like(value) or not callable(value)):
-        out[name] = HParam(name, getattr(exp, name), f"{klass.__module__}.{klass.__qualname__}")
+  with untracked(exp):  # listing them is not reading them
+    for klass in reversed(cls.__mro__):
+      for name, value in vars(klass).items():
+        # dtypes (jnp.float32, ...) are callable but are hyperparameters, not methods.
+        if is_hparam(name) and (_is_dtype_like(value) or not callable(value)):
+          out[name] = HParam(name, getattr(exp, name),
+                             f"{klass.__module__}.{klass.__qualname__}")
   for name, value in getattr(exp, "_overrides", {}).items():
     out[name] = HParam(name, value, SET_SOURCE)
   return sorted(out.values(), key=lambda h: h.name)
@@ -176,6 +210,10 @@ def _convert(key: str, raw: str, current: Any) -> Any:
     ok = isinstance(value, bool) and isinstance(current, bool)
   elif isinstance(current, float) and isinstance(value, int):
     value, ok = float(value), True
+  elif isinstance(current, int) and isinstance(value, float) and (
+      value.is_integer() or key in FRACTIONAL_HPARAMS):
+    ok = True  # 4.0 is 4; Pax's per-core batch sizes may be fractions (0.75)
+    value = int(value) if value.is_integer() else value
   elif isinstance(current, list | tuple) and isinstance(value, list | tuple):
     value, ok = type(current)(value), True
   if not ok:
@@ -191,8 +229,16 @@ def apply_overrides(exp: BaseExperiment, overrides: list[str]) -> None:
     UserError: an unknown key (with a did-you-mean), or a value of the wrong type.
   """
   known = {h.name: h.value for h in hparams(exp)}
+  with untracked(exp):
+    known.update({n: getattr(exp, n) for n in class_hparams(type(exp)) if n not in known})
   for text in overrides:
     key, raw = parse_override(text)
+    if is_task_path(key):  # applied to the built task config, after task()
+      exp.__dict__.setdefault("_path_overrides", {})[key] = raw
+      continue
+    if key in PAX_RENAMED and key not in known:
+      raise UserError(f"--set {key}: paxlike calls it {PAX_RENAMED[key]} (Pax's name); "
+                      f"write --set {PAX_RENAMED[key]}={raw}.")
     if key not in known:
       close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
       hint = f" Did you mean {' or '.join(close)}?" if close else ""
@@ -211,3 +257,329 @@ def instantiate(cls: type, overrides: list[str] = ()) -> BaseExperiment:
   apply_overrides(exp, list(overrides))
   exp.validate()
   return exp
+
+
+# ----------------------------------------------------------- read tracking
+
+# paxlike's old names for what Pax calls otherwise: refused with Pax's name.
+PAX_RENAMED = {
+    "MAX_CKPT_TO_KEEP": "CHECKPOINT_MAX_TO_KEEP",
+    "TRAIN_SEED": "TRAINING_SEED",
+    "DROPOUT_RATE": "DROPOUT_PROB",
+    "LAYER_NORM_EPSILON": "LAYERNORM_EPSILON",
+}
+
+# Pax hyperparameters paxlike does not model yet, with what Pax uses them for.
+PAX_UNMODELED = {
+    "NUM_STAGES": "the number of pipeline stages of a 4-axis [stages, replica, data, mdl] mesh",
+    "MICROBATCH_SIZE": "the size of a pipeline's microbatches",
+    "NUM_MICROBATCHES": "the number of a pipeline's microbatches",
+    "CIRCULAR_REPEAT": "circular pipelining (layers repeated over the stages)",
+    "NUM_EXPERTS": "mixture-of-experts feed-forward layers",
+    "NUM_GROUPS": "the routing groups of mixture-of-experts layers",
+    "USE_FP8": "FP8 matmuls",
+    "USE_TRITON_LAYER_NORM": "a Triton layer-norm kernel on GPU",
+    "RELATIVE_BIAS": "T5-style relative position biases in the LM",
+    "PROFILER_MIN_DURATION_SEC": "the shortest profile Pax's profiler captures",
+    "TRAIN_MIXTURE": "a SeqIO training mixture name",
+    "EVAL_MIXTURE": "a SeqIO eval mixture name",
+}
+
+
+def _is_paxlike_class(klass: type) -> bool:
+  module = klass.__module__ or ""
+  return module == "paxlike" or module.startswith("paxlike.")
+
+
+def _is_hparam_value(value: Any) -> bool:
+  """Data, dtypes and classes (ACTIVATION_CLS = layers.GELU) are; methods are not."""
+  return not (inspect.isfunction(value) or inspect.ismethoddescriptor(value)
+              or isinstance(value, property | staticmethod | classmethod))
+
+
+def class_hparams(cls: type) -> dict[str, type]:
+  """Every UPPERCASE attribute on cls's class chain -> the most derived class that sets it."""
+  out: dict[str, type] = {}
+  for klass in reversed(cls.__mro__):
+    for name, value in vars(klass).items():
+      if is_hparam(name) and _is_hparam_value(value):
+        out[name] = klass
+  return out
+
+
+@contextlib.contextmanager
+def untracked(exp: BaseExperiment) -> Iterator[None]:
+  """Reads inside this block are paxlike's bookkeeping, not uses."""
+  d = object.__getattribute__(exp, "__dict__")
+  reads = d.pop("_hparam_reads", None)
+  try:
+    yield
+  finally:
+    if reads is not None:
+      d["_hparam_reads"] = reads
+
+
+def start_read_tracking(exp: BaseExperiment) -> None:
+  """From here on, reads of UPPERCASE attributes are recorded (check_all_read)."""
+  exp.__dict__["_hparam_reads"] = set()
+  exp.__dict__["_hparam_unused"] = {}
+
+
+def hparams_read(exp: BaseExperiment) -> set[str]:
+  return set(exp.__dict__.get("_hparam_reads", ()))
+
+
+def _describe_unread(name: str, known: list[str]) -> str:
+  if name in PAX_RENAMED:
+    return f"paxlike calls it {PAX_RENAMED[name]} (Pax's name)"
+  if name in PAX_UNMODELED:
+    return f"paxlike does not model it yet (Pax uses it for {PAX_UNMODELED[name]})"
+  close = difflib.get_close_matches(name, [k for k in known if k != name], n=2, cutoff=0.75)
+  if close:
+    return f"did you mean {' or '.join(close)}?"
+  return "no template or mixin of this experiment uses it; drop it or read it in task()/datasets()"
+
+
+def unread_hparams(exp: BaseExperiment) -> list[str]:
+  """One line for each hyperparameter the user wrote that nothing read.
+
+  Checked: every UPPERCASE attribute set on a class outside the paxlike
+  package (the user's classes and mixins, the shipped experiments) and
+  every `--set` key. paxlike's own templates and BaseExperiment's run-level
+  attributes are not: a template legitimately leaves some of its defaults
+  unread in some modes.
+  """
+  reads = hparams_read(exp)
+  unused = exp.__dict__.get("_hparam_unused", {})
+  defined = class_hparams(type(exp))
+  known = sorted(reads | set(defined))
+  base = set(class_hparams(BaseExperiment))
+  lines = []
+  overrides = exp.__dict__.get("_overrides", {})
+  for name, klass in sorted(defined.items()):
+    if name in overrides or name in base or _is_paxlike_class(klass):
+      continue
+    if name in reads:
+      continue
+    if name in unused:
+      logging.info("%s = %r on %s is not used: %s", name, _untracked_get(exp, name),
+                   klass.__name__, unused[name])
+      continue
+    lines.append(f"{name} = {_show(_untracked_get(exp, name))} on {klass.__name__}: "
+                 f"nothing reads it; {_describe_unread(name, known)}.")
+  for name, value in sorted(overrides.items()):
+    if name in unused and name not in reads:
+      lines.append(f"--set {name}={_show(value)}: nothing reads it; {unused[name]}.")
+    elif name not in reads and name not in base:
+      lines.append(f"--set {name}={_show(value)}: nothing reads it; "
+                   f"{_describe_unread(name, known)}.")
+  return lines
+
+
+def _untracked_get(exp: BaseExperiment, name: str) -> Any:
+  with untracked(exp):
+    return getattr(exp, name)
+
+
+def check_all_read(exp: BaseExperiment) -> None:
+  """Raises UserError, one line per hyperparameter, when something the user set went unread."""
+  lines = unread_hparams(exp)
+  if lines:
+    raise UserError("\n".join(lines))
+
+
+# ------------------------------------------------- building the user's configs
+
+
+def _user_frame(tb: Any) -> str:
+  """` at FILE:LINE: SOURCE` of the innermost frame outside paxlike/fiddle, or ''."""
+  for frame in reversed(traceback.extract_tb(tb)):
+    path = frame.filename.replace("\\", "/")
+    if "/paxlike/" in path and "/paxlike/pax/" not in path:
+      continue
+    if "/fiddle/" in path or "/site-packages/" in path or "/lib/python" in path:
+      continue
+    src = f": {frame.line.strip()}" if frame.line else ""
+    return f" (at {frame.filename}:{frame.lineno}{src})"
+  return ""
+
+
+@contextlib.contextmanager
+def user_config_errors(what: str) -> Iterator[None]:
+  """Turns a fiddle/attribute/key error while building the user's config into a UserError."""
+  try:
+    yield
+  except UserError:
+    raise
+  except (AttributeError, KeyError, TypeError, ValueError, IndexError) as e:
+    first = (str(e).splitlines() or [""])[0].strip().rstrip(".")
+    if isinstance(e, AttributeError) and "No parameter named" in first:
+      first = (f"{first.split(';')[0]}: paxlike's config has no such field, so that edit "
+               "cannot take effect")
+    raise UserError(f"{what} failed{_user_frame(e.__traceback__)}: "
+                    f"{type(e).__name__}: {first}.") from None
+
+
+def _method_owner(exp: BaseExperiment, method: str) -> str:
+  """`Class.method` of the class on exp's chain that defines the method exp runs."""
+  owner = next((k for k in type(exp).__mro__ if method in vars(k)), type(exp))
+  return f"{owner.__name__}.{method}"
+
+
+def call_user(exp: BaseExperiment, method: str) -> Any:
+  """exp.METHOD(), with errors in the user's config as one-sentence UserErrors."""
+  with user_config_errors(f"{_method_owner(exp, method)}()"):
+    return getattr(exp, method)()
+
+
+def is_task_path(key: str) -> bool:
+  """`train.num_train_steps`: a dotted lowercase path into the built task config."""
+  return "." in key and key[:1].islower()
+
+
+def _get_path(cfg: Any, parts: list[str]) -> Any:
+  node = cfg
+  for part in parts:
+    node = node[int(part)] if part.isdigit() else getattr(node, part)
+  return node
+
+
+def apply_path_overrides(exp: BaseExperiment, task_cfg: Any) -> None:
+  """Applies `--set a.b=VALUE` to the built task config (after task(), so it wins)."""
+  for key, raw in exp.__dict__.get("_path_overrides", {}).items():
+    *parents, leaf = key.split(".")
+    try:
+      parent = _get_path(task_cfg, parents)
+      current = getattr(parent, leaf)
+    except (AttributeError, IndexError, ValueError, TypeError):
+      raise UserError(f"--set {key}: the task config has no {key}; see model_params.txt "
+                      "(task.<path>) for the paths.") from None
+    if isinstance(current, fdl.Buildable):
+      raise UserError(f"--set {key}: {key} is a sub-config, not a value; set one of its "
+                      "fields.")
+    value = _convert(key, raw, current)
+    with user_config_errors(f"--set {key}={raw}"):
+      setattr(parent, leaf, value)
+
+
+def _flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+  if isinstance(cfg, fdl.Buildable):
+    out = {}
+    for name, value in cfg.__arguments__.items():
+      out.update(_flatten(value, f"{prefix}.{name}" if prefix else name))
+    return out
+  if isinstance(cfg, list | tuple) and any(isinstance(v, fdl.Buildable) for v in cfg):
+    out = {}
+    for i, value in enumerate(cfg):
+      out.update(_flatten(value, f"{prefix}.{i}"))
+    return out
+  return {prefix: cfg}
+
+
+def _same(a: Any, b: Any) -> bool:
+  if a is b:
+    return True
+  try:
+    return type(a) is type(b) and bool(np.all(a == b))
+  except Exception:  # noqa: BLE001  (values that do not compare are different)
+    return False
+
+
+def _perturbed(value: Any) -> Any:
+  """A different value of the same type, to see which config fields a --set feeds."""
+  if isinstance(value, bool):
+    return not value
+  if isinstance(value, int):
+    return value + 1
+  if isinstance(value, float):
+    return value * 2 + 1
+  if isinstance(value, str):
+    return value + "_"
+  return None
+
+
+def _template_task(exp: BaseExperiment) -> Callable[[], Any] | None:
+  """paxlike's own task() under the user's override, or None when task() is not overridden."""
+  own = type(exp).task
+  for klass in type(exp).__mro__:
+    if "task" in vars(klass) and _is_paxlike_class(klass):
+      template = vars(klass)["task"]
+      return None if template is own else functools.partial(template, exp)
+  return None
+
+
+def overwritten_overrides(exp: BaseExperiment, task_cfg: Any) -> list[str]:
+  """Lines for each `--set KEY` whose value the user's task() overwrote.
+
+  The fields a --set key feeds are found by building paxlike's own task()
+  twice, with the key's value and with another one; a field the user's
+  task() sets to something else, whatever the key's value, overwrote the
+  --set.
+  """
+  template = _template_task(exp)
+  overrides = exp.__dict__.get("_overrides", {})
+  if template is None or not overrides:
+    return []
+  lines = []
+  d = exp.__dict__
+  with untracked(exp):
+    try:
+      base = _flatten(template())
+    except Exception:  # noqa: BLE001  (the user's task() works without this template)
+      return []
+    user = _flatten(task_cfg)
+    for key, value in overrides.items():
+      other = _perturbed(value)
+      if other is None:
+        continue
+      d[key] = other
+      try:
+        fed = {p for p, v in _flatten(template()).items() if not _same(v, base.get(p))}
+        # The user's task() may derive the field from the key itself (3 x MODEL_DIMS):
+        # then the --set reaches it and nothing was overwritten.
+        responds = _flatten(exp.task())
+      except Exception:  # noqa: BLE001  (a value the template rejects: nothing to compare)
+        fed, responds = set(), {}
+      finally:
+        d[key] = value
+      for path in sorted(fed):
+        if (path in user and not _same(user[path], base[path])
+            and _same(responds.get(path), user[path])):
+          lines.append(f"--set {key}={_show(value)} is overwritten by "
+                       f"{_method_owner(exp, 'task')}(), which sets task.{path} = "
+                       f"{user[path]!r}; use --set {path}={_show(base[path])} to set the "
+                       "field after task(), or stop task() from setting it.")
+  return lines
+
+
+def task_config(exp: BaseExperiment) -> Any:
+  """exp.task() with `--set a.b=V` applied; refuses a --set that task() overwrote."""
+  task_cfg = call_user(exp, "task")
+  lines = overwritten_overrides(exp, task_cfg)
+  if lines:
+    raise UserError("\n".join(lines))
+  apply_path_overrides(exp, task_cfg)
+  return task_cfg
+
+
+@dataclass
+class Configs:
+  """What main builds from an experiment before anything is written."""
+
+  task: Any
+  datasets: list[Any]
+  decode_datasets: list[Any]
+
+
+def build_checked(exp: BaseExperiment) -> Configs:
+  """task(), datasets() and decode_datasets(), then the check that every hyperparameter was read.
+
+  Raises:
+    UserError: an error in the user's config, a --set task() overwrote, or
+      (one line each) hyperparameters nothing read.
+  """
+  start_read_tracking(exp)
+  configs = Configs(task_config(exp), call_user(exp, "datasets"),
+                    call_user(exp, "decode_datasets"))
+  check_all_read(exp)
+  return configs

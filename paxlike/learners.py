@@ -16,9 +16,17 @@ OPTIMIZERS = ("adam", "adafactor", "sgd")
 class Learner:
   """What turns gradients into updates.
 
-  `learning_rate` is the peak rate; the schedule multiplies it. Pax's
-  linear_rampup_cosine_decay: linear warmup over `warmup_steps`, constant until
-  `decay_start`, cosine down to `min_ratio` at `decay_end`.
+  The rate at a step is `learning_rate` x the schedule's multiplier, as in
+  praxis. Both ramp-up schedules rise linearly from 0 at step 0 to `max` at
+  `warmup_steps` (warmup_steps 0: the first step has the full rate), stay
+  there until `decay_start`, then decay to `max x min_ratio` at `decay_end`
+  (cosine: half a cosine wave; exponential: a geometric curve) and stay
+  constant after it.
+
+  Adam follows praxis's: `epsilon_root` inside the square root, `epsilon`
+  outside it, and with `clip_threshold` > 0 each parameter's update is
+  scaled down to an RMS of at most clip_threshold (before the learning rate);
+  `clip_gradient_norm_to_value` > 0 clips the gradients' global norm first.
   """
 
   optimizer: str = "adam"
@@ -28,9 +36,12 @@ class Learner:
   decay_start: int = 0
   decay_end: int = 0
   min_ratio: float = 0.1
+  max: float = 1.0
   beta1: float = 0.9
   beta2: float = 0.99
   epsilon: float = 1e-6
+  epsilon_root: float = 0.0
+  clip_threshold: float = 0.0
   weight_decay: float = 0.0
   clip_gradient_norm_to_value: float = 0.0
 
@@ -39,31 +50,46 @@ class Learner:
       raise UserError(f"OPTIMIZER={self.optimizer!r} is not one of {OPTIMIZERS}.")
     if self.schedule not in SCHEDULES:
       raise UserError(f"LR_SCHEDULE={self.schedule!r} is not one of {SCHEDULES}.")
+    if self.schedule != "constant":
+      prefix = "LR_COS" if self.schedule == "linear_rampup_cosine_decay" else "LR_LRED"
+      if not 0 <= self.warmup_steps <= self.decay_start < self.decay_end:
+        raise UserError(
+            f"LR_SCHEDULE={self.schedule!r} needs 0 <= {prefix}_WARMUP <= {prefix}_DECAY_START "
+            f"< {prefix}_DECAY_END, got {self.warmup_steps}, {self.decay_start}, "
+            f"{self.decay_end}.")
 
   def lr_schedule(self) -> optax.Schedule:
+    """The learning rate at each step (optax counts the first update as step 0)."""
     lr = self.learning_rate
     if self.schedule == "constant":
-      if self.warmup_steps:
-        return optax.linear_schedule(0.0, lr, self.warmup_steps)
       return optax.constant_schedule(lr)
-    decay_start = max(self.decay_start, self.warmup_steps)
-    decay_end = max(self.decay_end, decay_start + 1)
-    parts = [optax.linear_schedule(0.0, lr, max(self.warmup_steps, 1)),
-             optax.constant_schedule(lr)]
+    peak = lr * self.max
+    parts, boundaries = [], []
+    if self.warmup_steps > 0:
+      parts.append(optax.linear_schedule(0.0, peak, self.warmup_steps))
+      boundaries.append(self.warmup_steps)
+    parts.append(optax.constant_schedule(peak))
+    boundaries.append(self.decay_start)
+    span = self.decay_end - self.decay_start
     if self.schedule == "linear_rampup_cosine_decay":
-      decay = optax.cosine_decay_schedule(lr, decay_end - decay_start, alpha=self.min_ratio)
+      parts.append(optax.cosine_decay_schedule(peak, span, alpha=self.min_ratio))
     else:
-      decay = optax.exponential_decay(lr, decay_end - decay_start, self.min_ratio,
-                                      end_value=lr * self.min_ratio)
-    parts.append(decay)
-    return optax.join_schedules(parts, [max(self.warmup_steps, 1), decay_start])
+      parts.append(optax.exponential_decay(peak, span, self.min_ratio,
+                                           end_value=peak * self.min_ratio))
+    return optax.join_schedules(parts, boundaries)
 
   def transform(self) -> optax.GradientTransformation:
     """The optax chain: clip by global norm, then the optimizer."""
     schedule = self.lr_schedule()
     if self.optimizer == "adam":
-      opt = optax.adamw(schedule, b1=self.beta1, b2=self.beta2, eps=self.epsilon,
-                        weight_decay=self.weight_decay)
+      parts = [optax.scale_by_adam(b1=self.beta1, b2=self.beta2, eps=self.epsilon,
+                                   eps_root=self.epsilon_root)]
+      if self.clip_threshold > 0:
+        parts.append(optax.clip_by_block_rms(self.clip_threshold))
+      if self.weight_decay:
+        parts.append(optax.add_decayed_weights(self.weight_decay))
+      parts.append(optax.scale_by_learning_rate(schedule))
+      opt = optax.chain(*parts)
     elif self.optimizer == "adafactor":
       opt = optax.adafactor(schedule, weight_decay_rate=self.weight_decay or None)
     else:

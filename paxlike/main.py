@@ -93,12 +93,18 @@ flags.DEFINE_string("target", "tpu_v5p", "--mode=dry_run: the device kind whose 
                     "step must fit (tpu_v4, tpu_v5e, tpu_v5p, tpu_v6e, a100, h100, h200).")
 
 
-def _prepare_job_log_dir(path: str | None) -> str:
+def _job_log_dir_path(path: str | None) -> str:
+  """The absolute --job_log_dir, checked but not created (a refused run leaves none)."""
   if not path:
     raise UserError("--job_log_dir is required; pass a directory for this run's outputs.")
   path = os.path.abspath(os.path.expanduser(path))
   if os.path.exists(path) and not os.path.isdir(path):
     raise UserError(f"--job_log_dir {path} exists and is not a directory; pick another path.")
+  return path
+
+
+def _prepare_job_log_dir(path: str | None) -> str:
+  path = _job_log_dir_path(path)
   probe = os.path.join(path, f".write_probe_{os.getpid()}")
   try:
     os.makedirs(path, exist_ok=True)
@@ -133,11 +139,15 @@ def run(argv_flags: flags.FlagValues) -> int:
   if argv_flags.infer_input and argv_flags.mode != "infer":
     raise UserError(f"--infer_input is read only by --mode=infer, not --mode={argv_flags.mode}; "
                     "add --mode=infer or drop --infer_input.")
-  job_log_dir = _prepare_job_log_dir(argv_flags.job_log_dir)
+  # Nothing is created in job_log_dir until the experiment's configs are built and
+  # every hyperparameter the user wrote was read (experiment.build_checked).
+  job_log_dir = _job_log_dir_path(argv_flags.job_log_dir)
   if argv_flags.mode == "dry_run":
     from paxlike import dry_run
 
-    return dry_run.run(exp, job_log_dir, argv_flags.target)
+    dry_run.ensure_fake_devices(dry_run.mesh_size(exp)[1])  # may restart this process
+    experiment.build_checked(exp)
+    return dry_run.run(exp, _prepare_job_log_dir(job_log_dir), argv_flags.target)
 
   from paxlike import distributed, goodput, xla_flags
 
@@ -166,9 +176,6 @@ def run(argv_flags: flags.FlagValues) -> int:
     log.warning("fused attention was asked for, but this run is on %s: attention runs on XLA",
                 attention.lowering_platform())
   from paxlike import initial, job_lock, preemption, resume
-
-  if argv_flags.mode == "train":  # eval/decode may read a job while it trains (Pax's evaler)
-    job_lock.hold(job_log_dir)  # one training run per job_log_dir; released at exit
   from paxlike.partitioning import PmapPartitioner, SpmdPartitioner
 
   if exp.ICI_MESH_SHAPE is None:  # Pax: no mesh means the pmap loop
@@ -179,30 +186,42 @@ def run(argv_flags: flags.FlagValues) -> int:
     partitioner = SpmdPartitioner(
         device_mesh, rules=mesh.logical_axis_rules(exp.TRAINING_OPTIMIZED_SHARDING))
     mesh_desc = dict(device_mesh.shape)
-  task_cfg = exp.task()
-  dataset_cfgs = exp.datasets()
-  task = config.build(task_cfg)
-  inputs = [config.build(c) for c in dataset_cfgs]
+  configs = experiment.build_checked(exp)  # refuses hyperparameters nothing read
+  task_cfg, dataset_cfgs, decode_cfgs = configs.task, configs.datasets, configs.decode_datasets
+  with experiment.user_config_errors(f"building {exp_cls.__name__}'s task"):
+    task = config.build(task_cfg)
+  with experiment.user_config_errors(f"building {exp_cls.__name__}'s datasets"):
+    inputs = [config.build(c) for c in dataset_cfgs]
   for inp in inputs:
     inp.bind_host(jax.process_count(), jax.process_index())
   train_inputs = [i for i in inputs if i.is_training]
-  decode_cfgs = exp.decode_datasets()
   if argv_flags.mode == "infer":  # a bad --infer_input fails here, before anything is written
     decode_cfgs = evaluator.infer_datasets(exp_cls.__name__, decode_cfgs, argv_flags.infer_input)
-  decode_inputs = [config.build(c) for c in decode_cfgs]
+  with experiment.user_config_errors(f"building {exp_cls.__name__}'s decode datasets"):
+    decode_inputs = [config.build(c) for c in decode_cfgs]
   for inp in decode_inputs:
     inp.bind_host(jax.process_count(), jax.process_index())
   if not train_inputs:
     raise UserError(f"{exp_cls.__name__}.datasets() has no input with is_training=True.")
+  target = getattr(getattr(task, "train", None), "target_log_pplx", None)
+  if target is not None and argv_flags.mode == "train" and not (
+      task.train.eval_interval_steps and any(not i.is_training for i in inputs)):
+    raise UserError(f"TARGET_LOG_PPLX={target} stops training when an eval reaches it, but "
+                    f"{exp_cls.__name__} runs no evals while training (it needs "
+                    "EVAL_INTERVAL_STEPS > 0 and an eval input in datasets()).")
 
+  _prepare_job_log_dir(job_log_dir)
+  if argv_flags.mode == "train":  # eval/decode may read a job while it trains (Pax's evaler)
+    job_lock.hold(job_log_dir)  # one training run per job_log_dir; released at exit
   init_from = initial.InitFrom.of(exp, argv_flags.init_from)
   if argv_flags.mode == "export":
     exporter = export_lib.get(argv_flags.export_format)
   # Everything a run can refuse is checked before it writes anything into job_log_dir.
-  source = resume.preflight_task(
-      task, train_inputs[0], job_log_dir, argv_flags.mode, argv_flags.restore_checkpoint_dir,
-      argv_flags.restore_checkpoint_step, argv_flags.restore_fallback,
-      will_save=argv_flags.enable_checkpoint_saving, init_from=init_from)
+  with experiment.user_config_errors(f"initialising {exp_cls.__name__}'s model"):
+    source = resume.preflight_task(
+        task, train_inputs[0], job_log_dir, argv_flags.mode, argv_flags.restore_checkpoint_dir,
+        argv_flags.restore_checkpoint_step, argv_flags.restore_fallback,
+        will_save=argv_flags.enable_checkpoint_saving, init_from=init_from)
   if argv_flags.mode == "export":
     if source.step is None and not init_from:
       raise UserError(f"{job_log_dir} has no checkpoint to export; train first, or pass "

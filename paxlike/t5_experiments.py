@@ -108,7 +108,7 @@ class TextSeq2SeqDataset(BaseExperiment):
         target_len=self.MAX_TARGET_LEN, pack=self.PACK and training,
         batch_size=self.per_host_batch_size() if training else self.EVAL_BATCH_SIZE,
         is_training=training, repeat=training, shuffle=training, reset_for_eval=not training,
-        scorer=self.SCORER, seed=self.TRAIN_SEED)
+        scorer=self.SCORER, seed=self.TRAINING_SEED)
 
   def datasets(self) -> list[fdl.Config[TextInput]]:
     return [self._input("train", True, "train"), self._input("test", False, "test")]

@@ -19,6 +19,7 @@ class TrainSettings:
   eval_interval_steps: int = 0
   seed: int = 1234
   num_microbatches: int = 1  # gradient accumulation: the batch in k slices, one update
+  target_log_pplx: float | None = None  # stop once an eval's log_pplx is at or below it
 
 
 @dataclasses.dataclass

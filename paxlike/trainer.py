@@ -294,7 +294,13 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
       if (options.evaluator and settings.eval_interval_steps and step < settings.num_train_steps
           and step % settings.eval_interval_steps == 0):
         with gp.span("eval"):
-          _run_eval(options, state, step, decode=options.decode_during_train)
+          evals = _run_eval(options, state, step, decode=options.decode_during_train)
+        if _reached_target(settings.target_log_pplx, evals, step):
+          if options.enable_checkpoint_saving and last_saved != step:
+            with gp.span("checkpoint"):
+              ckpt.save(step, partitioner.to_saveable(state), input_state)
+            last_saved = step
+          break
       gp.step_done(step, force_progress=last_saved == step)
       if step < settings.num_train_steps:
         batch, host_batch, input_state = next_batch, next_host_batch, next_input_state
@@ -333,6 +339,19 @@ def _run_eval(options: TrainOptions, state: Any, step: int,
   if decode:
     out.update({f"decode_{k}": v for k, v in options.evaluator.decode(state, step).items()})
   return out
+
+
+def _reached_target(target: float | None, evals: dict[str, dict[str, float]],
+                    step: int) -> bool:
+  """TARGET_LOG_PPLX: whether an eval's log-perplexity reached it (logged when it did)."""
+  if target is None:
+    return False
+  reached = {k: m["log_pplx"] for k, m in evals.items()
+             if "log_pplx" in m and m["log_pplx"] <= target}
+  if reached:
+    logging.info("TARGET_LOG_PPLX %g reached at step %d (%s): training stops", target, step,
+                 ", ".join(f"{k} log_pplx {v:.4f}" for k, v in reached.items()))
+  return bool(reached)
 
 
 def _num_devices(partitioner: Any) -> int:

@@ -25,23 +25,39 @@ class AdamTraining(BaseExperiment):
 
   OPTIMIZER = "adam"
   LEARNING_RATE = 2.5e-4
+  # 'constant', or Pax's ramp-up schedules with their own knobs (praxis's formulas,
+  # see paxlike.learners.Learner): LR_LRED_* for 'linear_rampup_exponential_decay',
+  # LR_COS_* for 'linear_rampup_cosine_decay'. The rate is LEARNING_RATE x the
+  # schedule's multiplier, which peaks at *_MAX.
   LR_SCHEDULE = "constant"
-  LR_COS_WARMUP = 0
-  LR_COS_DECAY_START = 0
-  LR_COS_DECAY_END = 0
+  LR_LRED_WARMUP = 4000
+  LR_LRED_DECAY_START = 4001
+  LR_LRED_DECAY_END = 300000
+  LR_LRED_MIN_RATIO = 0.1
+  LR_LRED_MAX = 1.0
+  LR_COS_WARMUP = 4000
+  LR_COS_DECAY_START = 4001
+  LR_COS_DECAY_END = 300000
   LR_COS_MIN_RATIO = 0.1
+  LR_COS_MAX = 1.0
   ADAM_BETA1 = 0.9
   ADAM_BETA2 = 0.99
   ADAM_EPSILON = 1e-6
+  ADAM_EPSILON_ROOT = 0.0
+  ADAM_CLIP_THRESHOLD = 1.0  # each parameter's Adam update clipped to this RMS; 0: off
   WEIGHT_DECAY = 1e-3
   CLIP_GRADIENT_NORM_TO_VALUE = 1.0
 
   NUM_TRAIN_STEPS = 1000
   CHECKPOINT_EVERY_N_STEPS = 1000
-  MAX_CKPT_TO_KEEP = 10
+  CHECKPOINT_MAX_TO_KEEP = 10
   SUMMARY_INTERVAL_STEPS = 100
   EVAL_INTERVAL_STEPS = 0
-  TRAIN_SEED = 1234
+  TRAINING_SEED = 1234
+  # Stop training once an eval's log-perplexity is at or below this (None: never).
+  TARGET_LOG_PPLX: float | None = None
+  # Eval inputs' batch per device (None: PERCORE_BATCH_SIZE); Pax's fractional rule.
+  PERCORE_EVAL_BATCH_SIZE: float | None = None
   # Gradient accumulation (T5X's num_microbatches): the global batch is split into
   # this many slices whose float32-accumulated gradient makes one update.
   NUM_MICROBATCHES = 1
@@ -98,13 +114,35 @@ class AdamTraining(BaseExperiment):
                       f"{self.NUM_HEADS} heads; set DIMS_PER_HEAD or change one of them.")
 
   def learner(self) -> fdl.Config[Learner]:
+    """The optimizer and schedule; knobs of the schedules and optimizers not in use are
+    declared unused (a --set of one is refused, a class attribute is logged)."""
+    lred = ("LR_LRED_WARMUP", "LR_LRED_DECAY_START", "LR_LRED_DECAY_END", "LR_LRED_MIN_RATIO",
+            "LR_LRED_MAX")
+    cos = ("LR_COS_WARMUP", "LR_COS_DECAY_START", "LR_COS_DECAY_END", "LR_COS_MIN_RATIO",
+           "LR_COS_MAX")
+    schedule = self.LR_SCHEDULE
+    knobs = {"linear_rampup_exponential_decay": lred, "linear_rampup_cosine_decay": cos}
+    chosen = knobs.get(schedule, ())
+    for names in knobs.values():
+      if names is not chosen:
+        self.not_used(*names, reason=f"LR_SCHEDULE={schedule!r} does not read it")
+    optimizer = self.OPTIMIZER
+    adam = ("ADAM_BETA1", "ADAM_BETA2", "ADAM_EPSILON", "ADAM_EPSILON_ROOT",
+            "ADAM_CLIP_THRESHOLD")
+    if optimizer != "adam":
+      self.not_used(*adam, reason=f"OPTIMIZER={optimizer!r} is not Adam")
+    sched = dict(zip(("warmup_steps", "decay_start", "decay_end", "min_ratio", "max"),
+                     (getattr(self, n) for n in chosen), strict=False))
+    opt = {}
+    if optimizer == "adam":
+      opt = dict(beta1=self.ADAM_BETA1, beta2=self.ADAM_BETA2, epsilon=self.ADAM_EPSILON,
+                 epsilon_root=self.ADAM_EPSILON_ROOT, clip_threshold=self.ADAM_CLIP_THRESHOLD)
+    elif optimizer == "sgd":
+      opt = dict(beta1=self.ADAM_BETA1)  # the momentum
     return fdl.Config(
-        Learner, optimizer=self.OPTIMIZER, learning_rate=self.LEARNING_RATE,
-        schedule=self.LR_SCHEDULE, warmup_steps=self.LR_COS_WARMUP,
-        decay_start=self.LR_COS_DECAY_START, decay_end=self.LR_COS_DECAY_END,
-        min_ratio=self.LR_COS_MIN_RATIO, beta1=self.ADAM_BETA1, beta2=self.ADAM_BETA2,
-        epsilon=self.ADAM_EPSILON, weight_decay=self.WEIGHT_DECAY,
-        clip_gradient_norm_to_value=self.CLIP_GRADIENT_NORM_TO_VALUE)
+        Learner, optimizer=optimizer, learning_rate=self.LEARNING_RATE, schedule=schedule,
+        weight_decay=self.WEIGHT_DECAY,
+        clip_gradient_norm_to_value=self.CLIP_GRADIENT_NORM_TO_VALUE, **sched, **opt)
 
   def task(self) -> fdl.Config[Task]:
     return fdl.Config(
@@ -112,11 +150,53 @@ class AdamTraining(BaseExperiment):
         train=fdl.Config(
             TrainSettings, num_train_steps=self.NUM_TRAIN_STEPS,
             checkpoint_every_n_steps=self.CHECKPOINT_EVERY_N_STEPS,
-            max_checkpoints_to_keep=self.MAX_CKPT_TO_KEEP,
+            max_checkpoints_to_keep=self.CHECKPOINT_MAX_TO_KEEP,
             summary_interval_steps=self.SUMMARY_INTERVAL_STEPS,
-            eval_interval_steps=self.EVAL_INTERVAL_STEPS, seed=self.TRAIN_SEED,
+            eval_interval_steps=self.EVAL_INTERVAL_STEPS, seed=self.TRAINING_SEED,
+            target_log_pplx=self.TARGET_LOG_PPLX,
             num_microbatches=self.NUM_MICROBATCHES))
 
   def per_host_batch_size(self) -> int:
-    """PERCORE_BATCH_SIZE x this host's device count (Pax's convention)."""
-    return self.PERCORE_BATCH_SIZE * jax.local_device_count()
+    """PERCORE_BATCH_SIZE x this host's device count, by Pax's rule for fractions."""
+    return pax_batch_size("PERCORE_BATCH_SIZE", self.PERCORE_BATCH_SIZE,
+                          jax.local_device_count(), jax.process_count())
+
+  def per_host_eval_batch_size(self) -> int:
+    """PERCORE_EVAL_BATCH_SIZE (or PERCORE_BATCH_SIZE) x this host's device count."""
+    percore = self.PERCORE_EVAL_BATCH_SIZE
+    if percore is None:
+      return self.per_host_batch_size()
+    return pax_batch_size("PERCORE_EVAL_BATCH_SIZE", percore, jax.local_device_count(),
+                          jax.process_count())
+
+
+def pax_batch_size(name: str, percore: float, local_devices: int, processes: int = 1) -> int:
+  """The per-host batch of a per-core batch size, by Pax's rule (lm_cloud's SyntheticDataset).
+
+  At least 1 per core: PERCORE x local devices. Below 1 (Pax's pipelined
+  configs use 0.75, 0.0625): the global batch is PERCORE x all devices, split
+  evenly over the hosts. paxlike feeds every host, so the product must be a
+  whole number of rows per host.
+
+  Raises:
+    UserError: a batch that is not a positive whole number of rows per host.
+  """
+  if isinstance(percore, bool) or not isinstance(percore, int | float) or percore <= 0:
+    raise UserError(f"{name} must be a positive number, got {percore!r}.")
+  per_host = percore * local_devices
+  if percore < 1:
+    global_batch = percore * local_devices * processes
+    if global_batch != int(global_batch) or global_batch < 1:
+      raise UserError(f"{name}={percore} on {local_devices * processes} devices gives a "
+                      f"global batch of {global_batch:g} rows, not a whole number; pick a "
+                      "per-core size whose product with the device count is an integer.")
+    if int(global_batch) % processes:
+      raise UserError(f"{name}={percore} gives a global batch of {int(global_batch)} rows, "
+                      f"which {processes} hosts cannot share evenly (Pax would leave some "
+                      "hosts idle; paxlike feeds every host); raise it.")
+    return int(global_batch) // processes
+  if per_host != int(per_host):
+    raise UserError(f"{name}={percore} on {local_devices} devices per host gives "
+                    f"{per_host:g} rows per host, not a whole number; pick a per-core size "
+                    "whose product with the device count is an integer.")
+  return int(per_host)

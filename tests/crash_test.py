@@ -219,7 +219,7 @@ def test_disk_filling_up_mid_run_is_a_clear_error(tmp_path_factory, tmp_path):
   mnt.mkdir()
   cmd = " ".join(shlex.quote(c) for c in command(
       [FAULT_EXP, f"--job_log_dir={mnt / 'job'}", "--set", "EVAL_INTERVAL_STEPS=0",
-       "--set", "MAX_CKPT_TO_KEEP=10"]))
+       "--set", "CHECKPOINT_MAX_TO_KEEP=10"]))
   proc = subprocess.run(
       ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=3m tmpfs {mnt} && exec {cmd}"],
       cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)

@@ -39,7 +39,7 @@ class FaultTiny(LmCloudSpmdTiny):
   SUMMARY_INTERVAL_STEPS = 4
   EVAL_INTERVAL_STEPS = 4
   PERCORE_BATCH_SIZE = 8
-  MAX_CKPT_TO_KEEP = 3
+  CHECKPOINT_MAX_TO_KEEP = 3
 
   def datasets(self) -> list[fdl.Config]:
     train = super().datasets()[0]

@@ -95,7 +95,7 @@ def test_checkpoint_cadence_and_retention(runs):
 
 def test_max_checkpoints_to_keep(tmp_path):
   train_in_process(TINY, [*SMALL, "NUM_TRAIN_STEPS=4", "CHECKPOINT_EVERY_N_STEPS=1",
-                          "MAX_CKPT_TO_KEEP=2"], tmp_path)
+                          "CHECKPOINT_MAX_TO_KEEP=2"], tmp_path)
   names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
   assert names == ["checkpoint_00000003", "checkpoint_00000004"]
 

@@ -26,7 +26,7 @@ class ArithmeticDataset(TransformerLmSpmdAdam):
         TextInput, name=name, generator=self.GENERATOR, split=split, seq_len=self.MAX_SEQ_LEN,
         batch_size=self.per_host_batch_size() if training else self.EVAL_BATCH_SIZE,
         is_training=training, repeat=training, shuffle=training, reset_for_eval=not training,
-        scorer=self.SCORER, seed=self.TRAIN_SEED)
+        scorer=self.SCORER, seed=self.TRAINING_SEED)
 
   def datasets(self) -> list[fdl.Config[TextInput]]:
     return [self._input("train", True, "train"), self._input("test", False, "test")]
@@ -68,10 +68,13 @@ class ArithmeticAdditionSeqIO(ArithmeticAdditionTiny):
   def _input(self, split: str, training: bool, name: str) -> fdl.Config:
     from paxlike.inputs.seqio_input import SeqIOInput
 
+    self.not_used("GENERATOR", "SCORER", reason="the SeqIO task supplies the examples and "
+                  "the scoring")
     return fdl.Config(
         SeqIOInput, name=name, mixture_name="paxlike_arithmetic", split_name=split,
-        task_module="tasks.seqio_tasks", task_feature_lengths={"inputs": 6, "targets": 6},
+        task_module="tasks.seqio_tasks",
+        task_feature_lengths={"inputs": 6, "targets": self.MAX_SEQ_LEN - 6},
         feature_converter="prefix_lm",
         batch_size=self.per_host_batch_size() if training else self.EVAL_BATCH_SIZE,
         is_training=training, repeat=training, reset_for_eval=not training,
-        seed=self.TRAIN_SEED)
+        seed=self.TRAINING_SEED)

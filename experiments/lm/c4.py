@@ -47,11 +47,14 @@ class C4SpmdAdam(C4StandInDataset, TransformerLmSpmdAdam):
   ADAM_BETA2 = 0.99
   ADAM_EPSILON = 1e-6
   CLIP_GRADIENT_NORM_TO_VALUE = 1.0
+  ADAM_CLIP_THRESHOLD = 1.0
+  ADAM_EPSILON_ROOT = 0.0
   LR_SCHEDULE = "linear_rampup_exponential_decay"
-  LR_COS_WARMUP = 4000  # Pax's LR_LRED_*: the template names both schedules LR_COS_*
-  LR_COS_DECAY_START = 4001
-  LR_COS_DECAY_END = 300000
-  LR_COS_MIN_RATIO = 0.1
+  LR_LRED_WARMUP = 4000
+  LR_LRED_DECAY_START = 4001
+  LR_LRED_DECAY_END = 300000
+  LR_LRED_MIN_RATIO = 0.1
+  LR_LRED_MAX = 1.0
 
   ICI_MESH_SHAPE = [1, 4, 2]
   TRAINING_OPTIMIZED_SHARDING = True  # Pax's default for its SPMD LMs
@@ -130,7 +133,7 @@ class C4SpmdGpt3AdamOrgHP(C4SpmdAdam):
   EVAL_INTERVAL_STEPS = 100
   SUMMARY_INTERVAL_STEPS = 10
   CHECKPOINT_EVERY_N_STEPS = 100
-  MAX_CKPT_TO_KEEP = 10
+  CHECKPOINT_MAX_TO_KEEP = 10
 
   # Pax's C4SpmdGpt3Adam: 768 replicas with a 1.5k global batch.
   PERCORE_BATCH_SIZE = 2
@@ -144,7 +147,7 @@ class C4SpmdGpt3AdamOrgHP1536Replicas(C4SpmdGpt3AdamOrgHP):
   PERCORE_BATCH_SIZE = 1
   ICI_MESH_SHAPE = [1, 64, 24]
   FPROP_DTYPE = jnp.float32
-  MAX_CKPT_TO_KEEP = 100
+  CHECKPOINT_MAX_TO_KEEP = 100
   EVAL_INTERVAL_STEPS = 25
 
 

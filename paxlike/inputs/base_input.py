@@ -42,6 +42,23 @@ class BaseInput:
   repeat: bool = True
   seed: int = 1234
 
+  def __init_subclass__(cls, **kwargs: Any) -> None:
+    """Makes a subclass that declares fields as annotations a dataclass, as praxis does.
+
+    A praxis input declares its hyperparameters as class annotations without
+    @dataclass; an explicit @dataclasses.dataclass on top still works.
+    """
+    super().__init_subclass__(**kwargs)
+    if "__annotations__" not in cls.__dict__:
+      return
+    dataclasses.dataclass(cls, kw_only=True)
+    for f in dataclasses.fields(cls):
+      # dataclass() removes default_factory fields from the class; put them back so a
+      # decorator applied after this one sees the same fields.
+      if (f.name in cls.__dict__["__annotations__"] and f.default is dataclasses.MISSING
+          and f.default_factory is not dataclasses.MISSING):
+        setattr(cls, f.name, f)
+
   def __post_init__(self) -> None:
     if self.batch_size <= 0:
       raise UserError(f"input {self.name!r}: batch_size must be positive, got {self.batch_size}.")
