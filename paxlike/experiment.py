@@ -273,7 +273,6 @@ PAX_RENAMED = {
 PAX_UNMODELED = {
     "NUM_STAGES": "the number of pipeline stages of a 4-axis [stages, replica, data, mdl] mesh",
     "MICROBATCH_SIZE": "the size of a pipeline's microbatches",
-    "NUM_MICROBATCHES": "the number of a pipeline's microbatches",
     "CIRCULAR_REPEAT": "circular pipelining (layers repeated over the stages)",
     "NUM_EXPERTS": "mixture-of-experts feed-forward layers",
     "NUM_GROUPS": "the routing groups of mixture-of-experts layers",
