@@ -59,14 +59,14 @@ class _NotRunnable:
   WHY = ""
 
   def validate(self) -> None:
-    raise UserError(f"{type(self).__name__} is a {self.WHY}, which paxlike does not run yet; "
+    raise UserError(f"{type(self).__name__} is {self.WHY}, which paxlike does not run yet; "
                     "use a TransformerLmSpmdAdafactor / TransformerLmSpmdAdam experiment.")
 
 
 class TransformerLmSpmdPipelineAdafactor(_NotRunnable, TransformerLmSpmdAdafactor):
   """Pax's pipelined SPMD LM template (importable; running it is refused)."""
 
-  WHY = ("pipelined Transformer (NUM_STAGES, MICROBATCH_SIZE, CIRCULAR_REPEAT and a "
+  WHY = ("a pipelined Transformer (NUM_STAGES, MICROBATCH_SIZE, CIRCULAR_REPEAT and a "
          "4-axis [stage, replica, data, mdl] mesh)")
   NUM_STAGES = None
   CIRCULAR_REPEAT = 1
@@ -92,7 +92,7 @@ class TransformerLmSpmdPipelineAdam(TransformerLmSpmdPipelineAdafactor):
 class ClassificationModelAdam(_NotRunnable, BaseExperiment):
   """Pax's MLP classifier template (importable; running it is refused)."""
 
-  WHY = "MLP classification model (praxis' ClassificationMLPModel)"
+  WHY = "an MLP classification model (praxis' ClassificationMLPModel)"
   NUM_LAYER = 8
   INPUT_DIM = 4096
   HIDDEN_DIM = 7168
