@@ -119,7 +119,7 @@ def test_pax_idiom_module_dry_runs_and_trains_three_steps(tmp_path):
   write_module(tmp_path, dataclass_decorator=True, activation_cls=False)
   job = dry_run_and_train(tmp_path)
   # task_p.train.save_interval_steps = 2: a checkpoint at 2, and the last one at 3.
-  steps = sorted(p.name for p in (job / "checkpoints").iterdir() if p.name.startswith("checkpoint_"))
+  steps = sorted(p.name for p in (job / "checkpoints").glob("checkpoint_*"))
   assert steps == ["checkpoint_00000002", "checkpoint_00000003"]
   # set_default_adam replaced the Adafactor template's learner.
   assert params_line(job, "train.learner.optimizer").endswith("'adam'")
