@@ -1,13 +1,14 @@
 """A module written as Pax users write them, importing from paxlike.pax, runs.
 
-The module is written into a temporary directory and run through the CLI on
-4 fake devices: a dry run, then 3 training steps whose cadence comes from
-the task() edits under task_p.train.
+The module is written into a temporary directory, dry-run in process on a
+[1, 2, 2] mesh, then trained through the CLI on 4 fake devices for 3 steps
+whose cadence comes from the task() edits under task_p.train.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 import textwrap
 
 import pytest
@@ -99,25 +100,33 @@ def params_line(job, name: str) -> str:
   return found[0]
 
 
-def dry_run_and_train(tmp_path):
-  """Dry-runs and trains pax_idiom.PaxIdiomLm on 4 devices; returns the training job dir."""
-  common = ["--exp=pax_idiom.PaxIdiomLm"]
-  dry = run_cli([*common, f"--job_log_dir={tmp_path / 'dry'}", "--mode=dry_run"],
-                cwd=tmp_path, devices=4, pythonpath=[tmp_path, REPO_ROOT])
-  assert dry.returncode == 0, describe(dry)
-  assert "[1, 2, 2] = 4 devices" in dry.stdout, describe(dry)
+def dry_run_and_train(tmp_path, monkeypatch):
+  """Dry-runs pax_idiom.PaxIdiomLm (in process) and trains it on 4 devices; the job dir."""
+  from paxlike import dry_run, experiment, registry
+
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.delitem(sys.modules, "pax_idiom", raising=False)  # each test writes its own
+  before = set(registry.list_names())
+  try:
+    exp = experiment.instantiate(registry.get("pax_idiom.PaxIdiomLm"))
+    report = dry_run.analyse(exp)
+  finally:
+    for key in set(registry.list_names()) - before:
+      registry.unregister(key)
+  assert report["mesh"] == {"replica": 1, "data": 2, "mdl": 2}
+  assert report["params"] > 0
   job = tmp_path / "job"
-  proc = run_cli([*common, f"--job_log_dir={job}"], cwd=tmp_path, devices=4,
-                 pythonpath=[tmp_path, REPO_ROOT])
+  proc = run_cli(["--exp=pax_idiom.PaxIdiomLm", f"--job_log_dir={job}"], cwd=tmp_path,
+                 devices=4, pythonpath=[tmp_path, REPO_ROOT])
   assert proc.returncode == 0, describe(proc)
   trained = parse_trained_line(proc.stdout)
   assert trained["final_step"] == 3, describe(proc)  # task_p.train.num_train_steps = 3
   return job
 
 
-def test_pax_idiom_module_dry_runs_and_trains_three_steps(tmp_path):
+def test_pax_idiom_module_dry_runs_and_trains_three_steps(tmp_path, monkeypatch):
   write_module(tmp_path, dataclass_decorator=True, activation_cls=False)
-  job = dry_run_and_train(tmp_path)
+  job = dry_run_and_train(tmp_path, monkeypatch)
   # task_p.train.save_interval_steps = 2: a checkpoint at 2, and the last one at 3.
   steps = sorted(p.name for p in (job / "checkpoints").glob("checkpoint_*"))
   assert steps == ["checkpoint_00000002", "checkpoint_00000003"]
@@ -131,8 +140,8 @@ def test_pax_idiom_module_dry_runs_and_trains_three_steps(tmp_path):
 
 @pytest.mark.xfail(reason="needs paxhp branch (BaseInput fields as annotations without "
                    "@dataclass) and paxmodel branch (ACTIVATION_CLS)", strict=False)
-def test_pax_idiom_module_as_pax_writes_it(tmp_path):
+def test_pax_idiom_module_as_pax_writes_it(tmp_path, monkeypatch):
   write_module(tmp_path, dataclass_decorator=False, activation_cls=True)
-  job = dry_run_and_train(tmp_path)
+  job = dry_run_and_train(tmp_path, monkeypatch)
   assert (job / "checkpoints" / "checkpoint_00000002").is_dir()
   assert params_line(job, "model.activation").endswith("'gelu'")
