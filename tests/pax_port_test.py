@@ -145,3 +145,66 @@ def test_pax_idiom_module_as_pax_writes_it(tmp_path, monkeypatch):
   job = dry_run_and_train(tmp_path, monkeypatch)
   assert (job / "checkpoints" / "checkpoint_00000002").is_dir()
   assert params_line(job, "model.activation").endswith("'gelu'")
+
+
+
+
+def test_set_default_adafactor_and_pax_train_edits_reach_the_built_task():
+  from paxlike import config
+  from paxlike.errors import UserError
+  from paxlike.pax.tasks.lm import model_params
+
+  class Exp(model_params.TransformerLmSpmdAdafactor):
+    pass
+
+  task_p = Exp().task()
+  assert config.build(task_p).learner.optimizer == "adafactor"  # the template's own
+  model_params.set_default_adam(task_p, 3e-4, 0.0)
+  task_p.train.num_train_steps = 1e3  # Pax writes step counts as floats
+  task_p.train.save_max_to_keep = 3
+  task = config.build(task_p)
+  lr, train = task.learner, task.train
+  assert (lr.optimizer, lr.learning_rate, lr.weight_decay, lr.beta2) == ("adam", 3e-4, 0.0, 0.99)
+  assert (lr.warmup_steps, lr.decay_start, lr.decay_end, lr.min_ratio) == (4000, 4001, 300000, 0.1)
+  assert lr.clip_gradient_norm_to_value == 5.0
+  assert (train.num_train_steps, train.max_checkpoints_to_keep) == (1000, 3)
+  model_params.set_default_adafactor(task_p, 1e-3, 1e-2, decay_end=50,
+                                     clip_gradient_norm_to_value=2.0)
+  lr = config.build(task_p).learner
+  assert (lr.optimizer, lr.decay_end, lr.clip_gradient_norm_to_value) == ("adafactor", 50, 2.0)
+  task_p.train.num_train_steps = 2.5
+  with pytest.raises(UserError, match="num_train_steps must be a whole number"):
+    config.build(task_p)
+
+
+def test_praxis_optimizer_configs_are_refused_with_what_to_set():
+  from paxlike.errors import UserError
+  from paxlike.pax import optimizers, schedules
+
+  with pytest.raises(UserError, match="ADAM_"):
+    optimizers.Adam.HParams(beta1=0.9)
+  with pytest.raises(UserError, match="LR_SCHEDULE"):
+    schedules.LinearRampupExponentialDecay.HParams(warmup_steps=10)
+
+
+def test_pipelined_template_imports_registers_and_is_refused_in_one_line(tmp_path):
+  (tmp_path / "pax_pipe.py").write_text(textwrap.dedent("""\
+      from paxlike.pax import experiment_registry
+      from paxlike.pax.tasks.lm import model_params
+      from paxlike.pax.tasks.lm.params import lm_cloud
+
+
+      @experiment_registry.register
+      class Pipe(model_params.TransformerLmSpmdPipelineAdafactor, lm_cloud.SyntheticDataset):
+        NUM_STAGES = 2
+        MICROBATCH_SIZE = 2
+        ICI_MESH_SHAPE = [2, 1, 1, 1]
+      """))
+  job = tmp_path / "job"
+  proc = run_cli(["--exp=pax_pipe.Pipe", f"--job_log_dir={job}"], cwd=tmp_path,
+                 pythonpath=[tmp_path, REPO_ROOT])
+  assert proc.returncode == 2, describe(proc)
+  lines = proc.stderr.strip().splitlines()
+  assert lines[-1].startswith("error: Pipe is a pipelined Transformer"), describe(proc)
+  assert "Traceback" not in proc.stderr
+  assert not job.exists()
