@@ -121,6 +121,8 @@ def dry_run_and_train(tmp_path, monkeypatch):
   assert proc.returncode == 0, describe(proc)
   trained = parse_trained_line(proc.stdout)
   assert trained["final_step"] == 3, describe(proc)  # task_p.train.num_train_steps = 3
+  # task_p.train.summary_interval_steps = 1: a summary at step 2 too (neither first nor last).
+  assert re.search(r"\bstep 2 loss ", proc.stdout + proc.stderr), describe(proc)
   return job
 
 
