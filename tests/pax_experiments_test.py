@@ -210,3 +210,27 @@ def test_model_knobs_are_paxs(name):
       USE_GATED_ACTIVATION=False, SEPARATE_EMBEDDING=False)
   got = {k: getattr(exp, k, "<missing>") for k in expected}
   assert got == expected
+
+
+def test_a_class_in_either_order_gets_paxs_template_and_the_mixins_sizes():
+  from paxlike.lm_experiments import SyntheticDataset, TransformerLmSpmdAdafactor
+
+  class PaxOrder(TransformerLmSpmdAdafactor, SyntheticDataset):
+    ICI_MESH_SHAPE = [1, 1, 1]
+
+  class MixinFirst(SyntheticDataset, TransformerLmSpmdAdafactor):
+    ICI_MESH_SHAPE = [1, 1, 1]
+
+  built = []
+  for cls in (PaxOrder, MixinFirst):
+    exp = experiment.instantiate(cls)
+    task, data = config.build(exp.task()), exp.datasets()[0]
+    m, lr = task.model, task.learner
+    built.append((m.num_layers, m.model_dims, m.hidden_dims, m.num_heads, m.dim_per_head,
+                  m.vocab_size, jax.numpy.dtype(m.fprop_dtype).name, m.combine_qkv,
+                  lr.optimizer, lr.learning_rate, lr.decay_end, lr.clip_gradient_norm_to_value,
+                  data.seq_len, data.batch_size // jax.local_device_count()))
+  # model_params.TransformerLmSpmdAdafactor's defaults; lm_cloud.SyntheticDataset's sizes.
+  pax = (10, 2048, 8192, 16, 128, 32000, "bfloat16", True, "adafactor", 2.5e-4, 100000, 5.0,
+         1024, 16)
+  assert built == [pax, pax]
