@@ -44,8 +44,15 @@ class Learner:
   clip_threshold: float = 0.0
   weight_decay: float = 0.0
   clip_gradient_norm_to_value: float = 0.0
+  # Pax's learner fields that its experiment files set: the model's one loss is
+  # 'total_loss'; the separator only names scanned layers' variables in Pax.
+  loss_name: str = "total_loss"
+  repeat_prefix_sep: str = "#"
 
   def __post_init__(self) -> None:
+    if self.loss_name not in ("total_loss", "loss"):
+      raise UserError(f"learner.loss_name={self.loss_name!r}: paxlike's models train on "
+                      "their one loss, 'total_loss'.")
     if self.optimizer not in OPTIMIZERS:
       raise UserError(f"OPTIMIZER={self.optimizer!r} is not one of {OPTIMIZERS}.")
     if self.schedule not in SCHEDULES:

@@ -146,11 +146,11 @@ class AdamTraining(BaseExperiment):
 
   def task(self) -> fdl.Config[Task]:
     return fdl.Config(
-        Task, model=self.model(), learner=self.learner(),
+        Task, model=self.model(),
         train=fdl.Config(
-            TrainSettings, num_train_steps=self.NUM_TRAIN_STEPS,
-            checkpoint_every_n_steps=self.CHECKPOINT_EVERY_N_STEPS,
-            max_checkpoints_to_keep=self.CHECKPOINT_MAX_TO_KEEP,
+            TrainSettings, learner=self.learner(), num_train_steps=self.NUM_TRAIN_STEPS,
+            save_interval_steps=self.CHECKPOINT_EVERY_N_STEPS,
+            save_max_to_keep=self.CHECKPOINT_MAX_TO_KEEP,
             summary_interval_steps=self.SUMMARY_INTERVAL_STEPS,
             eval_interval_steps=self.EVAL_INTERVAL_STEPS, seed=self.TRAINING_SEED,
             target_log_pplx=self.TARGET_LOG_PPLX,

@@ -46,6 +46,13 @@ class ArithmeticAdditionTiny(ArithmeticDataset):
   MAX_SEQ_LEN = 12  # "99+99=198" + end of sequence
   PERCORE_BATCH_SIZE = 64
   FPROP_DTYPE = jnp.float32
+  DIMS_PER_HEAD = None  # 128 / 4 heads
+  USE_REPEATED_LAYER = True
+  COMBINE_QKV = False
+  ATTEN_LOGIT_CAP = 0.0  # no caps on this CPU model (read once the caps land)
+  SOFTMAX_CAP_LOGITS = 0.0
+  CLIP_GRADIENT_NORM_TO_VALUE = 1.0
+  TRAINING_OPTIMIZED_SHARDING = False
   LEARNING_RATE = 3e-3
   LR_SCHEDULE = "linear_rampup_cosine_decay"
   LR_COS_WARMUP = 100

@@ -1,32 +1,47 @@
-"""Pax's lm_cloud experiments on the synthetic LM stream, with Pax's numbers."""
+"""Pax's lm_cloud experiments (paxml/tasks/lm/params/lm_cloud.py) on the synthetic LM stream.
+
+Each class with a Pax name has Pax's values field by field: the SPMD family
+is Pax's TransformerLmSpmdAdafactor template with GELU, repeated layers and
+set_default_adam (Adam 0.9/0.99, gradient clip 5.0, 4000 warmup steps, then
+exponential decay to 0.1 at step 300k); heads are MODEL_DIMS / 128. The
+`*Tiny` members are CPU-sized and keep the settings they were tuned with.
+"""
 
 import jax.numpy as jnp
 
 from paxlike import experiment_registry
-from paxlike.lm_experiments import SyntheticDataset, TransformerLmSpmdAdam
+from paxlike.layers.activations import GELU, ReLU
+from paxlike.lm_experiments import SyntheticDataset, TransformerLmPmapAdam, TransformerLmSpmdAdam
 
 
-class LmCloudSpmd(SyntheticDataset, TransformerLmSpmdAdam):
-  """Base of the SPMD lm_cloud family (not registered)."""
+class LmCloudSpmd(TransformerLmSpmdAdam, SyntheticDataset):
+  """Base of the SPMD lm_cloud family (not registered).
 
+  Pax's LmCloudSpmd is TransformerLmSpmdAdafactor whose task() calls
+  set_default_adam; here that is the Adam template with the Adafactor
+  template's model values.
+  """
+
+  NUM_LAYERS = 10
+  MODEL_DIMS = 2048
+  NUM_HEADS = None  # MODEL_DIMS / DIMS_PER_HEAD
+  DIMS_PER_HEAD = 128
   FPROP_DTYPE = jnp.bfloat16
+  LEARNING_RATE = 2.5e-4
+  ACTIVATION = "gelu"
+  ACTIVATION_CLS = GELU  # Pax's name; read once ACTIVATION_CLS lands (the same value)
+  USE_GATED_ACTIVATION = False
   USE_REPEATED_LAYER = True
   CHECKPOINT_POLICY = "SAVE_NOTHING"
-  LEARNING_RATE = 2.5e-4
-  VOCAB_SIZE = 32000
-  MAX_SEQ_LEN = 1024
-  SUMMARY_INTERVAL_STEPS = 10
-  CHECKPOINT_EVERY_N_STEPS = 5000
 
 
 @experiment_registry.register
 class LmCloudSpmd2B(LmCloudSpmd):
-  """2B parameters: 18 layers of 3072 dims on ICI [1, 4, 1]."""
+  """2B parameters: 18 layers of 3072 dims (24 heads x 128) on ICI [1, 4, 1]."""
 
+  PERCORE_BATCH_SIZE = 8
   NUM_LAYERS = 18
   MODEL_DIMS = 3072
-  NUM_HEADS = 24  # x 128 dims per head; hidden 4 x 3072 = 12288
-  PERCORE_BATCH_SIZE = 8
   ICI_MESH_SHAPE = [1, 4, 1]
 
 
@@ -35,43 +50,77 @@ class LmCloudSpmd2BLimitSteps(LmCloudSpmd2B):
   NUM_TRAIN_STEPS = 300
 
 
-class LmCloudSpmdPod(LmCloudSpmd):
-  """Pax's pod-scale members: too big for a CPU to train, checked with --mode=dry_run."""
-
-  TRAINING_OPTIMIZED_SHARDING = True  # Pax's default: saved activations split over 'mdl'
-
-
 @experiment_registry.register
-class LmCloudSpmd32B(LmCloudSpmdPod):
+class LmCloudSpmd32B(LmCloudSpmd):
   """32B parameters: 40 layers of 8192 dims (64 heads x 128) on ICI [1, 16, 4]."""
 
+  PERCORE_BATCH_SIZE = 8
   NUM_LAYERS = 40
   MODEL_DIMS = 8192
-  NUM_HEADS = 64
-  PERCORE_BATCH_SIZE = 8
+  CHECKPOINT_POLICY = "SAVE_CONTEXT_AND_OUT_PROJ"
   ICI_MESH_SHAPE = [1, 16, 4]
 
 
 @experiment_registry.register
-class LmCloudSpmd128B(LmCloudSpmdPod):
+class LmCloudSpmd64B(LmCloudSpmd):
+  """64B parameters: 51 layers of 10240 dims (80 heads x 128) on ICI [1, 16, 8]."""
+
+  PERCORE_BATCH_SIZE = 4
+  NUM_LAYERS = 51
+  MODEL_DIMS = 10240
+  CHECKPOINT_POLICY = "SAVE_CONTEXT_AND_OUT_PROJ"
+  ICI_MESH_SHAPE = [1, 16, 8]
+
+
+@experiment_registry.register
+class LmCloudSpmd128B(LmCloudSpmd):
   """128B parameters: 71 layers of 12288 dims (96 heads x 128) on ICI [1, 64, 4]."""
 
+  PERCORE_BATCH_SIZE = 4
   NUM_LAYERS = 71
   MODEL_DIMS = 12288
-  NUM_HEADS = 96
-  PERCORE_BATCH_SIZE = 4
   ICI_MESH_SHAPE = [1, 64, 4]
 
 
 @experiment_registry.register
-class LmCloudSpmd1024B(LmCloudSpmdPod):
+class LmCloudSpmd256B(LmCloudSpmd):
+  """256B parameters: 80 layers of 16384 dims (128 heads x 128) on ICI [1, 64, 8]."""
+
+  PERCORE_BATCH_SIZE = 4
+  NUM_LAYERS = 80
+  MODEL_DIMS = 16384
+  ICI_MESH_SHAPE = [1, 64, 8]
+
+
+@experiment_registry.register
+class LmCloudSpmd512B(LmCloudSpmd):
+  """512B parameters: 102 layers of 20480 dims (160 heads x 128) on ICI [1, 64, 16]."""
+
+  PERCORE_BATCH_SIZE = 4
+  NUM_LAYERS = 102
+  MODEL_DIMS = 20480
+  ICI_MESH_SHAPE = [1, 64, 16]
+
+
+@experiment_registry.register
+class LmCloudSpmd1024B(LmCloudSpmd):
   """1T parameters: 142 layers of 24576 dims (192 heads x 128) on ICI [1, 256, 8]."""
 
+  PERCORE_BATCH_SIZE = 2
   NUM_LAYERS = 142
   MODEL_DIMS = 24576
-  NUM_HEADS = 192
-  PERCORE_BATCH_SIZE = 2
   ICI_MESH_SHAPE = [1, 256, 8]
+
+
+@experiment_registry.register
+class LmCloudSpmdTest(LmCloudSpmd):
+  """Pax's CPU test member: 2 layers of 64 dims (8 heads x 8), 32k vocabulary."""
+
+  PERCORE_BATCH_SIZE = 4
+  NUM_LAYERS = 2
+  MODEL_DIMS = 64
+  DIMS_PER_HEAD = 8
+  ICI_MESH_SHAPE = [1, 1, 1]
 
 
 @experiment_registry.register
@@ -81,10 +130,17 @@ class LmCloudSpmdTiny(LmCloudSpmd):
   NUM_LAYERS = 2
   MODEL_DIMS = 64
   NUM_HEADS = 4
+  DIMS_PER_HEAD = None
   VOCAB_SIZE = 256
   MAX_SEQ_LEN = 64
   PERCORE_BATCH_SIZE = 16
   FPROP_DTYPE = jnp.float32
+  ACTIVATION = "relu"
+  ACTIVATION_CLS = ReLU
+  COMBINE_QKV = False
+  ATTEN_LOGIT_CAP = 0.0  # no caps on this CPU member (read once the caps land)
+  SOFTMAX_CAP_LOGITS = 0.0
+  CLIP_GRADIENT_NORM_TO_VALUE = 1.0
   LEARNING_RATE = 3e-3
   LR_SCHEDULE = "linear_rampup_cosine_decay"
   LR_COS_WARMUP = 20
@@ -93,33 +149,35 @@ class LmCloudSpmdTiny(LmCloudSpmd):
   NUM_TRAIN_STEPS = 300
   CHECKPOINT_EVERY_N_STEPS = 100
   SUMMARY_INTERVAL_STEPS = 25
+  EVAL_INTERVAL_STEPS = 0
   ICI_MESH_SHAPE = [1, 1, 1]
+  TRAINING_OPTIMIZED_SHARDING = False
 
 
-class LmCloudTransformer(SyntheticDataset, TransformerLmSpmdAdam):
+class LmCloudTransformer(TransformerLmPmapAdam, SyntheticDataset):
   """Base of Pax's pmap lm_cloud family: no mesh, so the pmap loop runs."""
 
-  ICI_MESH_SHAPE = None
-  USE_REPEATED_LAYER = False
-  LEARNING_RATE = 1e-3
+  NUM_LAYERS = 32
   VOCAB_SIZE = 32000
-  MAX_SEQ_LEN = 1024
-  PERCORE_BATCH_SIZE = 16
-  SUMMARY_INTERVAL_STEPS = 10
+  NUM_HEADS = 16
+  MODEL_DIMS = 1024
+  LEARNING_RATE = 1e-3
 
 
 @experiment_registry.register
 class LmCloudTransformerAdam(LmCloudTransformer):
   """Pax's pmap example: 32 layers of 1024 dims, 16 heads, Adam."""
 
-  NUM_LAYERS = 32
-  MODEL_DIMS = 1024
-  NUM_HEADS = 16
+
+@experiment_registry.register
+class LmCloudTransformerAdamTest(LmCloudTransformerAdam):
+  NUM_LAYERS = 2
 
 
 @experiment_registry.register
 class LmCloudTransformerAdamLimitSteps(LmCloudTransformerAdam):
-  NUM_TRAIN_STEPS = 300
+  NUM_LAYERS = 10
+  NUM_TRAIN_STEPS = 2000
 
 
 @experiment_registry.register
@@ -132,6 +190,9 @@ class LmCloudTransformerAdamTiny(LmCloudTransformer):
   VOCAB_SIZE = 256
   MAX_SEQ_LEN = 64
   PERCORE_BATCH_SIZE = 16
+  ACTIVATION = "relu"
+  ATTEN_LOGIT_CAP = 0.0  # no caps on this CPU member (read once the caps land)
+  CLIP_GRADIENT_NORM_TO_VALUE = 1.0
   LEARNING_RATE = 3e-3
   LR_SCHEDULE = "linear_rampup_cosine_decay"
   LR_COS_WARMUP = 20
@@ -140,3 +201,4 @@ class LmCloudTransformerAdamTiny(LmCloudTransformer):
   NUM_TRAIN_STEPS = 300
   CHECKPOINT_EVERY_N_STEPS = 100
   SUMMARY_INTERVAL_STEPS = 25
+  EVAL_INTERVAL_STEPS = 0

@@ -1,0 +1,52 @@
+"""praxis.base_input: BaseInput, and LingvoInputAdaptor for Pax's lingvo-style inputs."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import fiddle as fdl
+
+from paxlike.inputs.base_input import BaseInput as _BaseInput
+from paxlike.pax._hparams import HParams
+
+
+@dataclasses.dataclass
+class BaseInput(_BaseInput):
+  """paxlike's BaseInput; `BaseInput.HParams(...)` configures a subclass as Pax did."""
+
+  HParams = HParams()
+
+
+class LingvoInputAdaptor:
+  """Pax's adaptor around a lingvo input generator; paxlike's inputs need no adaptor.
+
+  `LingvoInputAdaptor.HParams(input=cfg, is_training=..., ...)` returns the
+  inner input's config with the adaptor's fields set on it, so the run reads
+  the inner input directly. A config of the adaptor itself builds into the
+  inner input with those fields replaced.
+  """
+
+  def __new__(cls, input: _BaseInput, **fields: Any) -> _BaseInput:  # noqa: A002
+    return dataclasses.replace(input, **_with_name(fields, input.is_training))
+
+  @staticmethod
+  def HParams(input: fdl.Config, **fields: Any) -> fdl.Config:  # noqa: A002, N802
+    """The inner input's config, with the adaptor's fields (is_training, ...) on it."""
+    cfg = copy.deepcopy(input)
+    if "name" not in cfg.__arguments__:
+      fields = _with_name(fields, fields.get("is_training", True))
+    for key, value in fields.items():
+      setattr(cfg, key, value)
+    return cfg
+
+
+def _with_name(fields: dict[str, Any], is_training: bool) -> dict[str, Any]:
+  """Names an unnamed eval input 'eval' (summaries/eval_test_eval), as paxlike's own do."""
+  if "name" in fields or fields.get("is_training", is_training):
+    return fields
+  return {**fields, "name": "eval"}
+
+
+__all__ = ["BaseInput", "LingvoInputAdaptor"]

@@ -1,0 +1,13 @@
+"""paxml.tasks_lib: the task config a Pax experiment's task() returns and edits."""
+
+from paxlike.pax._hparams import HParams
+from paxlike.task import Task, TrainSettings
+
+
+class SingleTask(Task):
+  """paxlike's Task under Pax's name; `SingleTask.HParams(...)` configures it."""
+
+  HParams = HParams()
+
+
+__all__ = ["SingleTask", "TrainSettings"]
