@@ -118,3 +118,20 @@ ENTRY %main.2 (x: f32[2,2]) -> f32[2,2] {
 }
 """
   assert profiler.fused_dots(hlo) == {"ynn_fusion"}
+
+
+def test_plan_flags_win_over_the_experiments_pax_names():
+  class Exp:
+    PROFILER_NUM_STEPS = 4
+    PROFILER_CAPTURE_STEP = 10
+
+  assert profiler.make_plan(None, None, Exp()) == profiler.ProfilePlan(10, 4)
+  assert profiler.make_plan(2, None, Exp()) == profiler.ProfilePlan(10, 2)
+  assert profiler.make_plan(2, 5, Exp()) == profiler.ProfilePlan(5, 2)
+  assert profiler.make_plan(0, None, Exp()) is None  # the flag turns it off
+  assert profiler.make_plan(None, None, object()) is None  # off by default
+  Exp.PROFILER_CAPTURE_STEP = 0  # Pax's default: paxlike's start, after warm-up
+  assert profiler.make_plan(None, None, Exp()) == profiler.ProfilePlan(3, 4)
+  with pytest.raises(profiler.UserError, match="PROFILER_NUM_STEPS"):
+    Exp.PROFILER_NUM_STEPS = -2
+    profiler.make_plan(None, None, Exp())
