@@ -6,7 +6,11 @@ The model side is three things (see paxlike.models.base):
       feeds one token per row at position `index` (a scalar shared by rows);
   gather_cache(cache, indices [M]) -> cache
       the cache with rows taken at `indices` (beam search expands each row
-      into num_beams rows with it, then reorders beams every step);
+      into num_beams rows with it, then reorders beams every step); a model
+      may pass two cheaper hooks for beam search instead (see generate):
+      expand_cache, which may keep a leaf that every beam of a row shares
+      (T5's encoder keys/values) once per row, and reorder_cache, which may
+      skip leaves that are the same in every beam of a row;
   DecodeStart
       what the prefill left: the first tokens to feed, the position they
       go to, how many output positions there are, and tokens the model
@@ -102,7 +106,9 @@ def brevity_penalty(length: jax.Array, alpha: float) -> jax.Array:
 
 def generate(extend: Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any]],
              cache: Any, start: DecodeStart, settings: DecodeSettings, key: jax.Array,
-             gather_cache: Callable[[Any, jax.Array], Any]) -> DecodeOutput:
+             gather_cache: Callable[[Any, jax.Array], Any],
+             expand_cache: Callable[[Any, jax.Array], Any] | None = None,
+             reorder_cache: Callable[[Any, jax.Array], Any] | None = None) -> DecodeOutput:
   """Runs the decode loop (jit-able; a lax.while_loop that ends early).
 
   num_beams == 1 decodes greedily (temperature 0) or samples (temperature > 0);
@@ -136,6 +142,12 @@ def generate(extend: Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any]
     settings: greedy / sampling / beam search.
     key: PRNG key for sampling (folded with the step).
     gather_cache: see the module docstring.
+    expand_cache: beam search's first step: (cache, indices [B * K], each row
+      index K times) -> the cache of B * K beams; default gather_cache.
+    reorder_cache: beam search's reorder: (cache, indices [B * K], beam rows
+      taken from rows of the same example) -> cache; default gather_cache.
+      Beams never move between examples, so a leaf equal in every beam of a
+      row needs no reorder.
 
   Returns:
     DecodeOutput with K = settings.num_beams.
@@ -150,7 +162,8 @@ def generate(extend: Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any]
   if not 0.0 < settings.top_p <= 1.0:
     raise ValueError(f"top_p must be in (0, 1], got {settings.top_p}")
   if settings.num_beams > 1:
-    return _beam_search(extend, cache, start, settings, settings.num_beams, gather_cache)
+    return _beam_search(extend, cache, start, settings, settings.num_beams,
+                        expand_cache or gather_cache, reorder_cache or gather_cache)
   return _greedy_or_sample(extend, cache, start, settings, key)
 
 
@@ -315,8 +328,12 @@ def _best_live_bound(live_log_probs: jax.Array, live_lengths: jax.Array, max_len
 
 
 def _beam_search(extend, cache, start: DecodeStart, settings: DecodeSettings, num_beams: int,
-                 gather_cache) -> DecodeOutput:
-  """T5X-style beam search with num_beams beams (see generate; also runs with 1 beam)."""
+                 expand_cache, reorder_cache=None) -> DecodeOutput:
+  """T5X-style beam search with num_beams beams (see generate; also runs with 1 beam).
+
+  expand_cache also reorders when no reorder_cache is given (a plain gather_cache).
+  """
+  reorder_cache = reorder_cache or expand_cache
   batch = start.first_tokens.shape[0]
   k = num_beams
   alpha = settings.alpha
@@ -378,7 +395,7 @@ def _beam_search(extend, cache, start: DecodeStart, settings: DecodeSettings, nu
 
     return _BeamState(
         step=step + 1,
-        cache=gather_cache(new_cache, (row_base + live_beam).reshape(-1)),
+        cache=reorder_cache(new_cache, (row_base + live_beam).reshape(-1)),
         inputs=live_token.reshape(-1),
         live_tokens=jax.lax.dynamic_update_index_in_dim(live_tokens, live_token, step, axis=2),
         live_log_probs=jnp.take_along_axis(cand_log_probs, pick, axis=1),
@@ -389,7 +406,7 @@ def _beam_search(extend, cache, start: DecodeStart, settings: DecodeSettings, nu
 
   init = _BeamState(
       step=jnp.zeros((), jnp.int32),
-      cache=gather_cache(cache, jnp.repeat(jnp.arange(batch, dtype=jnp.int32), k)),
+      cache=expand_cache(cache, jnp.repeat(jnp.arange(batch, dtype=jnp.int32), k)),
       inputs=jnp.repeat(start.first_tokens.astype(jnp.int32), k),
       live_tokens=jnp.full((batch, k, start.num_steps), settings.pad_id, jnp.int32),
       # Only beam 0 is alive at first, so the K copies of a row do not all

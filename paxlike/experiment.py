@@ -47,6 +47,11 @@ class BaseExperiment:
   # latencies auto PGLE compiles with.
   PGLE_PROFILING_RUNS = 3
   PGLE_AGGREGATION_PERCENTILE = 90
+  # Trace this many training steps, from step PROFILER_CAPTURE_STEP (0: the
+  # default, 3), into job_log_dir/profile (paxlike.profiler); --profile_steps and
+  # --profile_start_step win. None or 0: no trace.
+  PROFILER_NUM_STEPS: int | None = None
+  PROFILER_CAPTURE_STEP = 0
   # SPMD: also shard the activations' embed dim over 'mdl' (Pax's name and idea;
   # see paxlike.mesh.TRAINING_OPTIMIZED_RULES).
   TRAINING_OPTIMIZED_SHARDING = False

@@ -89,6 +89,12 @@ flags.DEFINE_integer("pgle_profiling_runs", None, "Steps PGLE profiles (default:
                      "experiment's PGLE_PROFILING_RUNS).")
 flags.DEFINE_integer("pgle_aggregation_percentile", None, "Percentile of the profiled "
                      "latencies auto PGLE uses (default: PGLE_AGGREGATION_PERCENTILE).")
+flags.DEFINE_integer("profile_steps", None, "Trace this many training steps with jax.profiler "
+                     "into job_log_dir/profile/ and summarise them (GEMM, attention, other ops, "
+                     "collectives, host gaps) in the log and profile/summary.json (default: the "
+                     "experiment's PROFILER_NUM_STEPS; 0: off).")
+flags.DEFINE_integer("profile_start_step", None, "The first traced step (default: "
+                     "PROFILER_CAPTURE_STEP, else 3: after compilation and warm-up).")
 flags.DEFINE_string("target", "tpu_v5p", "--mode=dry_run: the device kind whose memory the "
                     "step must fit (tpu_v4, tpu_v5e, tpu_v5p, tpu_v6e, a100, h100, h200).")
 
@@ -139,6 +145,9 @@ def run(argv_flags: flags.FlagValues) -> int:
   if argv_flags.infer_input and argv_flags.mode != "infer":
     raise UserError(f"--infer_input is read only by --mode=infer, not --mode={argv_flags.mode}; "
                     "add --mode=infer or drop --infer_input.")
+  from paxlike import profiler
+
+  profile_plan = profiler.make_plan(argv_flags.profile_steps, argv_flags.profile_start_step, exp)
   # Nothing is created in job_log_dir until the experiment's configs are built and
   # every hyperparameter the user wrote was read (experiment.build_checked).
   job_log_dir = _job_log_dir_path(argv_flags.job_log_dir)
@@ -273,6 +282,7 @@ def run(argv_flags: flags.FlagValues) -> int:
   options.decode_during_train = argv_flags.decode_during_train
   options.restore_fallback = argv_flags.restore_fallback
   options.skip_nonfinite_steps = argv_flags.skip_nonfinite_steps
+  options.profile = profile_plan
   if argv_flags.mode in ("eval", "decode", "infer", "export"):
     state, step = evaluator.restore_for_eval(
         task, train_inputs[0], partitioner, job_log_dir, argv_flags.restore_checkpoint_step,

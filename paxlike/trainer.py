@@ -7,6 +7,7 @@ it drives a partitioner (spmd or pmap) through one interface.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import queue
 import threading
@@ -19,6 +20,7 @@ import numpy as np
 from paxlike import checkpoints as ckpt_lib
 from paxlike import faults, flops, goodput, initial, nonfinite, pgle, preemption, resume, summaries
 from paxlike import log as logging
+from paxlike import profiler as prof_lib
 from paxlike import train_state as ts
 from paxlike.inputs.base_input import BaseInput, input_specs
 from paxlike.steps import batch_shards, check_microbatches, make_train_step
@@ -46,6 +48,7 @@ class TrainOptions:
   restore_fallback: bool = False  # a damaged checkpoint: move it aside, restore the step before
   init_from: initial.InitFrom | None = None  # with no checkpoint: start from these weights
   skip_nonfinite_steps: bool = False  # NaN/Inf loss or gradient: skip the update, don't stop
+  profile: prof_lib.ProfilePlan | None = None  # trace these steps into job_log_dir/profile
 
 
 @dataclasses.dataclass
@@ -228,6 +231,7 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
   guard = nonfinite.FiniteGuard(nonfinite.param_names(abstract.params), partitioner.unshard,
                                 skip=options.skip_nonfinite_steps)
   watcher = preemption.StopWatcher().install()
+  step_profiler = prof_lib.StepProfiler(options.profile, job_log_dir, enabled=is_chief)
   try:
     step = start_step
     t_start = time.perf_counter()
@@ -237,8 +241,12 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
     batch = partitioner.shard_batch(host_batch)
     t_mark, step_mark = None, step
     while step < settings.num_train_steps:
+      if step_profiler.wants(step + 1):
+        step_profiler.before_step(step + 1, functools.partial(_hlo_text, step_fn, state, batch,
+                                                              key))
       state, metrics = step_fn(state, batch, key)
       step += 1
+      step_profiler.after_step(step, metrics, last_step=step >= settings.num_train_steps)
       metrics = guard.record(step, metrics)  # keeps a device scalar: no sync here
       faults.hit("step", step)
       if step < settings.num_train_steps:
@@ -311,6 +319,7 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
         result.eval_metrics = _run_eval(options, state, step, decode=True)
   finally:
     watcher.uninstall()
+    step_profiler.finish()  # a run that stopped inside the profiled steps
     prefetch.close()
     if pgle_collector:
       pgle_collector.close()
@@ -352,6 +361,11 @@ def _reached_target(target: float | None, evals: dict[str, dict[str, float]],
     logging.info("TARGET_LOG_PPLX %g reached at step %d (%s): training stops", target, step,
                  ", ".join(f"{k} log_pplx {v:.4f}" for k, v in reached.items()))
   return bool(reached)
+
+
+def _hlo_text(step_fn: Any, *args: Any) -> str:
+  """The compiled step's HLO text (the jit cache has it after the first step)."""
+  return step_fn.lower(*args).compile().as_text()
 
 
 def _num_devices(partitioner: Any) -> int:

@@ -100,6 +100,47 @@ def test_cached_decode_equals_recomputation(scanned):
     assert diff < 1e-5, f"position {i}: cached logits differ from fprop's by {diff}"
 
 
+@pytest.mark.parametrize("scanned", [False, True], ids=["unrolled", "scanned"])
+def test_beam_search_shares_encoder_caches_across_beams(scanned):
+  """Beam search keeps encoder keys/values once per example and decodes as with a copy per beam.
+
+  The reference expands and reorders every cache leaf (decoding.generate's
+  plain gather_cache path); T5Model's hooks must give the same beams.
+  """
+  import jax
+
+  from paxlike import decoding
+
+  model = _model(use_repeated_layer=scanned, tie_embeddings=scanned)
+  batch = _batch(enc_lens=(7, 3, 5))
+  params = _init(model, batch)
+  settings = decoding.DecodeSettings(max_decode_length=6, num_beams=3, eos_id=-1)
+  key = jax.random.key(0)
+  enc = {"encoder_input_tokens": batch["encoder_input_tokens"]}
+  start, variables = model.apply({"params": params}, enc, settings, method="prefill",
+                                 mutable=["cache"])
+  shapes = []
+
+  def extend(cache, tokens, index):
+    shapes.append({jax.tree_util.keystr(p): x.shape
+                   for p, x in jax.tree_util.tree_leaves_with_path(cache)})
+    logits, mutated = model.apply({"params": params, "cache": cache}, tokens, index,
+                                  method="extend", mutable=["cache"])
+    return logits, mutated["cache"]
+
+  def run(hooks):
+    return jax.jit(lambda c: decoding.generate(extend, c, start, settings, key, **hooks))(
+        variables["cache"])
+
+  shared = run({"gather_cache": model.gather_cache, "expand_cache": model.expand_cache,
+                "reorder_cache": model.reorder_cache})
+  cross = [s for p, s in shapes[0].items() if "encoder_decoder_attention" in p]
+  assert cross and all(s[int(scanned)] == 3 for s in cross), cross  # rows, not rows x beams
+  copied = run({"gather_cache": model.gather_cache})
+  np.testing.assert_array_equal(shared.tokens, copied.tokens)
+  np.testing.assert_allclose(shared.scores, copied.scores, rtol=1e-5)
+
+
 def test_packed_examples_score_like_unpacked_ones():
   """Two examples in one row (segment ids, positions) lose what they lose in two rows."""
   import jax

@@ -299,8 +299,15 @@ class T5Attention(nn.Module):
       source = x if kv is None else kv
       k, v = constrain(key(source)), constrain(value(source))
 
+    rows, beams = k.shape[0], q.shape[0] // k.shape[0]
+    if mode == EXTEND and self.cross and beams > 1:
+      # Beam search keeps the encoder's keys/values (and mask) once per example
+      # (T5Model.expand_cache): a row's beams attend them as that row's queries.
+      q = q.reshape(rows, beams * q.shape[1], n, h)
     context = attend(self, q, k.astype(self.dtype), v.astype(self.dtype), bias, mask,
                      self.dropout_rate)
+    if mode == EXTEND and self.cross and beams > 1:
+      context = context.reshape(rows * beams, -1, n, h)
     context = checkpoint_name(constrain(context), "context")
     out = DenseGeneral((d,), ("heads", "kv", "embed"), in_dims=2, dtype=self.dtype,
                        name="out")(context)

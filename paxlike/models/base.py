@@ -29,6 +29,9 @@ Plain methods (no parameters needed; callable on the unbound module):
   special_ids()           {"eos_id", "pad_id"} for decoding
   gather_cache(cache, idx) the cache with its batch rows taken at idx
                           (beam search expands and reorders rows with it)
+  expand_cache / reorder_cache  beam search's cheaper forms of it: a family
+                          may keep beam-invariant leaves once per example
+                          and skip them when beams reorder (default: gather_cache)
   prompt_and_target(host_batch) -> (prompts, targets, real)
                           per row, the prompt ids and the reference ids
                           decode output is written beside and scored on,
@@ -93,6 +96,14 @@ class BaseModel(nn.Module):
     """Parameter entries that only pad a table to the mesh (not counted as parameters)."""
     return 0
 
+  def expand_cache(self, cache: Any, indices: jax.Array) -> Any:
+    """Beam search's first step: each row's cache for its beams (see decoding.generate)."""
+    return self.gather_cache(cache, indices)
+
+  def reorder_cache(self, cache: Any, indices: jax.Array) -> Any:
+    """Beam search's reorder within each example's beams (see decoding.generate)."""
+    return self.gather_cache(cache, indices)
+
   def special_ids(self) -> dict[str, int]:
     """The ids decoding ends rows with and pads them with."""
     return {"eos_id": 1, "pad_id": 0}
@@ -145,5 +156,6 @@ class BaseModel(nn.Module):
       return logits, mutated["cache"]
 
     out = decoding.generate(extend, variables["cache"], start, settings, key,
-                            gather_cache=self.gather_cache)
+                            gather_cache=self.gather_cache, expand_cache=self.expand_cache,
+                            reorder_cache=self.reorder_cache)
     return self.finish_decode(batch, start, out, settings)

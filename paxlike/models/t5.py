@@ -190,6 +190,16 @@ class T5Decoder(T5Stack):
     return nn.with_logical_constraint(logits, VOCAB_AXES)
 
 
+def _names(path: tuple[Any, ...]) -> list[str]:
+  return [str(getattr(p, "key", p)) for p in path]
+
+
+def _per_example(path: tuple[Any, ...]) -> bool:
+  """Cache leaves that depend on the example only: the encoder's keys/values and padding."""
+  names = _names(path)
+  return "encoder_decoder_attention" in names or names[-1:] == ["encoder_valid"]
+
+
 def _segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
   """[B, 1, Tq, Tk]: True where query and key belong to the same example."""
   return q_segments[:, None, :, None] == k_segments[:, None, None, :]
@@ -320,9 +330,26 @@ class T5Model(BaseModel):
     return logits[:, 0].astype(jnp.float32)
 
   def gather_cache(self, cache: Any, indices: jax.Array) -> Any:
+    return self._take_cache(cache, indices, skip=lambda path: False)
+
+  def expand_cache(self, cache: Any, indices: jax.Array) -> Any:
+    """Beams of a row share its encoder keys/values and padding: those stay once per row.
+
+    Cross-attention then groups a row's beams as queries of one row (T5Attention).
+    """
+    return self._take_cache(cache, indices, skip=_per_example)
+
+  def reorder_cache(self, cache: Any, indices: jax.Array) -> Any:
+    """Only the self-attention caches differ between beams; the rest is not copied."""
+    return self._take_cache(cache, indices,
+                            skip=lambda path: _per_example(path) or _names(path)[-1:] == [
+                                "key_positions"])
+
+  def _take_cache(self, cache: Any, indices: jax.Array, skip: Any) -> Any:
     def take(path: tuple[Any, ...], x: jax.Array) -> jax.Array:
-      scanned = self.use_repeated_layer and any(
-          getattr(p, "key", None) == "layers" for p in path)
+      if skip(path):
+        return x
+      scanned = self.use_repeated_layer and "layers" in _names(path)
       return jnp.take(x, indices, axis=1 if scanned else 0)
 
     return jax.tree_util.tree_map_with_path(take, cache)
