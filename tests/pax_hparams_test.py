@@ -108,7 +108,7 @@ def test_a_set_that_task_overwrites_is_refused_naming_the_task():
   # Without the --set the task()'s value stands; another --set is not affected.
   _, configs = _build(_Sets300, [*SMALL, "LEARNING_RATE=0.01"])
   assert configs.task.train.num_train_steps == 300
-  assert configs.task.learner.learning_rate == 0.01
+  assert configs.task.train.learner.learning_rate == 0.01
 
 
 def test_a_task_that_derives_a_field_from_the_set_key_is_not_refused():
@@ -124,9 +124,9 @@ def test_a_task_that_derives_a_field_from_the_set_key_is_not_refused():
 
 def test_set_of_a_task_path_applies_after_task():
   _, configs = _build(_Sets300, [*SMALL, "train.num_train_steps=3",
-                                 "learner.clip_gradient_norm_to_value=2.5"])
+                                 "train.learner.clip_gradient_norm_to_value=2.5"])
   assert configs.task.train.num_train_steps == 3
-  assert configs.task.learner.clip_gradient_norm_to_value == 2.5
+  assert configs.task.train.learner.clip_gradient_norm_to_value == 2.5
   with pytest.raises(UserError, match="the task config has no train.num_trian_steps"):
     _build(_Sets300, ["train.num_trian_steps=3"])
 
@@ -135,14 +135,14 @@ def test_a_task_edit_of_a_missing_path_is_one_sentence_naming_it():
   class EditsMissing(registry.get(TINY)):
     def task(self):
       task_p = super().task()
-      task_p.train.save_interval_steps = 100
+      task_p.model.lm_tpl.packed_input = True  # Pax's nesting; paxlike's model is flat
       return task_p
 
   with pytest.raises(UserError) as e:
     _build(EditsMissing)
   msg = str(e.value)
-  assert "EditsMissing.task()" in msg and "save_interval_steps" in msg
-  assert "task_p.train.save_interval_steps = 100" in msg  # the user's line
+  assert "EditsMissing.task()" in msg and "lm_tpl" in msg
+  assert "task_p.model.lm_tpl.packed_input = True" in msg  # the user's line
   assert "\n" not in msg
 
 
@@ -203,7 +203,7 @@ def test_schedule_knobs_are_read_under_paxs_names():
                                     "LR_LRED_WARMUP=0", "LR_LRED_DECAY_START=10",
                                     "LR_LRED_DECAY_END=20", "LR_LRED_MIN_RATIO=0.5",
                                     "LR_LRED_MAX=2.0"])
-  learner = fdl.build(configs.task.learner)
+  learner = fdl.build(configs.task.train.learner)
   assert (learner.warmup_steps, learner.decay_start, learner.decay_end, learner.min_ratio,
           learner.max) == (0, 10, 20, 0.5, 2.0)
   with pytest.raises(UserError, match="LR_LRED_WARMUP <= LR_LRED_DECAY_START"):
