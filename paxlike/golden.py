@@ -37,6 +37,14 @@ PMAP_DEVICES = 8
 # and not compared while either side lacks them.
 UNAVAILABLE = "unavailable here"
 INPUT_DEPENDENT = ("input.", "model.", "bytes_per_device.", "flops.")
+# The compiled step's peak bytes per device (the dry run's XLA CPU compile) of each
+# pod-scale experiment: compiled by `--compile-all` (minutes for the set), carried
+# over by a plain --update, and compared with a relative tolerance, since XLA's
+# buffer assignment moves a little between versions.
+COMPILED_FIELD = "compiled.peak_bytes_per_device"
+COMPILE_TOLERANCE = 0.10
+COMPILE_COMMAND = "python -m paxlike.golden --compile-all --update"
+POD_PARAMS = 10**9  # SPMD experiments from a billion parameters up, or on more than 8 devices
 HEADER = f"# Golden record; regenerate with `{UPDATE_COMMAND}` and review the diff.\n"
 
 
@@ -287,6 +295,10 @@ def diff(old: dict[str, str], new: dict[str, str]) -> list[str]:
                 for r in (old, new))
   out = []
   for k in list(old) + [k for k in new if k not in old]:
+    if k == COMPILED_FIELD:
+      if k in new and k in old and not within_tolerance(old[k], new[k]):
+        out.append(f"{k}: {old[k]} -> {new[k]} (over the {COMPILE_TOLERANCE:.0%} tolerance)")
+      continue  # compared only where both sides compiled (--compile-all)
     if k not in new:
       out.append(f"{k}: {old[k]} -> (gone)")
     elif k not in old:
@@ -294,6 +306,89 @@ def diff(old: dict[str, str], new: dict[str, str]) -> list[str]:
     elif old[k] != new[k]:
       out.append(f"{k}: {old[k]} -> {new[k]}")
   return out
+
+
+def within_tolerance(old: str, new: str) -> bool:
+  a, b = int(old.split()[0]), int(new.split()[0])
+  return abs(b - a) <= COMPILE_TOLERANCE * max(a, 1)
+
+
+def is_pod_scale(rec: dict[str, str]) -> bool:
+  """Too large to train on a CPU: SPMD, and a billion parameters or more than 8 devices."""
+  if rec.get("mesh.kind") != "spmd" or "model.params" not in rec:
+    return False
+  return int(rec["model.params"]) >= POD_PARAMS or int(rec["mesh.num_devices"]) > PMAP_DEVICES
+
+
+def compiled_peak(key: str) -> int:
+  """The compiled train step's peak bytes per device, from `--mode=dry_run` in a subprocess.
+
+  A subprocess because the dry run needs as many fake CPU devices as the
+  experiment's mesh, and a JAX process fixes its device count when it starts.
+  """
+  import json
+  import subprocess
+  import tempfile
+
+  with tempfile.TemporaryDirectory() as job:
+    proc = subprocess.run(
+        [sys.executable, "-m", "paxlike.main", f"--exp={key}", f"--job_log_dir={job}",
+         "--mode=dry_run", "--target=tpu_v4"], capture_output=True, text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"}, cwd=RECORD_DIR.parent.parent)
+    if proc.returncode:
+      raise RuntimeError(f"the dry run of {key} failed (exit {proc.returncode}):\n"
+                         f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    with open(os.path.join(job, "dry_run.json")) as f:
+      return int(json.load(f)["compiled_memory_per_device"]["peak"])
+
+
+def compiled_value(peak: int) -> str:
+  return f"{peak} (~{peak / 2**30:.2f} GiB; within {COMPILE_TOLERANCE:.0%} matches)"
+
+
+def pod_scale_keys(keys: list[str] | None = None) -> list[str]:
+  """The shipped experiments whose dry run the golden records keep (sorted)."""
+  keys = shipped_keys() if keys is None else keys
+  _STATE_CACHE.clear()
+  return [k for k in keys if is_pod_scale(compute(k))]
+
+
+def recorded_pod_scale_keys(record_dir: Path = RECORD_DIR) -> list[str]:
+  """pod_scale_keys() read from the records (seconds cheaper; the golden test keeps them true)."""
+  keys = shipped_keys()
+  names = record_names(keys)
+  return [k for k in keys if (record_dir / f"{names[k]}.txt").exists()
+          and is_pod_scale(parse((record_dir / f"{names[k]}.txt").read_text()))]
+
+
+def rotating_subset(keys: list[str], day: int, per_day: int = 1) -> list[str]:
+  """per_day of keys, a different slice each day, covering all of them every len/per_day days."""
+  if not keys:
+    return []
+  start = (day * per_day) % len(keys)
+  return [keys[(start + i) % len(keys)] for i in range(min(per_day, len(keys)))]
+
+
+def check_compiled(keys: list[str], record_dir: Path = RECORD_DIR
+                   ) -> tuple[dict[str, list[str]], list[str]]:
+  """Dry-runs keys and compares their compiled peak with the records' (tolerance).
+
+  Returns:
+    ({record name: [moved field]}, names whose record has no compiled peak yet).
+  """
+  names = record_names(shipped_keys())
+  moved, missing = {}, []
+  for key in keys:
+    old = parse((record_dir / f"{names[key]}.txt").read_text()) if (
+        record_dir / f"{names[key]}.txt").exists() else {}
+    if COMPILED_FIELD not in old:
+      missing.append(names[key])
+      continue
+    changes = diff({COMPILED_FIELD: old[COMPILED_FIELD]},
+                   {COMPILED_FIELD: compiled_value(compiled_peak(key))})
+    if changes:
+      moved[names[key]] = changes
+  return moved, missing
 
 
 def check(keys: list[str] | None = None, record_dir: Path = RECORD_DIR
@@ -336,14 +431,27 @@ def report(moved: dict[str, list[str]], missing: list[str], stale: list[str]) ->
   return "\n".join(lines)
 
 
-def update(record_dir: Path = RECORD_DIR) -> list[str]:
-  """Rewrites every record and removes those of unregistered experiments; the names written."""
+def update(record_dir: Path = RECORD_DIR, compile_all: bool = False) -> list[str]:
+  """Rewrites every record and removes those of unregistered experiments; the names written.
+
+  A pod-scale experiment's compiled peak is dry-run anew with compile_all,
+  and otherwise carried over from its old record.
+  """
   record_dir.mkdir(parents=True, exist_ok=True)
   keys = shipped_keys()
   names = record_names(keys)
   _STATE_CACHE.clear()
   for key in keys:
-    (record_dir / f"{names[key]}.txt").write_text(render(compute(key)))
+    path = record_dir / f"{names[key]}.txt"
+    rec = compute(key)
+    if is_pod_scale(rec):
+      old = parse(path.read_text()) if path.exists() else {}
+      if compile_all:
+        print(f"dry run: {names[key]}", flush=True)
+        rec[COMPILED_FIELD] = compiled_value(compiled_peak(key))
+      elif COMPILED_FIELD in old:
+        rec[COMPILED_FIELD] = old[COMPILED_FIELD]
+    path.write_text(render(rec))
   for p in record_dir.glob("*.txt"):
     if p.stem not in names.values():
       p.unlink()
@@ -355,14 +463,23 @@ def main(argv: list[str] | None = None) -> int:
       "\n")[0])
   parser.add_argument("--update", action="store_true",
                       help="rewrite every record (after an intended change), then review the diff")
+  parser.add_argument("--compile-all", action="store_true",
+                      help="also dry-run every pod-scale experiment (minutes) and compare (or, "
+                      "with --update, record) its compiled peak bytes per device")
   args = parser.parse_args(argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   if args.update:
-    written = update()
+    written = update(compile_all=args.compile_all)
     print(f"wrote {len(written)} records under {RECORD_DIR}")
     return 0
-  result = check()
-  text = report(*result)
+  moved, missing, stale = check()
+  if args.compile_all:
+    compiled_moved, no_peak = check_compiled(pod_scale_keys())
+    for name, changes in compiled_moved.items():
+      moved.setdefault(name, []).extend(changes)
+    if no_peak:
+      print(f"no compiled peak recorded for: {', '.join(no_peak)} (run `{COMPILE_COMMAND}`)")
+  text = report(moved, missing, stale)
   print(text or f"all {len(shipped_keys())} records match")
   return 1 if text else 0
 

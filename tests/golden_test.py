@@ -76,3 +76,18 @@ def test_bytes_per_device_equal_the_real_shardings_on_an_8_device_mesh():
 ])
 def test_diff(old, new, moved):
   assert golden.diff(old, new) == moved
+
+
+def test_the_compiled_peak_is_compared_within_its_tolerance():
+  old = {golden.COMPILED_FIELD: golden.compiled_value(1000)}
+  assert golden.diff(old, {golden.COMPILED_FIELD: golden.compiled_value(1090)}) == []
+  moved = golden.diff(old, {golden.COMPILED_FIELD: golden.compiled_value(1200)})
+  assert len(moved) == 1 and "-> 1200" in moved[0] and "tolerance" in moved[0]
+  # A plain check does not compile: the recorded peak is not compared then.
+  assert golden.diff(old, {}) == []
+
+
+def test_the_rotating_subset_covers_every_pod_scale_experiment():
+  keys = [f"k{i}" for i in range(14)]
+  days = [golden.rotating_subset(keys, d) for d in range(1, 15)]
+  assert all(len(d) == 1 for d in days) and sorted(sum(days, [])) == sorted(keys)
