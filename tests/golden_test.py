@@ -91,3 +91,16 @@ def test_the_rotating_subset_covers_every_pod_scale_experiment():
   keys = [f"k{i}" for i in range(14)]
   days = [golden.rotating_subset(keys, d) for d in range(1, 15)]
   assert all(len(d) == 1 for d in days) and sorted(sum(days, [])) == sorted(keys)
+
+
+def test_a_family_without_a_flops_formula_is_recorded_as_na(monkeypatch):
+  from paxlike.models.language_model import LanguageModel
+
+  def no_formula(self, specs):
+    raise NotImplementedError
+
+  monkeypatch.setattr(LanguageModel, "model_flops_per_step", no_formula)
+  rec = golden.compute(LM_TINY)
+  assert rec["flops.model_per_step"] == (
+      "n/a (LanguageModel has no model_flops_per_step formula)")
+  assert int(rec["model.params"]) > 0
