@@ -143,8 +143,10 @@ def hparams(exp: BaseExperiment) -> list[HParam]:
   with untracked(exp):  # listing them is not reading them
     for klass in reversed(cls.__mro__):
       for name, value in vars(klass).items():
-        # dtypes (jnp.float32, ...) are callable but are hyperparameters, not methods.
-        if is_hparam(name) and (_is_dtype_like(value) or not callable(value)):
+        # dtypes (jnp.float32, ...) and classes (ACTIVATION_CLS = layers.GELU) are callable
+        # but are hyperparameters, not methods.
+        if is_hparam(name) and (_is_dtype_like(value) or isinstance(value, type)
+                                or not callable(value)):
           out[name] = HParam(name, getattr(exp, name),
                              f"{klass.__module__}.{klass.__qualname__}")
   for name, value in getattr(exp, "_overrides", {}).items():
@@ -192,8 +194,39 @@ def parse_override(text: str) -> tuple[str, str]:
   return key.strip(), value.strip()
 
 
+def _convert_named(key: str, raw: str, current: Any) -> Any:
+  """A class or enum member by (dotted) name: ACTIVATION_CLS=GELU or =layers.GELU; an
+  AutodiffCheckpointType member by its name (layers.AutodiffCheckpointType.SAVE_NOTHING)."""
+  import enum
+
+  from paxlike.layers import activations
+
+  name = raw.rsplit(".", 1)[-1].strip()
+  if isinstance(current, enum.Enum):
+    choices = {m.name: m for m in type(current)}
+  else:
+    choices = {c.__name__: c for c in vars(activations).values()
+               if isinstance(c, type) and issubclass(c, activations.BaseActivation)
+               and c is not activations.BaseActivation}
+  by_lower = {k.lower(): v for k, v in choices.items()}
+  if name.lower() in by_lower:
+    return by_lower[name.lower()]
+  raise UserError(f"--set {key}={raw}: {name!r} is not one of {', '.join(sorted(choices))}.")
+
+
 def _convert(key: str, raw: str, current: Any) -> Any:
-  """Parses raw as a Python literal and checks it against current's type."""
+  """Parses raw as a Python literal and checks it against current's type.
+
+  A dtype attribute takes a dtype name; an activation class or an enum member
+  takes its name (see _convert_named).
+  """
+  import enum
+
+  from paxlike.layers import activations
+
+  if (isinstance(current, type) and issubclass(current, activations.BaseActivation)) or (
+      isinstance(current, enum.Enum)):
+    return _convert_named(key, raw, current)
   if _is_dtype_like(current):
     try:
       import ml_dtypes  # noqa: F401  (registers bfloat16 & friends with numpy)

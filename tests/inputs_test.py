@@ -113,13 +113,59 @@ def test_text_input_tokenizes_prompts_and_targets_and_resumes_its_position(jsonl
 
 
 def test_plain_text_packs_lines(tmp_path):
+  """Lines fill rows whole (segments 1, 2, ..., positions restarting); a line longer than a
+  row is cut into pieces overlapping by one token, so no next-token prediction is lost."""
   path = tmp_path / "a.txt"
-  path.write_text("hello world\nsecond line here\n")
+  path.write_text("hello world\nhi\nok\n")
   inp = TextInput(file_pattern=str(path), seq_len=8, pack=True, batch_size=2,
                   num_infeed_hosts=1, infeed_host_index=0, shuffle=False)
   batch = inp.get_next()
-  assert batch["weights"].all()
+  # "hello world" + EOS is 12 tokens: pieces "hello wor" (8 predictions), "rld" + EOS (3).
   assert inp.ids_to_strings(batch["ids"][:1]) == ["hello wo"]
+  np.testing.assert_array_equal(batch["segment_ids"][0], [1] * 8)
+  np.testing.assert_array_equal(batch["segment_ids"][1], [1, 1, 1, 2, 2, 3, 3, 0])
+  np.testing.assert_array_equal(batch["segment_pos"][1], [0, 1, 2, 0, 1, 0, 1, 0])
+  np.testing.assert_array_equal(batch["weights"][1], [1] * 7 + [0])
+  assert inp.ids_to_strings(batch["labels"][1:, :3]) == ["ld"]  # then EOS
+  assert batch["ids"][1, 0] == batch["labels"][0, -1]  # the overlap: "r" predicts "l"
+
+
+def test_packed_rows_give_each_line_its_unpacked_logits(tmp_path):
+  """A PACKED_INPUT LM on packed rows gives every example the logits it gets alone; without
+  the segments, the examples after the first would read their neighbours."""
+  import jax
+  import jax.numpy as jnp
+
+  path = tmp_path / "a.txt"
+  lines = ["hello world", "abc", "second line", "xy", "the last line"]
+  path.write_text("\n".join(lines) + "\n")
+  common = dict(file_pattern=str(path), seq_len=16, num_infeed_hosts=1, infeed_host_index=0,
+                shuffle=False, repeat=False)
+  packed = TextInput(pack=True, batch_size=3, **common).get_next()  # 11+3, 11+2, 13 tokens
+  unpacked = TextInput(pack=False, batch_size=5, **common).get_next()
+  assert packed["weights"].any(-1).all() and packed["segment_ids"].max() == 2
+  model = LanguageModel(vocab_size=TextInput(**common).vocab.vocab_size, model_dims=16,
+                        num_layers=2, num_heads=2, dim_per_head=8, hidden_dims=32,
+                        packed_input=True)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))["params"]
+  logits = np.asarray(model.apply({"params": params}, packed["ids"],
+                                  segment_ids=packed["segment_ids"],
+                                  segment_pos=packed["segment_pos"]))
+  mixed = np.asarray(model.apply({"params": params}, packed["ids"]))
+  alone = np.asarray(model.apply({"params": params}, unpacked["ids"]))
+  seen, differs = 0, False
+  for r in range(len(packed["ids"])):
+    for segment in range(1, packed["segment_ids"][r].max() + 1):
+      span = np.nonzero(packed["segment_ids"][r] == segment)[0]
+      # The unpacked row of the same line: the same ids, labels and weights at 0..m-1.
+      u = next(i for i in range(len(lines)) if np.array_equal(
+          unpacked["ids"][i, :len(span)], packed["ids"][r, span]) and
+          unpacked["weights"][i].sum() == len(span))
+      np.testing.assert_array_equal(unpacked["labels"][u, :len(span)], packed["labels"][r, span])
+      np.testing.assert_allclose(logits[r, span], alone[u, :len(span)], rtol=1e-4, atol=1e-5)
+      differs |= not np.allclose(mixed[r, span], alone[u, :len(span)], atol=1e-3)
+      seen += 1
+  assert seen == len(lines) and differs
 
 
 def test_missing_and_unreadable_data_files_are_user_errors(tmp_path):

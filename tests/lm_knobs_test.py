@@ -325,6 +325,26 @@ def test_activation_cls_gelu_equals_activation_string_gelu():
     _model(cls=BothDisagree)
 
 
+def test_set_activation_cls_and_checkpoint_policy_by_paxs_names():
+  """--set ACTIVATION_CLS=GELU or =layers.GELU gives the class; an enum-valued
+  CHECKPOINT_POLICY takes a member's name; a typo names the choices."""
+  for raw in ("GELU", "layers.GELU", "gelu"):
+    exp = experiment.instantiate(KnobsLm, [f"ACTIVATION_CLS={raw}"])
+    assert exp.ACTIVATION_CLS is activations.GELU
+    assert fdl.build(exp.model()).activation == "gelu"
+  with pytest.raises(UserError, match="'Gelu2' is not one of GELU, Identity, ReLU"):
+    experiment.instantiate(KnobsLm, ["ACTIVATION_CLS=layers.Gelu2"])
+
+  from paxlike.layers.transformer import AutodiffCheckpointType
+
+  class EnumPolicy(KnobsLm):
+    CHECKPOINT_POLICY = AutodiffCheckpointType.SAVE_NOTHING
+
+  exp = experiment.instantiate(EnumPolicy, [
+      "CHECKPOINT_POLICY=layers.AutodiffCheckpointType.SAVE_DOT_WITH_NO_BATCH_DIM"])
+  assert exp.CHECKPOINT_POLICY is AutodiffCheckpointType.SAVE_DOT_WITH_NO_BATCH_DIM
+
+
 def test_embedding_lookup_styles_agree_and_layernorm_epsilon_is_used():
   ids = _ids()
   index, matmul = _model(), _model(["EMBEDDING_LOOKUP_STYLE='matmul'"])

@@ -2,8 +2,19 @@
 
 Examples are either `{"inputs": ..., "targets": ...}` pairs (the loss covers
 the targets and the end-of-sequence id; decode prompts with the inputs) or
-plain text (one example per line or, with pack=True, lines packed into
-MAX_SEQ_LEN blocks; the loss covers every token).
+plain text (one example per line or, with pack=True, several lines per
+MAX_SEQ_LEN row; the loss covers every token).
+
+LM packing (feature converter "lm", pack=True), as seqio's packing of Pax's
+LM inputs: each line (its tokens and EOS) is an example; a line longer than
+a row is cut into pieces of seq_len + 1 tokens overlapping by one (so every
+next-token prediction is kept once), each piece an example of its own.
+Examples fill rows greedily in file order. Every row carries Pax's
+`segment_ids` (1, 2, ... per example, 0 = padding) and `segment_pos` (the
+position within its example, restarting at 0), so a model with PACKED_INPUT
+keeps each example's tokens from attending to another's: a packed row gives
+its examples the logits they get unpacked. Prompt/target examples stay a
+row each (one segment).
 
 The feature converter (seqio's word) says which features a batch holds:
 "lm" (decoder-only: ids, labels, weights, prompt_lens) or "enc_dec"
@@ -184,9 +195,43 @@ class TextInput(BaseInput):
     return len(self._features[self._weight_key])
 
   def _lm_features(self, raw: Sequence[Any]) -> dict[str, np.ndarray]:
-    tokens, weights, prompt_lens = self._tokenize(raw)
-    return {"ids": tokens[:, :-1], "labels": tokens[:, 1:], "weights": weights,
-            "prompt_lens": prompt_lens}
+    tokens, weights, prompt_lens, pieces = self._tokenize(raw)
+    feats = {"ids": tokens[:, :-1], "labels": tokens[:, 1:], "weights": weights,
+             "prompt_lens": prompt_lens}
+    if not self.pack:
+      return feats
+    # The rows of their own are one segment each, at positions 0, 1, ...
+    feats["segment_ids"] = np.ones(feats["ids"].shape, np.int32)
+    feats["segment_pos"] = np.broadcast_to(np.arange(self.seq_len, dtype=np.int32),
+                                           feats["ids"].shape).copy()
+    packed = self._pack_lm_pieces(pieces)
+    return {k: np.concatenate([v, packed[k]]) for k, v in feats.items()}
+
+  def _pack_lm_pieces(self, pieces: list[list[int]]) -> dict[str, np.ndarray]:
+    """Token pieces (at most seq_len + 1 each) -> greedily packed LM rows with segments."""
+    rows: list[list[list[int]]] = []
+    used = self.seq_len  # positions taken in the last row; a full one starts the first
+    for piece in pieces:
+      if used + len(piece) - 1 > self.seq_len:
+        rows.append([])
+        used = 0
+      rows[-1].append(piece)
+      used += len(piece) - 1
+    shape = (len(rows), self.seq_len)
+    out = {"ids": np.full(shape, self.vocab.pad_id, np.int32),
+           "labels": np.full(shape, self.vocab.pad_id, np.int32),
+           "weights": np.zeros(shape, np.float32), "prompt_lens": np.zeros(len(rows), np.int32),
+           "segment_ids": np.zeros(shape, np.int32), "segment_pos": np.zeros(shape, np.int32)}
+    for r, row in enumerate(rows):
+      col = 0
+      for segment, piece in enumerate(row, 1):
+        m, span = len(piece) - 1, slice(col, col + len(piece) - 1)
+        out["ids"][r, span], out["labels"][r, span] = piece[:-1], piece[1:]
+        out["weights"][r, span] = 1.0
+        out["segment_ids"][r, span] = segment
+        out["segment_pos"][r, span] = np.arange(m)
+        col += m
+    return out
 
   def _enc_dec_features(self, raw: Sequence[Any]) -> dict[str, np.ndarray]:
     """(inputs, targets) pairs -> T5X's encoder-decoder features, padded, unpacked.
@@ -223,9 +268,12 @@ class TextInput(BaseInput):
     return {"encoder_input_tokens": enc, "decoder_input_tokens": dec_in,
             "decoder_target_tokens": dec_tgt, "decoder_loss_weights": wts}
 
-  def _tokenize(self, raw: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  def _tokenize(self, raw: Sequence[Any]
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[int]]]:
+    """Rows of seq_len + 1 tokens (padded), their weights and prompt lengths; with pack,
+    plain-text lines go to the returned pieces instead (see the module docstring)."""
     n = self.seq_len + 1
-    seqs, wts, plens, stream = [], [], [], []
+    seqs, wts, plens, pieces = [], [], [], []
     for ex in raw:
       if isinstance(ex, dict) and self.input_key in ex:
         prompt = self.vocab.encode(str(ex[self.input_key]))
@@ -237,20 +285,15 @@ class TextInput(BaseInput):
         text = ex[self.text_key] if isinstance(ex, dict) else str(ex)
         seq = self.vocab.encode(text) + [self.vocab.eos_id]
         if self.pack:
-          stream.extend(seq)
+          pieces.extend(seq[i:i + n] for i in range(0, len(seq) - 1, n - 1))
           continue
         seq = seq[:n]
         w = [1.0] * (len(seq) - 1)
         plens.append(0)
       seqs.append(seq + [self.vocab.pad_id] * (n - len(seq)))
       wts.append(w + [0.0] * (self.seq_len - len(w)))
-    if stream:
-      count = len(stream) // n
-      seqs.extend(np.asarray(stream[:count * n], np.int32).reshape(count, n).tolist())
-      wts.extend([[1.0] * self.seq_len] * count)
-      plens.extend([0] * count)
     return (np.asarray(seqs, np.int32).reshape(-1, n), np.asarray(wts, np.float32).reshape(
-        -1, self.seq_len), np.asarray(plens, np.int32))
+        -1, self.seq_len), np.asarray(plens, np.int32), pieces)
 
   def _order(self, epoch: int) -> np.ndarray:
     """Epoch `epoch`'s permutation of the examples (cached: a stream needs one or two)."""
