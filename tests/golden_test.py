@@ -45,10 +45,10 @@ def test_a_changed_template_default_names_the_experiments_and_fields_that_moved(
 
 
 def test_a_changed_template_attribute_moves_every_experiment_that_inherits_it(monkeypatch):
-  monkeypatch.setattr(TransformerLmSpmdAdam, "COMBINE_QKV", True)
+  monkeypatch.setattr(TransformerLmSpmdAdam, "LAYERNORM_EPSILON", 1e-5)
   moved, _, _ = golden.check([LM_TINY, T5_TINY])
   assert list(moved) == ["LmCloudSpmdTiny"]
-  assert "hparam.COMBINE_QKV: False -> True" in moved["LmCloudSpmdTiny"]
+  assert "hparam.LAYERNORM_EPSILON: 1e-06 -> 1e-05" in moved["LmCloudSpmdTiny"]
 
 
 def test_bytes_per_device_equal_the_real_shardings_on_an_8_device_mesh():
