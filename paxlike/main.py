@@ -6,6 +6,7 @@ Every UserError becomes `error: <sentence>` on stderr and exit status 2.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from typing import Any
@@ -125,58 +126,107 @@ def _prepare_job_log_dir(path: str | None) -> str:
   return path
 
 
+@dataclasses.dataclass
+class _Built:
+  """The experiment's configs built: the task and its inputs, bound to this host."""
+
+  task_cfg: Any
+  dataset_cfgs: list[Any]
+  task: Any
+  inputs: list[Any]
+  decode_inputs: list[Any]
+
+  @property
+  def train_input(self) -> Any:
+    return next(i for i in self.inputs if i.is_training)
+
+  @property
+  def eval_inputs(self) -> list[Any]:
+    return [i for i in self.inputs if not i.is_training]
+
+
 def run(argv_flags: flags.FlagValues) -> int:
-  """Everything main() does, raising UserError for bad input."""
-  from paxlike import log, registry
+  """Everything main() does, raising UserError for bad input.
+
+  The path of one run: registry -> experiment -> flags -> (dry run) -> backend
+  -> mesh and partitioner -> built task and inputs -> job_log_dir -> preflight
+  -> records -> trainer, or evaluator / infer / export on a restored state.
+  """
+  from paxlike import log, profiler
 
   log.setup(quiet_libraries=not argv_flags["verbosity"].present)
   if argv_flags.list_experiments:
-    registry.import_shipped()
-    for name in registry.list_names():
-      print(name)
-    return 0
-  if not argv_flags.exp:
-    raise UserError("--exp is required; pass an experiment name (see --list_experiments).")
-
-  from paxlike import config, experiment
-
-  exp_cls = registry.get(argv_flags.exp)
-  exp = experiment.instantiate(exp_cls, argv_flags.set)
-  if argv_flags.infer_input and argv_flags.mode != "infer":
-    raise UserError(f"--infer_input is read only by --mode=infer, not --mode={argv_flags.mode}; "
-                    "add --mode=infer or drop --infer_input.")
-  from paxlike import profiler
-
+    return _list_experiments()
+  exp = _experiment(argv_flags)
   profile_plan = profiler.make_plan(argv_flags.profile_steps, argv_flags.profile_start_step, exp)
   # Nothing is created in job_log_dir until the experiment's configs are built and
   # every hyperparameter the user wrote was read (experiment.build_checked).
   job_log_dir = _job_log_dir_path(argv_flags.job_log_dir)
   if argv_flags.mode == "dry_run":
-    from paxlike import dry_run
+    return _dry_run(exp, job_log_dir, argv_flags.target)
+  run_timer, flag_plan = _start_backend(exp, job_log_dir, argv_flags)
+  partitioner, mesh_desc = _partitioner(exp)
+  built = _build(exp, argv_flags)
+  _claim_job_log_dir(job_log_dir, argv_flags.mode)
+  init_from, source, export_job = _preflight(exp, built, job_log_dir, argv_flags)
+  _write_run_records(exp, built, job_log_dir, argv_flags, partitioner, mesh_desc, flag_plan)
+  options = _train_options(built, partitioner, job_log_dir, argv_flags, init_from, run_timer,
+                           flag_plan, profile_plan)
+  if argv_flags.mode != "train":
+    return _run_on_restored(built, partitioner, job_log_dir, argv_flags, options, export_job)
+  return _train(built, partitioner, job_log_dir, options)
 
-    dry_run.ensure_fake_devices(dry_run.mesh_size(exp)[1])  # may restart this process
-    experiment.build_checked(exp)
-    return dry_run.run(exp, _prepare_job_log_dir(job_log_dir), argv_flags.target)
 
-  from paxlike import distributed, goodput, xla_flags
+def _list_experiments() -> int:
+  from paxlike import registry
+
+  registry.import_shipped()
+  for name in registry.list_names():
+    print(name)
+  return 0
+
+
+def _experiment(argv_flags: flags.FlagValues) -> Any:
+  """--exp and --set -> the experiment instance; flags that do not fit the mode are refused."""
+  from paxlike import experiment, registry
+
+  if not argv_flags.exp:
+    raise UserError("--exp is required; pass an experiment name (see --list_experiments).")
+  exp = experiment.instantiate(registry.get(argv_flags.exp), argv_flags.set)
+  if argv_flags.infer_input and argv_flags.mode != "infer":
+    raise UserError(f"--infer_input is read only by --mode=infer, not --mode={argv_flags.mode}; "
+                    "add --mode=infer or drop --infer_input.")
+  return exp
+
+
+def _dry_run(exp: Any, job_log_dir: str, target: str) -> int:
+  from paxlike import dry_run, experiment
+
+  dry_run.ensure_fake_devices(dry_run.mesh_size(exp)[1])  # may restart this process
+  experiment.build_checked(exp)
+  return dry_run.run(exp, _prepare_job_log_dir(job_log_dir), target)
+
+
+def _start_backend(exp: Any, job_log_dir: str, argv_flags: flags.FlagValues) -> tuple[Any, Any]:
+  """XLA flags (before any backend starts), the distributed runtime, logging, attention.
+
+  Returns:
+    (the run's goodput recorder, started at the process start; the XLA flag plan).
+  """
+  from paxlike import distributed, goodput, log, xla_flags
 
   run_timer = goodput.Recorder(start=goodput.process_start_time())
   flag_plan = xla_flags.configure(  # before anything starts a JAX backend
       exp, argv_flags.pgle, job_log_dir, argv_flags.pgle_profile_path,
       argv_flags.pgle_profiling_runs, argv_flags.pgle_aggregation_percentile)
-
   distributed.initialize(argv_flags.coordinator_address, argv_flags.num_processes,
                          argv_flags.process_id, argv_flags.distributed_timeout_s)
-
   import jax
 
-  from paxlike import evaluator, flops, mesh, trainer, xla_flags
-  from paxlike import export as export_lib
+  from paxlike.layers import attention
 
   log.setup(jax.process_index(), jax.process_count(),
             quiet_libraries=not argv_flags["verbosity"].present)
-  from paxlike.layers import attention
-
   # Pax's switches -> the attention policy every program of this run is lowered with.
   attention.start_run(attention.policy_from_flags(
       getattr(exp, "USE_CUDNN_FLASH_ATTENTION", None), getattr(exp, "USE_FLASH_ATTENTION", None)),
@@ -184,79 +234,130 @@ def run(argv_flags: flags.FlagValues) -> int:
   if attention.current_policy() == attention.CUDNN and attention.lowering_platform() != "cuda":
     log.warning("fused attention was asked for, but this run is on %s: attention runs on XLA",
                 attention.lowering_platform())
-  from paxlike import initial, job_lock, preemption, resume
+  return run_timer, flag_plan
+
+
+def _partitioner(exp: Any) -> tuple[Any, dict[str, int]]:
+  """The pmap partitioner (no ICI_MESH_SHAPE, as in Pax) or SPMD on the named mesh."""
+  import jax
+
+  from paxlike import mesh
   from paxlike.partitioning import PmapPartitioner, SpmdPartitioner
 
-  if exp.ICI_MESH_SHAPE is None:  # Pax: no mesh means the pmap loop
-    partitioner = PmapPartitioner()
-    mesh_desc = {"pmap": jax.local_device_count(), "processes": jax.process_count()}
-  else:
-    device_mesh = mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE)
-    partitioner = SpmdPartitioner(
-        device_mesh, rules=mesh.logical_axis_rules(exp.TRAINING_OPTIMIZED_SHARDING))
-    mesh_desc = dict(device_mesh.shape)
+  if exp.ICI_MESH_SHAPE is None:
+    return PmapPartitioner(), {"pmap": jax.local_device_count(), "processes": jax.process_count()}
+  device_mesh = mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE)
+  partitioner = SpmdPartitioner(
+      device_mesh, rules=mesh.logical_axis_rules(exp.TRAINING_OPTIMIZED_SHARDING))
+  return partitioner, dict(device_mesh.shape)
+
+
+def _build(exp: Any, argv_flags: flags.FlagValues) -> _Built:
+  """Builds the task and inputs (refusing hyperparameters nothing read), bound to this host."""
+  import jax
+
+  from paxlike import config, evaluator, experiment
+
+  name = type(exp).__name__
   configs = experiment.build_checked(exp)  # refuses hyperparameters nothing read
-  task_cfg, dataset_cfgs, decode_cfgs = configs.task, configs.datasets, configs.decode_datasets
-  with experiment.user_config_errors(f"building {exp_cls.__name__}'s task"):
-    task = config.build(task_cfg)
-  with experiment.user_config_errors(f"building {exp_cls.__name__}'s datasets"):
-    inputs = [config.build(c) for c in dataset_cfgs]
-  for inp in inputs:
-    inp.bind_host(jax.process_count(), jax.process_index())
-  train_inputs = [i for i in inputs if i.is_training]
+  decode_cfgs = configs.decode_datasets
+  with experiment.user_config_errors(f"building {name}'s task"):
+    task = config.build(configs.task)
+  with experiment.user_config_errors(f"building {name}'s datasets"):
+    inputs = [config.build(c) for c in configs.datasets]
   if argv_flags.mode == "infer":  # a bad --infer_input fails here, before anything is written
-    decode_cfgs = evaluator.infer_datasets(exp_cls.__name__, decode_cfgs, argv_flags.infer_input)
-  with experiment.user_config_errors(f"building {exp_cls.__name__}'s decode datasets"):
+    decode_cfgs = evaluator.infer_datasets(name, decode_cfgs, argv_flags.infer_input)
+  with experiment.user_config_errors(f"building {name}'s decode datasets"):
     decode_inputs = [config.build(c) for c in decode_cfgs]
-  for inp in decode_inputs:
+  for inp in inputs + decode_inputs:
     inp.bind_host(jax.process_count(), jax.process_index())
-  if not train_inputs:
-    raise UserError(f"{exp_cls.__name__}.datasets() has no input with is_training=True.")
+  if not any(i.is_training for i in inputs):
+    raise UserError(f"{name}.datasets() has no input with is_training=True.")
   target = getattr(getattr(task, "train", None), "target_log_pplx", None)
   if target is not None and argv_flags.mode == "train" and not (
       task.train.eval_interval_steps and any(not i.is_training for i in inputs)):
     raise UserError(f"TARGET_LOG_PPLX={target} stops training when an eval reaches it, but "
-                    f"{exp_cls.__name__} runs no evals while training (it needs "
+                    f"{name} runs no evals while training (it needs "
                     "EVAL_INTERVAL_STEPS > 0 and an eval input in datasets()).")
+  return _Built(configs.task, configs.datasets, task, inputs, decode_inputs)
+
+
+def _claim_job_log_dir(job_log_dir: str, mode: str) -> None:
+  from paxlike import job_lock
 
   _prepare_job_log_dir(job_log_dir)
-  if argv_flags.mode == "train":  # eval/decode may read a job while it trains (Pax's evaler)
+  if mode == "train":  # eval/decode may read a job while it trains (Pax's evaler)
     job_lock.hold(job_log_dir)  # one training run per job_log_dir; released at exit
+
+
+def _preflight(exp: Any, built: _Built, job_log_dir: str,
+               argv_flags: flags.FlagValues) -> tuple[Any, Any, Any]:
+  """Everything a run can refuse, checked before it writes anything into job_log_dir.
+
+  Returns:
+    (INIT_FROM or None, the checkpoint source, (exporter, plan, export_dir) or None).
+  """
+  from paxlike import experiment, initial, resume
+  from paxlike import export as export_lib
+
+  mode, task = argv_flags.mode, built.task
   init_from = initial.InitFrom.of(exp, argv_flags.init_from)
-  if argv_flags.mode == "export":
-    exporter = export_lib.get(argv_flags.export_format)
-  # Everything a run can refuse is checked before it writes anything into job_log_dir.
-  with experiment.user_config_errors(f"initialising {exp_cls.__name__}'s model"):
+  exporter = export_lib.get(argv_flags.export_format) if mode == "export" else None
+  with experiment.user_config_errors(f"initialising {type(exp).__name__}'s model"):
     source = resume.preflight_task(
-        task, train_inputs[0], job_log_dir, argv_flags.mode, argv_flags.restore_checkpoint_dir,
+        task, built.train_input, job_log_dir, mode, argv_flags.restore_checkpoint_dir,
         argv_flags.restore_checkpoint_step, argv_flags.restore_fallback,
         will_save=argv_flags.enable_checkpoint_saving, init_from=init_from)
-  if argv_flags.mode == "export":
-    if source.step is None and not init_from:
-      raise UserError(f"{job_log_dir} has no checkpoint to export; train first, or pass "
-                      "--restore_checkpoint_dir or --init_from.")
+  if mode in ("export", "infer") and source.step is None and not init_from:
+    what = "to export" if mode == "export" else "to predict with"
+    raise UserError(f"{job_log_dir} has no checkpoint {what}; train first, or pass "
+                    "--restore_checkpoint_dir or --init_from.")
+  export_job = None
+  if exporter:
     export_dir = export_lib.out_dir(job_log_dir, source.step or 0, exporter.name,
                                     argv_flags.export_dir)
     export_lib.check_free(export_dir, argv_flags.export_overwrite)
+    cls = type(exp)
     export_plan = exporter.check(export_lib.describe(
-        f"{exp_cls.__module__}.{exp_cls.__qualname__}", task, train_inputs[0], decode_inputs,
+        f"{cls.__module__}.{cls.__qualname__}", task, built.train_input, built.decode_inputs,
         decode_settings(argv_flags, task.model),
         export_lib.parse_platforms(argv_flags.export_platforms), job_log_dir))
-  if argv_flags.mode == "infer" and source.step is None and not init_from:
-    raise UserError(f"{job_log_dir} has no checkpoint to predict with; train first, or pass "
-                    "--restore_checkpoint_dir or --init_from.")
-  if jax.process_index() == 0:
-    with open(os.path.join(job_log_dir, "experiment_cls_vars.txt"), "w") as f:
-      f.write(experiment.format_hparams(exp))
-    with open(os.path.join(job_log_dir, "model_params.txt"), "w") as f:
-      f.write(config.dump_model_params(task_cfg, dataset_cfgs))
-    xla_flags.write_run_env(job_log_dir, xla_flags.run_env({
-        "experiment": f"{exp_cls.__module__}.{exp_cls.__qualname__}",
-        "mode": argv_flags.mode, "partitioner": partitioner.kind,
-        "mesh": mesh_desc, "overrides": argv_flags.set, **flag_plan.record()}))
-    # Each new attention choice (logged once) is added as programs are lowered.
-    attention.on_choice(lambda rec: xla_flags.update_run_env(job_log_dir, {"attention": rec}))
+    export_job = (exporter, export_plan, export_dir)
+  return init_from, source, export_job
 
+
+def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: flags.FlagValues,
+                       partitioner: Any, mesh_desc: dict[str, int], flag_plan: Any) -> None:
+  """experiment_cls_vars.txt, model_params.txt and run_env.json (the chief writes them)."""
+  import jax
+
+  from paxlike import config, experiment, xla_flags
+  from paxlike.layers import attention
+
+  if jax.process_index() != 0:
+    return
+  cls = type(exp)
+  with open(os.path.join(job_log_dir, "experiment_cls_vars.txt"), "w") as f:
+    f.write(experiment.format_hparams(exp))
+  with open(os.path.join(job_log_dir, "model_params.txt"), "w") as f:
+    f.write(config.dump_model_params(built.task_cfg, built.dataset_cfgs))
+  xla_flags.write_run_env(job_log_dir, xla_flags.run_env({
+      "experiment": f"{cls.__module__}.{cls.__qualname__}",
+      "mode": argv_flags.mode, "partitioner": partitioner.kind,
+      "mesh": mesh_desc, "overrides": argv_flags.set, **flag_plan.record()}))
+  # Each new attention choice (logged once) is added as programs are lowered.
+  attention.on_choice(lambda rec: xla_flags.update_run_env(job_log_dir, {"attention": rec}))
+
+
+def _train_options(built: _Built, partitioner: Any, job_log_dir: str,
+                   argv_flags: flags.FlagValues, init_from: Any, run_timer: Any, flag_plan: Any,
+                   profile_plan: Any) -> Any:
+  """The trainer's options from the flags, with the evaluator and, for training, the peak."""
+  import jax
+
+  from paxlike import evaluator, flops, trainer, xla_flags
+
+  model = built.task.model
   options = trainer.TrainOptions(
       enable_checkpoint_saving=argv_flags.enable_checkpoint_saving,
       async_checkpoint=argv_flags.jax_fully_async_checkpoint,
@@ -265,7 +366,6 @@ def run(argv_flags: flags.FlagValues) -> int:
       restore_checkpoint_step=argv_flags.restore_checkpoint_step,
       checkpoint_format="msgpack" if (partitioner.kind == "pmap"
                                       and not argv_flags.pmap_use_tensorstore) else "tensorstore")
-  model = task.model
   options.init_from = init_from
   options.goodput, options.pgle = run_timer, flag_plan.pgle
   if argv_flags.mode == "train":
@@ -276,36 +376,52 @@ def run(argv_flags: flags.FlagValues) -> int:
                                              options.peak_flops_per_device,
                                              "peak_flops_source": peak_source})
   options.evaluator = evaluator.Evaluator(
-      task.model, partitioner, [i for i in inputs if not i.is_training], decode_inputs,
+      model, partitioner, built.eval_inputs, built.decode_inputs,
       job_log_dir, enable_summary_writer=argv_flags.enable_summary_writer,
       settings=decode_settings(argv_flags, model))
   options.decode_during_train = argv_flags.decode_during_train
   options.restore_fallback = argv_flags.restore_fallback
   options.skip_nonfinite_steps = argv_flags.skip_nonfinite_steps
   options.profile = profile_plan
-  if argv_flags.mode in ("eval", "decode", "infer", "export"):
-    state, step = evaluator.restore_for_eval(
-        task, train_inputs[0], partitioner, job_log_dir, argv_flags.restore_checkpoint_step,
-        argv_flags.restore_checkpoint_dir, init_from=init_from)
-    if argv_flags.mode == "export":
-      params = partitioner.to_saveable(state).params
-      export_lib.publish(export_dir, lambda d: exporter.write(export_plan, params, step, d),
-                         argv_flags.export_overwrite)
-      print(f"exported step {step} as {exporter.name} to {export_dir}")
-      return 0
-    if argv_flags.mode == "infer":  # predictions only: no metrics, no summaries
-      for name, (count, path) in options.evaluator.infer(state, step).items():
-        print(f"infer {name} at step {step}: {count} predictions -> {path}")
-      return 0
-    if argv_flags.mode == "eval":
-      results = options.evaluator.evaluate(state, step)
-    else:
-      results = options.evaluator.decode(state, step)
-    for name, metrics in results.items():
-      print(f"{argv_flags.mode} {name} at step {step}: " +
-            " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+  return options
+
+
+def _run_on_restored(built: _Built, partitioner: Any, job_log_dir: str,
+                     argv_flags: flags.FlagValues, options: Any, export_job: Any) -> int:
+  """eval, decode, infer or export on the restored (or INIT_FROM) state."""
+  from paxlike import evaluator
+  from paxlike import export as export_lib
+
+  mode = argv_flags.mode
+  state, step = evaluator.restore_for_eval(
+      built.task, built.train_input, partitioner, job_log_dir, argv_flags.restore_checkpoint_step,
+      argv_flags.restore_checkpoint_dir, init_from=options.init_from)
+  if mode == "export":
+    exporter, export_plan, export_dir = export_job
+    params = partitioner.to_saveable(state).params
+    export_lib.publish(export_dir, lambda d: exporter.write(export_plan, params, step, d),
+                       argv_flags.export_overwrite)
+    print(f"exported step {step} as {exporter.name} to {export_dir}")
     return 0
-  result = trainer.train(task, train_inputs[0], partitioner, job_log_dir, options)
+  if mode == "infer":  # predictions only: no metrics, no summaries
+    for name, (count, path) in options.evaluator.infer(state, step).items():
+      print(f"infer {name} at step {step}: {count} predictions -> {path}")
+    return 0
+  if mode == "eval":
+    results = options.evaluator.evaluate(state, step)
+  else:
+    results = options.evaluator.decode(state, step)
+  for name, metrics in results.items():
+    print(f"{mode} {name} at step {step}: " +
+          " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+  return 0
+
+
+def _train(built: _Built, partitioner: Any, job_log_dir: str, options: Any) -> int:
+  """Trains; prints the loss line and final evals; a preempted run exits EXIT_PREEMPTED."""
+  from paxlike import preemption, trainer
+
+  result = trainer.train(built.task, built.train_input, partitioner, job_log_dir, options)
   if result.history:
     first, last = result.history[0], result.history[-1]
     print(f"trained steps {result.start_step}..{result.final_step}: loss "
