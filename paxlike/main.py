@@ -162,9 +162,8 @@ def run(argv_flags: flags.FlagValues) -> int:
   attention.start_run(attention.policy_from_flags(
       getattr(exp, "USE_CUDNN_FLASH_ATTENTION", None), getattr(exp, "USE_FLASH_ATTENTION", None)),
       log=log.info)
-  if attention.current_policy() == attention.CUDNN and attention.lowering_platform() != "cuda":
-    log.warning("fused attention was asked for, but this run is on %s: attention runs on XLA",
-                attention.lowering_platform())
+  if (warning := attention.policy_warning()) is not None:
+    log.warning("%s", warning)
   from paxlike import initial, job_lock, preemption, resume
 
   if argv_flags.mode == "train":  # eval/decode may read a job while it trains (Pax's evaler)
