@@ -231,9 +231,8 @@ def _start_backend(exp: Any, job_log_dir: str, argv_flags: flags.FlagValues) -> 
   attention.start_run(attention.policy_from_flags(
       getattr(exp, "USE_CUDNN_FLASH_ATTENTION", None), getattr(exp, "USE_FLASH_ATTENTION", None)),
       log=log.info)
-  if attention.current_policy() == attention.CUDNN and attention.lowering_platform() != "cuda":
-    log.warning("fused attention was asked for, but this run is on %s: attention runs on XLA",
-                attention.lowering_platform())
+  if (warning := attention.policy_warning()) is not None:
+    log.warning("%s", warning)
   return run_timer, flag_plan
 
 

@@ -187,6 +187,15 @@ def fresh_run():
   attention.start_run("auto")
 
 
+def test_fused_attention_asked_for_on_cpu_warns(fresh_run):
+  """USE_CUDNN_FLASH_ATTENTION=True on a CPU run: main warns that XLA runs instead."""
+  attention.start_run(attention.policy_from_flags(True, None))
+  assert attention.policy_warning() == (
+      "fused attention was asked for, but this run is on cpu: attention runs on XLA")
+  attention.start_run(attention.policy_from_flags(None, None))
+  assert attention.policy_warning() is None
+
+
 def test_cpu_choice_is_logged_once_and_recorded(qkv, fresh_run):
   records = []
   attention.on_choice(records.append)

@@ -187,6 +187,14 @@ def start_run(policy: str, log: Callable[[str], None] | None = None) -> None:
   _run.update(policy=policy, choices=[], listener=None, log=log)
 
 
+def policy_warning() -> str | None:
+  """The warning a run gets when fused attention was asked for on a platform without cuDNN."""
+  platform = lowering_platform()
+  if current_policy() == CUDNN and platform != "cuda":
+    return f"fused attention was asked for, but this run is on {platform}: attention runs on XLA"
+  return None
+
+
 def on_choice(listener: Callable[[dict[str, Any]], None] | None) -> None:
   """Calls listener(run_record()) now and whenever a new choice is made."""
   _run["listener"] = listener
