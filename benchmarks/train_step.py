@@ -161,10 +161,24 @@ def t5_ref_config(model: Any, learner: Any, layout: dict[str, Any]) -> Any:
       **optimizer_fields(learner), **layout)
 
 
+def llama_ref_config(model: Any, learner: Any, layout: dict[str, Any]) -> Any:
+  from benchmarks import reference_llama as ref
+
+  return ref.LlamaRefConfig(
+      vocab_size=model.vocab_size, model_dims=model.model_dims, num_layers=model.num_layers,
+      num_heads=model.num_heads, num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
+      hidden_dims=model.hidden_dims, tie_embeddings=model.tie_embeddings,
+      rope_theta=model.rope_theta, rope_scaling=model.rope_scaling,
+      norm_epsilon=model.norm_epsilon, qkv_bias=model.qkv_bias, dtype=model.fprop_dtype,
+      use_repeated_layer=model.use_repeated_layer, checkpoint_policy=model.checkpoint_policy,
+      **optimizer_fields(learner), **layout)
+
+
 # The hand-written reference of each model family: (its module, its config builder).
 REFERENCES: dict[str, tuple[str, Callable[..., Any]]] = {
     "LanguageModel": ("benchmarks.reference_lm", lm_ref_config),
     "T5Model": ("benchmarks.reference_t5", t5_ref_config),
+    "LlamaModel": ("benchmarks.reference_llama", llama_ref_config),
 }
 
 

@@ -156,6 +156,40 @@ def enc_dec_flops_per_step(d: EncDecDims, global_batch: int) -> float:
   return enc_dec_flops_per_example(d) * global_batch
 
 
+@dataclasses.dataclass(frozen=True)
+class LlamaDims:
+  """A Llama-family decoder (grouped-query attention, SwiGLU) for its model FLOPs."""
+
+  num_layers: int
+  model_dims: int
+  hidden_dims: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  vocab_size: int
+  seq_len: int
+
+
+def llama_flops_per_token(d: LlamaDims) -> float:
+  """Model FLOPs per token, forward and backward (the LM's convention, causal halving).
+
+      6 * [ L * (2*d*n*h + 2*d*kv*h + 3*d*F) + d*V ]   q and o; k and v over the KV heads;
+                                                       gate, up, down; the output projection
+      + 6 * L * S * n*h                                causal attention (QK and PV, halved)
+
+  Grouped-query attention shrinks only the k/v projections: every query head
+  still attends over S keys. The embedding is a gather and not counted.
+  """
+  n_h, kv_h = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+  per_layer = 2 * d.model_dims * n_h + 2 * d.model_dims * kv_h + 3 * d.model_dims * d.hidden_dims
+  weights = d.num_layers * per_layer + d.model_dims * d.vocab_size
+  return 6.0 * weights + 6.0 * d.num_layers * d.seq_len * n_h
+
+
+def llama_flops_per_step(d: LlamaDims, global_batch: int) -> float:
+  return llama_flops_per_token(d) * global_batch * d.seq_len
+
+
 def peak_flops_per_device(device_kind: str, dtype: str = "bfloat16") -> float | None:
   """The table's peak for a device kind (longest matching key), or None."""
   for key in sorted(PEAK_FLOPS, key=len, reverse=True):

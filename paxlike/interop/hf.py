@@ -8,7 +8,9 @@ out as the model's parameter tree (torch's Linear stores [out, in]; paxlike
 kernels are [in, ...out]).
 
 Supported families, by config["model_type"]: "t5" (T5, T5 v1.1, Flan-T5) ->
-paxlike.models.t5.T5Model.
+paxlike.models.t5.T5Model; "llama", "mistral", "qwen2" ->
+paxlike.models.llama.LlamaModel (paxlike.interop.hf_llama, dispatched by the
+model's own config).
 
 transformers >= 5 note: its T5Config always sets tie_word_embeddings=True and
 keeps the original T5's tied-head scaling under `scale_decoder_outputs`, so
@@ -118,6 +120,10 @@ def _same(a: Any, b: Any) -> bool:
   return a == b
 
 
+def _is_llama(config: dict[str, Any]) -> bool:
+  return config.get("model_type") in ("llama", "mistral", "qwen2")
+
+
 def check_config(hf_config: dict[str, Any], model: Any) -> None:
   """Raises UserError when the checkpoint's architecture differs from the experiment's.
 
@@ -125,10 +131,15 @@ def check_config(hf_config: dict[str, Any], model: Any) -> None:
     hf_config: the checkpoint's config.json (read_config; a plain dict works too).
     model: the experiment's model (its hf_config() is the reference).
   """
+  ours = model.hf_config()
+  if _is_llama(ours):
+    from paxlike.interop import hf_llama
+
+    hf_llama.check_config(hf_config, model)
+    return
   directory = getattr(hf_config, "directory", "")
   where = f"config.json of {directory}" if directory else "config.json"
   _model_type(hf_config, where)
-  ours = model.hf_config()
   for field, (hparam, _) in T5_FIELDS.items():
     theirs, mine = t5_config_value(hf_config, field), t5_config_value(ours, field)
     if not _same(theirs, mine):
@@ -334,6 +345,10 @@ def import_params(directory: str, model: Any) -> dict[str, Any]:
   """
   check_config(read_config(directory), model)
   ckpt = _Checkpoint(directory)
+  if _is_llama(model.hf_config()):
+    from paxlike.interop import hf_llama
+
+    return hf_llama.import_params(directory, model, ckpt)
   params: dict[str, Any] = {}
   stacked: dict[tuple[str, ...], list[np.ndarray | None]] = {}
   used = set()
@@ -392,6 +407,11 @@ def export_params(params: Any, model: Any, directory: str) -> None:
   if os.path.exists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
     raise UserError(f"{directory} already exists and is not empty; exports never overwrite: "
                     "remove it or choose another directory.")
+  if _is_llama(config):
+    from paxlike.interop import hf_llama
+
+    hf_llama.export_params(params, model, directory)
+    return
   tensors: dict[str, np.ndarray] = {}
   for hf_name, path, layer, kind in t5_name_map(model):
     value = np.asarray(_get(params, path), dtype=np.float32)

@@ -1,0 +1,1 @@
+"""Llama-family (Llama 3.x, Mistral, Qwen2.5) experiments."""

@@ -1,0 +1,197 @@
+"""Llama-family layers: RMSNorm, rotary positions (Llama 3.1 scaling), GQA, SwiGLU.
+
+Parameter names follow Hugging Face's LlamaDecoderLayer (input_layernorm,
+self_attn/{q,k,v,o}_proj, post_attention_layernorm, mlp/{gate,up,down}_proj)
+so paxlike.interop.hf_llama maps checkpoints one to one. Kernels are laid
+out [in, ...out] with logical axis names; the mesh rules shard them.
+
+A layer runs in one of three modes (the T5 layers' names): FULL (training,
+eval: the whole sequence, positions and segment ids from the batch), PREFILL
+(FULL over the prompt buffer, storing each layer's keys/values) and EXTEND
+(one new position at `index`, attending to the cached ones). The cache holds
+only the num_kv_heads key/value heads; they are repeated to the query heads
+inside the attention call only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+from paxlike.errors import UserError
+from paxlike.layers.attention import dot_product_attention
+from paxlike.layers.linear import Linear
+
+Dtype = Any
+
+FULL, PREFILL, EXTEND = "full", "prefill", "extend"
+ROPE_TYPES = ("default", "llama3")
+EMBED_AXES = ("batch", "length", "activation_embed")
+
+
+def rope_type(rope_scaling: dict[str, Any] | None) -> str:
+  """The scaling's rope_type ("default" for None); raises UserError for one paxlike lacks."""
+  if not rope_scaling:
+    return "default"
+  kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+  if kind not in ROPE_TYPES:
+    raise UserError(f"rope_scaling rope_type={kind!r} is not supported; paxlike models "
+                    f"{', '.join(ROPE_TYPES)} rotary embeddings only.")
+  return kind
+
+
+def rope_inv_freq(head_dim: int, theta: float,
+                  rope_scaling: dict[str, Any] | None = None) -> np.ndarray:
+  """[head_dim // 2] float32 inverse frequencies, with Llama 3.1's scaling when asked.
+
+  llama3: wavelengths longer than original_max_position_embeddings /
+  low_freq_factor are divided by `factor`, those shorter than ... /
+  high_freq_factor are kept, and the band between is interpolated smoothly.
+  """
+  inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32)
+                         / head_dim))
+  inv = inv.astype(np.float32)
+  if rope_type(rope_scaling) == "default":
+    return inv
+  factor = float(rope_scaling["factor"])
+  low, high = float(rope_scaling["low_freq_factor"]), float(rope_scaling["high_freq_factor"])
+  old_len = float(rope_scaling["original_max_position_embeddings"])
+  wavelen = 2 * math.pi / inv
+  scaled = np.where(wavelen > old_len / low, inv / factor, inv)
+  smooth = (old_len / wavelen - low) / (high - low)
+  smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+  medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
+  return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+  """Rotates x [B, T, heads, head_dim] by its positions [B|1, T] (rotate-half layout)."""
+  freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, h/2]
+  angles = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  xf = x.astype(jnp.float32)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+  return (xf * cos + rotated * sin).astype(x.dtype)
+
+
+class RmsNorm(nn.Module):
+  """x / rms(x) (in float32) times a learned scale."""
+
+  epsilon: float = 1e-6
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                       (x.shape[-1],), jnp.float32)
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + self.epsilon)
+    return y.astype(self.dtype) * scale.astype(self.dtype)
+
+
+class GqaAttention(nn.Module):
+  """Grouped-query self-attention with rotary positions and an optional KV cache."""
+
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  inv_freq: tuple[float, ...]
+  qkv_bias: bool = False
+  dtype: Dtype = jnp.float32
+  mode: str = FULL
+
+  @nn.compact
+  def __call__(self, x: jax.Array, inputs: dict[str, Any]) -> jax.Array:
+    n, kv, h = self.num_heads, self.num_kv_heads, self.head_dim
+    q = Linear((n, h), ("embed", "heads", "kv"), self.dtype, self.qkv_bias, name="q_proj")(x)
+    k = Linear((kv, h), ("embed", "heads", "kv"), self.dtype, self.qkv_bias, name="k_proj")(x)
+    v = Linear((kv, h), ("embed", "heads", "kv"), self.dtype, self.qkv_bias, name="v_proj")(x)
+    inv_freq = np.asarray(self.inv_freq, np.float32)
+    q = apply_rope(q, inputs["positions"], inv_freq)
+    k = apply_rope(k, inputs["positions"], inv_freq)
+    mask, segments = None, inputs.get("segment_ids")
+    if self.mode != FULL:
+      cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+      cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+      if self.mode == PREFILL:
+        cached_k.value, cached_v.value = k, v
+      else:
+        index = inputs["index"]
+        cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, index, 0, 0))
+        cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, index, 0, 0))
+        k, v = cached_k.value, cached_v.value
+        mask = (jnp.arange(k.shape[1]) <= index)[None, None, None, :]
+    if kv != n:  # the attention function takes equal heads: repeat inside this call only
+      k, v = jnp.repeat(k, n // kv, axis=2), jnp.repeat(v, n // kv, axis=2)
+    context = dot_product_attention(q, k, v, mask=mask, is_causal=mask is None,
+                                    q_segment_ids=segments, kv_segment_ids=segments,
+                                    scale=h ** -0.5)
+    context = nn.with_logical_constraint(context, ("batch", "length", "activation_heads", "kv"))
+    context = checkpoint_name(context, "context")
+    # o_proj's kernel is [heads, head_dim, embed] (HF's [embed, heads * head_dim], transposed).
+    out = _HeadsOut(x.shape[-1], self.dtype, name="o_proj")(context)
+    return checkpoint_name(out, "out_proj")
+
+
+class _HeadsOut(nn.Module):
+  """[B, T, heads, head_dim] -> [B, T, embed] through a [heads, head_dim, embed] kernel."""
+
+  features: int
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    w = self.param("w", nn.with_logical_partitioning(
+        nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
+                                         in_axis=(0, 1), out_axis=2),
+        ("heads", "kv", "embed")), (*x.shape[-2:], self.features), jnp.float32)
+    return jax.lax.dot_general(x.astype(self.dtype), w.astype(self.dtype),
+                               (((2, 3), (0, 1)), ((), ())))
+
+
+class SwiGlu(nn.Module):
+  """down(silu(gate(x)) * up(x))."""
+
+  hidden_dims: int
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    gate = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, name="gate_proj")(x)
+    up = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, name="up_proj")(x)
+    h = jax.nn.silu(gate) * up
+    h = nn.with_logical_constraint(h, ("batch", "length", "activation_mlp"))
+    h = checkpoint_name(h, "ffn1")
+    y = Linear((x.shape[-1],), ("mlp", "embed"), self.dtype, name="down_proj")(h)
+    return checkpoint_name(y, "ffn2")
+
+
+class LlamaDecoderLayer(nn.Module):
+  """x + attn(norm(x)), then x + mlp(norm(x)); returns (x, None) for nn.scan."""
+
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  hidden_dims: int
+  inv_freq: tuple[float, ...]
+  qkv_bias: bool = False
+  norm_epsilon: float = 1e-5
+  dtype: Dtype = jnp.float32
+  mode: str = FULL
+
+  @nn.compact
+  def __call__(self, x: jax.Array, inputs: dict[str, Any]) -> tuple[jax.Array, None]:
+    h = RmsNorm(self.norm_epsilon, self.dtype, name="input_layernorm")(x)
+    x = x + GqaAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.inv_freq,
+                         self.qkv_bias, self.dtype, self.mode, name="self_attn")(h, inputs)
+    x = nn.with_logical_constraint(x, EMBED_AXES)
+    h = RmsNorm(self.norm_epsilon, self.dtype, name="post_attention_layernorm")(x)
+    x = x + SwiGlu(self.hidden_dims, self.dtype, name="mlp")(h)
+    return nn.with_logical_constraint(x, EMBED_AXES), None

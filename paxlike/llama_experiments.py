@@ -1,0 +1,118 @@
+"""Unregistered experiment templates for the Llama family (Llama, Mistral, Qwen2).
+
+Hyperparameters keep the LM's names where they mean the same (NUM_LAYERS,
+MODEL_DIMS, HIDDEN_DIMS, NUM_HEADS, DIMS_PER_HEAD, VOCAB_SIZE, MAX_SEQ_LEN,
+FPROP_DTYPE, ...) and add the family's: NUM_KV_HEADS (grouped-query
+attention; None: NUM_HEADS), TIE_EMBEDDINGS, ROPE_THETA, ROPE_SCALING (a
+config.json rope_scaling dict, e.g. Llama 3.1's rope_type llama3, or None),
+NORM_EPSILON (RMSNorm) and QKV_BIAS (Qwen2's q/k/v biases). Hugging Face
+names: hidden_size = MODEL_DIMS, intermediate_size = HIDDEN_DIMS, head_dim =
+DIMS_PER_HEAD. Every derived value is computed in model()/datasets() from
+`self.X`, so `--set` reaches everything that depends on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fiddle as fdl
+import jax.numpy as jnp
+
+from paxlike.errors import UserError
+from paxlike.experiment import BaseExperiment
+from paxlike.inputs.synthetic import SyntheticLmInput
+from paxlike.inputs.text import TextInput
+from paxlike.layers.llama import rope_type
+from paxlike.models.llama import LlamaModel
+from paxlike.training_experiment import AdamTraining
+
+
+class LlamaSpmdAdam(AdamTraining):
+  """A Llama-family decoder trained with Adam on a device mesh."""
+
+  NUM_LAYERS = 2
+  MODEL_DIMS = 64
+  HIDDEN_DIMS = None  # None: 4 x MODEL_DIMS
+  NUM_HEADS = 4
+  DIMS_PER_HEAD = None  # None: MODEL_DIMS // NUM_HEADS
+  NUM_KV_HEADS = None  # None: NUM_HEADS (multi-head attention)
+  VOCAB_SIZE = 256
+  TIE_EMBEDDINGS = False
+  ROPE_THETA = 10000.0
+  ROPE_SCALING: dict[str, Any] | None = None
+  NORM_EPSILON = 1e-5
+  QKV_BIAS = False
+  MAX_SEQ_LEN = 64
+  PERCORE_BATCH_SIZE = 8
+  FPROP_DTYPE = jnp.float32
+  USE_REPEATED_LAYER = True
+  CHECKPOINT_POLICY = "SAVE_NOTHING"
+  EOS_ID = 1
+  PAD_ID = 0
+
+  def num_kv_heads(self) -> int:
+    """NUM_KV_HEADS, or NUM_HEADS when it is None."""
+    return self.NUM_KV_HEADS if self.NUM_KV_HEADS is not None else self.num_heads()
+
+  def validate(self) -> None:
+    super().validate()
+    self.check_positive("NUM_LAYERS", "MODEL_DIMS", "VOCAB_SIZE", "MAX_SEQ_LEN",
+                        "PERCORE_BATCH_SIZE", "NUM_TRAIN_STEPS", "CHECKPOINT_EVERY_N_STEPS",
+                        "SUMMARY_INTERVAL_STEPS", "ROPE_THETA", "NORM_EPSILON")
+    self.check_heads()
+    kv = self.num_kv_heads()
+    if kv <= 0 or self.num_heads() % kv:
+      raise UserError(f"NUM_KV_HEADS={kv} must be a positive divisor of NUM_HEADS="
+                      f"{self.num_heads()}.")
+    if self.dims_per_head() % 2:
+      raise UserError(f"DIMS_PER_HEAD={self.dims_per_head()} must be even for rotary "
+                      "embeddings.")
+    rope_type(self.ROPE_SCALING)  # refuses a rope type paxlike lacks, by name
+
+  def model(self) -> fdl.Config[LlamaModel]:
+    return fdl.Config(
+        LlamaModel, vocab_size=self.VOCAB_SIZE, model_dims=self.MODEL_DIMS,
+        num_layers=self.NUM_LAYERS, num_heads=self.num_heads(), num_kv_heads=self.num_kv_heads(),
+        head_dim=self.dims_per_head(), hidden_dims=self.hidden_dims(),
+        tie_embeddings=self.TIE_EMBEDDINGS, rope_theta=float(self.ROPE_THETA),
+        rope_scaling=dict(self.ROPE_SCALING) if self.ROPE_SCALING else None,
+        norm_epsilon=self.NORM_EPSILON, qkv_bias=self.QKV_BIAS, max_seq_len=self.MAX_SEQ_LEN,
+        use_repeated_layer=self.USE_REPEATED_LAYER, checkpoint_policy=self.CHECKPOINT_POLICY,
+        fprop_dtype=self.FPROP_DTYPE, eos_id=self.EOS_ID, pad_id=self.PAD_ID)
+
+
+class SyntheticLlamaDataset(BaseExperiment):
+  """Data mixin: the learnable synthetic LM stream (paxlike.inputs.synthetic)."""
+
+  DATA_SEED = 4321
+  SYNTHETIC_NOISE_RATE = 0.05
+
+  def datasets(self) -> list[fdl.Config]:
+    return [fdl.Config(
+        SyntheticLmInput, name="train", batch_size=self.per_host_batch_size(),
+        is_training=True, vocab_size=self.VOCAB_SIZE, seq_len=self.MAX_SEQ_LEN,
+        noise_rate=self.SYNTHETIC_NOISE_RATE, seed=self.DATA_SEED)]
+
+
+class TextLlamaDataset(BaseExperiment):
+  """Data mixin: text examples from a generator (GENERATOR, SCORER), the LM's features.
+
+  The "train" split trains, "test" is evaluated and decoded, scored with SCORER.
+  """
+
+  GENERATOR = "tasks.arithmetic:examples"
+  SCORER = "tasks.arithmetic:score"
+  EVAL_BATCH_SIZE = 100
+
+  def _input(self, split: str, training: bool, name: str) -> fdl.Config[TextInput]:
+    return fdl.Config(
+        TextInput, name=name, generator=self.GENERATOR, split=split, seq_len=self.MAX_SEQ_LEN,
+        batch_size=self.per_host_batch_size() if training else self.EVAL_BATCH_SIZE,
+        is_training=training, repeat=training, shuffle=training, reset_for_eval=not training,
+        scorer=self.SCORER, seed=self.TRAIN_SEED)
+
+  def datasets(self) -> list[fdl.Config[TextInput]]:
+    return [self._input("train", True, "train"), self._input("test", False, "test")]
+
+  def decode_datasets(self) -> list[fdl.Config[TextInput]]:
+    return [self._input("test", False, "test")]

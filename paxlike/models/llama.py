@@ -1,0 +1,203 @@
+"""The Llama family (Llama 2/3.x, Mistral, Qwen2/2.5): a decoder-only model on the contract.
+
+Batches use the LM's feature names: int `ids`, `labels` [B, T] and float
+`weights` [B, T] (0 for padding). Packed rows (several examples per row)
+add `segment_ids` (1, 2, ... per example, 0 = padding) and `positions`
+(restarting at 0 for each example): attention never crosses an example and
+the rotary positions restart with it. Decoding reads `ids` and `prompt_lens`
+as the LM does (row r's prompt is ids[r, :prompt_lens[r]]).
+
+Parameter tree (Hugging Face's names; `layers` scanned with a leading
+'layers' axis, or `layers_{i}`):
+
+    embed_tokens/embedding               [vocab, embed]
+    layers/input_layernorm/scale, layers/self_attn/{q,k,v}_proj/w (and /b with
+        QKV_BIAS), layers/self_attn/o_proj/w, layers/post_attention_layernorm/scale,
+        layers/mlp/{gate,up,down}_proj/w
+    norm/scale
+    lm_head/w                            [embed, vocab] (untied only)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from paxlike import decoding, flops
+from paxlike.errors import UserError
+from paxlike.layers.linear import Linear
+from paxlike.layers.llama import (
+    EMBED_AXES,
+    EXTEND,
+    FULL,
+    PREFILL,
+    LlamaDecoderLayer,
+    RmsNorm,
+    rope_inv_freq,
+)
+from paxlike.models.base import BaseModel
+from paxlike.models.language_model import LanguageModel, weighted_loss
+from paxlike.models.t5 import run_layers
+
+Dtype = Any
+
+
+class LlamaModel(BaseModel):
+  """Token ids -> next-token logits: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
+
+  vocab_size: int
+  model_dims: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  hidden_dims: int
+  tie_embeddings: bool = False
+  rope_theta: float = 10000.0
+  rope_scaling: Any = None  # a config.json rope_scaling dict (rope_type llama3) or None
+  norm_epsilon: float = 1e-5
+  qkv_bias: bool = False
+  max_seq_len: int = 2048  # max_position_embeddings in the HF config
+  use_repeated_layer: bool = True
+  checkpoint_policy: str = "SAVE_NOTHING"
+  fprop_dtype: Dtype = jnp.float32
+  eos_id: int = 1
+  pad_id: int = 0
+
+  def setup(self) -> None:
+    if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
+      raise UserError(f"NUM_KV_HEADS={self.num_kv_heads} must divide NUM_HEADS="
+                      f"{self.num_heads}.")
+    self.embed_tokens = self.param(
+        "embed_tokens", nn.with_logical_partitioning(
+            nn.initializers.normal(stddev=0.02), ("vocab", "embed")),
+        (self.vocab_size, self.model_dims), jnp.float32)
+    self.norm = RmsNorm(self.norm_epsilon, self.fprop_dtype)
+    if not self.tie_embeddings:
+      self.lm_head = Linear((self.vocab_size,), ("embed", "vocab"), self.fprop_dtype)
+
+  def _layers(self, x: jax.Array, inputs: dict[str, Any], mode: str) -> jax.Array:
+    kwargs = dict(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                  head_dim=self.head_dim, hidden_dims=self.hidden_dims,
+                  inv_freq=tuple(float(f) for f in rope_inv_freq(
+                      self.head_dim, self.rope_theta, self.rope_scaling)),
+                  qkv_bias=self.qkv_bias, norm_epsilon=self.norm_epsilon,
+                  dtype=self.fprop_dtype, mode=mode)
+    return run_layers(LlamaDecoderLayer, kwargs, self.num_layers, x, inputs,
+                      scanned=self.use_repeated_layer, checkpoint_policy=self.checkpoint_policy,
+                      remat=mode == FULL)
+
+  @nn.compact
+  def __call__(self, ids: jax.Array, positions: jax.Array | None = None,
+               segment_ids: jax.Array | None = None, mode: str = FULL,
+               index: jax.Array | None = None) -> jax.Array:
+    """[B, T] ids -> [B, T, vocab] float32 logits.
+
+    positions [B, T] default to 0..T-1 (index.. for an extend); segment_ids
+    [B, T] keep packed examples apart.
+    """
+    x = jnp.take(self.embed_tokens, ids, axis=0).astype(self.fprop_dtype)
+    x = nn.with_logical_constraint(x, EMBED_AXES)
+    if positions is None:
+      start = 0 if index is None else index
+      positions = (start + jnp.arange(ids.shape[1], dtype=jnp.int32))[None]
+    inputs: dict[str, Any] = {"positions": positions}
+    if segment_ids is not None:
+      inputs["segment_ids"] = segment_ids
+    if index is not None:
+      inputs["index"] = index
+    x = self._layers(x, inputs, mode)
+    x = self.norm(x)
+    if self.tie_embeddings:
+      logits = jnp.einsum("btd,vd->btv", x, self.embed_tokens.astype(self.fprop_dtype))
+    else:
+      logits = self.lm_head(x)
+    logits = nn.with_logical_constraint(logits, ("batch", "length", "activation_vocab"))
+    return logits.astype(jnp.float32)
+
+  def fprop(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Returns (mean weighted cross-entropy, metrics)."""
+    logits = self(batch["ids"], batch.get("positions"), batch.get("segment_ids"))
+    return weighted_loss(logits, batch["labels"], batch["weights"])
+
+  # ------------------------------------------------------------- decoding
+
+  def prefill(self, batch: dict[str, jax.Array],
+              settings: decoding.DecodeSettings) -> decoding.DecodeStart:
+    """One pass over the prompt buffer fills every layer's KV cache (the LM's scheme).
+
+    Extends start after the shortest prompt; longer prompts' tokens are
+    forced at the positions they cover.
+    """
+    ids, lens = batch["ids"], jnp.maximum(batch["prompt_lens"], 1)
+    length = ids.shape[1]
+    positions = jnp.arange(length)
+    tokens = jnp.where(positions[None] < lens[:, None], ids, 0).astype(jnp.int32)
+    self(tokens, mode=PREFILL)
+    p_min = jnp.min(lens)
+    out_pos = p_min + positions[:length - 1]
+    limit = length - p_min
+    if settings.max_decode_length is not None:
+      limit = jnp.minimum(limit, jnp.max(lens) - p_min + settings.max_decode_length)
+    return decoding.DecodeStart(
+        first_tokens=jnp.take(tokens, p_min - 1, axis=1),
+        start_index=(p_min - 1).astype(jnp.int32),
+        forced_tokens=jnp.take(tokens, jnp.minimum(out_pos, length - 1), axis=1),
+        forced_mask=out_pos[None] < lens[:, None],
+        limit=limit.astype(jnp.int32), num_steps=length - 1)
+
+  def extend(self, tokens: jax.Array, index: jax.Array) -> jax.Array:
+    """tokens [N] at position `index` -> next-token logits [N, vocab] float32."""
+    return self(tokens[:, None], mode=EXTEND, index=index)[:, 0]
+
+  def finish_decode(self, batch: dict[str, jax.Array], start: decoding.DecodeStart,
+                    out: decoding.DecodeOutput,
+                    settings: decoding.DecodeSettings) -> decoding.DecodeOutput:
+    """Drops each row's forced prompt, as the LM does (the same decode features)."""
+    return LanguageModel.finish_decode(self, batch, start, out, settings)
+
+  def gather_cache(self, cache: Any, indices: jax.Array) -> Any:
+    axis = 1 if self.use_repeated_layer else 0  # scanned leaves lead with the layer axis
+    return jax.tree.map(lambda x: jnp.take(x, indices, axis=axis), cache)
+
+  # -------------------------------------------------------- plain methods
+
+  def input_features(self) -> tuple[str, ...]:
+    return ("ids", "labels", "weights")
+
+  def decode_features(self) -> tuple[str, ...]:
+    return ("ids", "prompt_lens")
+
+  def flops_dims(self, seq_len: int) -> flops.LlamaDims:
+    return flops.LlamaDims(self.num_layers, self.model_dims, self.hidden_dims, self.num_heads,
+                           self.num_kv_heads, self.head_dim, self.vocab_size, seq_len)
+
+  def model_flops_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> float:
+    batch, seq_len = specs["ids"].shape[:2]
+    return flops.llama_flops_per_step(self.flops_dims(seq_len), batch)
+
+  def tokens_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> int:
+    return int(np.prod(specs["ids"].shape[:2]))
+
+  def compute_dtype(self) -> str:
+    return np.dtype(self.fprop_dtype).name
+
+  def special_ids(self) -> dict[str, int]:
+    return {"eos_id": self.eos_id, "pad_id": self.pad_id}
+
+  def prompt_and_target(self, host_batch: dict[str, np.ndarray]
+                        ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    return LanguageModel.prompt_and_target(self, host_batch)
+
+  def padding_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {**host_batch, "weights": np.zeros_like(host_batch["weights"])}
+
+  def hf_config(self) -> dict[str, Any]:
+    """The transformers config (config.json) of this model: Llama, or Qwen2 with QKV_BIAS."""
+    from paxlike.interop import hf_llama
+
+    return hf_llama.model_config(self)
