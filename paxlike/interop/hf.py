@@ -24,7 +24,6 @@ logits_dense equal to the embedding.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -32,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from paxlike.errors import UserError
-
-CONFIG = "config.json"
-SINGLE = "model.safetensors"
-INDEX = "model.safetensors.index.json"
+from paxlike.interop.hf_files import CONFIG, INDEX, SINGLE
+from paxlike.interop.hf_files import get_path as _get
+from paxlike.interop.hf_files import same as _same
+from paxlike.interop.hf_files import set_path as _set
 
 # Checkpoint tensors that carry nothing the model lacks: aliases of shared.weight,
 # and a relative bias old T5 checkpoints kept on the (bias-free) cross-attention.
@@ -111,13 +110,6 @@ def _model_type(config: dict[str, Any], where: str) -> str:
     raise UserError(f"{where} has model_type={model_type!r}; paxlike imports only 't5' "
                     "(T5, T5 v1.1, Flan-T5) checkpoints.")
   return model_type
-
-
-def _same(a: Any, b: Any) -> bool:
-  if isinstance(a, float) or isinstance(b, float):
-    return isinstance(a, int | float) and isinstance(b, int | float) and math.isclose(
-        a, b, rel_tol=1e-9)
-  return a == b
 
 
 def _is_llama(config: dict[str, Any]) -> bool:
@@ -321,18 +313,6 @@ def _shape_of(model: Any, path: tuple[str, ...]) -> tuple[int, ...]:
             "out": (n, h, d), "wi_0": (d, f), "wi_1": (d, f), "wi": (d, f), "wo": (f, d),
             "logits_dense": (d, v)}
   return shapes[path[-1]] if path[-1] in shapes else shapes[path[-2]]
-
-
-def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-  for key in path[:-1]:
-    tree = tree.setdefault(key, {})
-  tree[path[-1]] = value
-
-
-def _get(tree: Any, path: tuple[str, ...]) -> Any:
-  for key in path:
-    tree = tree[key]
-  return tree
 
 
 def import_params(directory: str, model: Any) -> dict[str, Any]:

@@ -155,7 +155,7 @@ def model_config(model: Any) -> dict[str, Any]:
 
 
 def _same(a: Any, b: Any) -> bool:
-  from paxlike.interop.hf import _same as same
+  from paxlike.interop.hf_files import same
 
   if isinstance(a, dict) and isinstance(b, dict):
     return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
@@ -253,7 +253,7 @@ def import_params(directory: str, model: Any, ckpt: Any) -> dict[str, Any]:
     model: the experiment's LlamaModel (config already checked).
     ckpt: paxlike.interop.hf's open checkpoint (tensors by name, read lazily).
   """
-  from paxlike.interop.hf import _set
+  from paxlike.interop.hf_files import set_path as _set
 
   params: dict[str, Any] = {}
   stacked: dict[tuple[str, ...], np.ndarray] = {}
@@ -296,7 +296,8 @@ def export_params(params: Any, model: Any, directory: str) -> None:
   """Writes config.json + model.safetensors that AutoModelForCausalLM.from_pretrained loads."""
   from safetensors.numpy import save_file
 
-  from paxlike.interop.hf import CONFIG, SINGLE, _get
+  from paxlike.interop.hf_files import CONFIG, SINGLE
+  from paxlike.interop.hf_files import get_path as _get
 
   config = model_config(model)
   tensors: dict[str, np.ndarray] = {}
