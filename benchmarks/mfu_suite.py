@@ -70,9 +70,9 @@ SIZES: dict[str, tuple[str, list[str]]] = {
     "c4_1b_1gpu": ("C4Spmd1BAdam4Replicas", ["ICI_MESH_SHAPE=[1,1,1]",
                                              "PERCORE_BATCH_SIZE=8"]),
     "flan_t5_base_1gpu": ("FlanT5Base", ["ICI_MESH_SHAPE=[1,1,1]", "PERCORE_BATCH_SIZE=32",
-                                         "DROPOUT_RATE=0.0"]),
+                                         "DROPOUT_PROB=0.0"]),
     "flan_t5_large_1gpu": ("FlanT5Large", ["ICI_MESH_SHAPE=[1,1,1]", "PERCORE_BATCH_SIZE=16",
-                                           "DROPOUT_RATE=0.0"]),
+                                           "DROPOUT_PROB=0.0"]),
 }
 DEFAULT_SIZES = {"cpu": ["tiny", "small", "medium", "t5_tiny", "t5_small", "t5_medium"],
                  "gpu": ["c4_1b_1gpu", "flan_t5_base_1gpu", "flan_t5_large_1gpu"],

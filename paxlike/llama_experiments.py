@@ -109,7 +109,7 @@ class TextLlamaDataset(BaseExperiment):
         TextInput, name=name, generator=self.GENERATOR, split=split, seq_len=self.MAX_SEQ_LEN,
         batch_size=self.per_host_batch_size() if training else self.EVAL_BATCH_SIZE,
         is_training=training, repeat=training, shuffle=training, reset_for_eval=not training,
-        scorer=self.SCORER, seed=self.TRAIN_SEED)
+        scorer=self.SCORER, seed=self.TRAINING_SEED)
 
   def datasets(self) -> list[fdl.Config[TextInput]]:
     return [self._input("train", True, "train"), self._input("test", False, "test")]

@@ -108,7 +108,7 @@ def test_default_policy_lowers_the_fused_kernel():
 
 @pytest.mark.parametrize("exp_name,overrides", [
     (TINY, ["FPROP_DTYPE=bfloat16"]),
-    ("FlanT5Tiny", ["FPROP_DTYPE=bfloat16", "DROPOUT_RATE=0.0"]),
+    ("FlanT5Tiny", ["FPROP_DTYPE=bfloat16", "DROPOUT_PROB=0.0"]),
 ])
 def test_twenty_steps_train_alike_on_both_paths(exp_name, overrides, tmp_path):
   """The same 20 steps with fused and with XLA attention: the losses agree to bf16 tolerance."""

@@ -79,7 +79,7 @@ def test_h100_runs_the_one_gpu_sizes(monkeypatch):
                                                                                   2560)
   assert all(np.dtype(e.FPROP_DTYPE).name == "bfloat16" for e in exps)
   assert all(list(e.ICI_MESH_SHAPE) == [1, 1, 1] for e in exps)
-  assert base.PERCORE_BATCH_SIZE == 32 and base.DROPOUT_RATE == 0.0 == large.DROPOUT_RATE
+  assert base.PERCORE_BATCH_SIZE == 32 and base.DROPOUT_PROB == 0.0 == large.DROPOUT_PROB
   assert large.ATTEN_LOGIT_CAP == -1.0
   assert not any(o.startswith("ATTEN_LOGIT_CAP") for o in entries[1]["overrides"])
 
@@ -90,4 +90,4 @@ def test_list_prints_the_plan_and_runs_nothing():
                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, describe(proc)
   assert proc.stdout.strip() == ("flan_t5_base_1gpu: FlanT5Base on 1 device(s), --set "
-                                 "ICI_MESH_SHAPE=[1,1,1] PERCORE_BATCH_SIZE=32 DROPOUT_RATE=0.0")
+                                 "ICI_MESH_SHAPE=[1,1,1] PERCORE_BATCH_SIZE=32 DROPOUT_PROB=0.0")
