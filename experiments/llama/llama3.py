@@ -174,7 +174,7 @@ class LlamaArithmeticTiny(TextLlamaDataset, LlamaSpmdAdam):
   """Two-digit addition on a CPU (tasks/arithmetic.py): >= 95% exact match on held-out
   prompts, decoded greedily with the KV cache."""
 
-  NUM_LAYERS = 2
+  NUM_LAYERS = 4
   MODEL_DIMS = 128
   NUM_HEADS = 4
   NUM_KV_HEADS = 2
@@ -187,8 +187,8 @@ class LlamaArithmeticTiny(TextLlamaDataset, LlamaSpmdAdam):
   LR_SCHEDULE = "linear_rampup_cosine_decay"
   LR_COS_WARMUP = 100
   LR_COS_DECAY_START = 100
-  LR_COS_DECAY_END = 2000
-  NUM_TRAIN_STEPS = 2000
+  LR_COS_DECAY_END = 3000
+  NUM_TRAIN_STEPS = 3000
   CHECKPOINT_EVERY_N_STEPS = 1000
   SUMMARY_INTERVAL_STEPS = 100
   EVAL_INTERVAL_STEPS = 1000

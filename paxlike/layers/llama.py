@@ -32,6 +32,7 @@ Dtype = Any
 
 FULL, PREFILL, EXTEND = "full", "prefill", "extend"
 ROPE_TYPES = ("default", "llama3")
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 EMBED_AXES = ("batch", "length", "activation_embed")
 
 
@@ -43,6 +44,10 @@ def rope_type(rope_scaling: dict[str, Any] | None) -> str:
   if kind not in ROPE_TYPES:
     raise UserError(f"rope_scaling rope_type={kind!r} is not supported; paxlike models "
                     f"{', '.join(ROPE_TYPES)} rotary embeddings only.")
+  missing = [k for k in LLAMA3_KEYS if kind == "llama3" and k not in rope_scaling]
+  if missing:
+    raise UserError(f"rope_scaling of rope_type 'llama3' needs {', '.join(missing)}; give "
+                    f"all of {', '.join(LLAMA3_KEYS)}.")
   return kind
 
 
