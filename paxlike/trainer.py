@@ -191,154 +191,219 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
   Resumes from the latest complete checkpoint in job_log_dir/checkpoints (or
   from options.restore_checkpoint_dir when job_log_dir has none).
   """
-  options = options or TrainOptions()
-  settings = task.train
-  is_chief = jax.process_index() == 0
-  gp = options.goodput or goodput.Recorder()
-  program = build_train_program(task, train_input, partitioner,
-                                skip_nonfinite=options.skip_nonfinite_steps)
-  tokens_per_step = program.tokens_per_step
-  abstract, logical = program.abstract, program.logical
-  if options.model_flops_per_step is None:
-    options.model_flops_per_step = task.model.model_flops_per_step(program.global_specs)
-  if is_chief:
-    num_params = write_model_analysis(os.path.join(job_log_dir, "model_analysis.txt"),
-                                      abstract.params, partitioner.mesh_specs(logical.params))
-    logging.info("model has %s parameters", f"{num_params:,}")
-
-  ckpt = ckpt_lib.Checkpointer(
-      ckpt_lib.checkpoint_dir(job_log_dir), max_to_keep=settings.max_checkpoints_to_keep,
-      async_save=options.async_checkpoint, state_format=options.checkpoint_format)
-  t_restore = time.perf_counter()
-  state, start_step = resume.start(program, train_input, ckpt, options, settings.seed,
-                                       job_log_dir if is_chief else None)
-  gp.restored(job_log_dir if is_chief else None, start_step, time.perf_counter() - t_restore)
-  result = TrainResult(start_step=start_step, final_step=start_step, history=[])
-  if start_step >= settings.num_train_steps:
-    logging.info("checkpoint at step %d already reaches NUM_TRAIN_STEPS=%d; nothing to train",
-                 start_step, settings.num_train_steps)
-    ckpt.close()
-    result.state = state
-    return result
-
-  step_fn, pgle_collector = pgle.prepare_step(program.step_fn, options.pgle)
-  num_devices = _num_devices(partitioner)
-  key = jax.random.key(settings.seed)
-  writer = summaries.SummaryWriter(job_log_dir, "train",
-                                   enabled=is_chief and options.enable_summary_writer)
-  prefetch = Prefetcher(train_input)
-  last_saved = start_step
-  guard = nonfinite.FiniteGuard(nonfinite.param_names(abstract.params), partitioner.unshard,
-                                skip=options.skip_nonfinite_steps)
-  watcher = preemption.StopWatcher().install()
-  step_profiler = prof_lib.StepProfiler(options.profile, job_log_dir, enabled=is_chief)
+  run = _TrainRun(task, train_input, partitioner, job_log_dir, options or TrainOptions())
+  run.restore()
+  if run.start_step >= task.train.num_train_steps:
+    return run.nothing_to_train()
+  run.open_loop()
   try:
-    step = start_step
-    t_start = time.perf_counter()
-    gp.loop_started()
-    with gp.span("input_wait"):
-      host_batch, input_state = prefetch.next()
-    batch = partitioner.shard_batch(host_batch)
-    t_mark, step_mark = None, step
-    while step < settings.num_train_steps:
-      if step_profiler.wants(step + 1):
-        step_profiler.before_step(step + 1, functools.partial(_hlo_text, step_fn, state, batch,
-                                                              key))
-      state, metrics = step_fn(state, batch, key)
-      step += 1
-      step_profiler.after_step(step, metrics, last_step=step >= settings.num_train_steps)
-      metrics = guard.record(step, metrics)  # keeps a device scalar: no sync here
-      faults.hit("step", step)
-      if step < settings.num_train_steps:
-        # Read and transfer the next batch while the device runs this step.
-        with gp.span("input_wait"):
-          next_host_batch, next_input_state = prefetch.next()
-        next_batch = partitioner.shard_batch(next_host_batch)
-      if t_mark is None:
-        jax.block_until_ready(metrics)
-        result.compile_seconds = time.perf_counter() - t_start
-        logging.info("first step (with compilation) took %.2fs", result.compile_seconds)
-        gp.first_step(result.compile_seconds)
-        if options.measure_hardware_flops:
-          with gp.span("other"):
-            hw = flops.measure_step(step_fn, (state, batch, key), num_devices,
-                                    may_compile=not pgle.auto_active(options.pgle))
-          options.hardware_flops_per_step = hw.total if hw else None
-        t_mark, step_mark = time.perf_counter(), step
-        values = {k: float(v) for k, v in partitioner.unshard(metrics).items()}
-        writer.scalars(step, values)
-        summaries.log_step(step, values)
-        result.history.append({"step": step, **values})
-      elif step % settings.summary_interval_steps == 0 or step == settings.num_train_steps:
-        values = {k: float(v) for k, v in partitioner.unshard(metrics).items()}
-        now = time.perf_counter()
-        if step > step_mark:
-          values["steps_per_sec"] = (step - step_mark) / (now - t_mark)
-          values["tokens_per_sec"] = values["steps_per_sec"] * tokens_per_step
-          _add_mfu(values, options, num_devices)
-        values["goodput"] = gp.report()["goodput"]
-        efficiency = train_input.packing_efficiency(host_batch)
-        if efficiency is not None:
-          values["packing_efficiency"] = efficiency
-        t_mark, step_mark = now, step
-        writer.scalars(step, values)
-        summaries.log_step(step, values)
-        result.history.append({"step": step, **values})
-      stop = watcher.reached(step)  # every process stops after the same step
-      save = options.enable_checkpoint_saving and last_saved != step and (
-          stop or step % settings.checkpoint_every_n_steps == 0
-          or step == settings.num_train_steps)
-      if (save or stop or step % settings.summary_interval_steps == 0
-          or step == settings.num_train_steps):
-        guard.check(last_saved)  # where the loop waits for the device anyway
-      if save:
-        with gp.span("checkpoint"):
-          ckpt.save(step, partitioner.to_saveable(state), input_state)
-        last_saved = step
-        faults.hit("save", step)
-      if stop:
-        result.stopped_by = watcher.signal_name
-        break
-      if (options.evaluator and settings.eval_interval_steps and step < settings.num_train_steps
-          and step % settings.eval_interval_steps == 0):
-        with gp.span("eval"):
-          evals = _run_eval(options, state, step, decode=options.decode_during_train)
-        if _reached_target(settings.target_log_pplx, evals, step):
-          if options.enable_checkpoint_saving and last_saved != step:
-            with gp.span("checkpoint"):
-              ckpt.save(step, partitioner.to_saveable(state), input_state)
-            last_saved = step
-          break
-      gp.step_done(step, force_progress=last_saved == step)
-      if step < settings.num_train_steps:
-        batch, host_batch, input_state = next_batch, next_host_batch, next_input_state
-    result.final_step = step
-    gp.loop_ended(step)
-    if options.evaluator and not result.stopped_by:
-      with gp.span("eval"):
-        result.eval_metrics = _run_eval(options, state, step, decode=True)
+    run.loop()
   finally:
-    watcher.uninstall()
-    step_profiler.finish()  # a run that stopped inside the profiled steps
-    prefetch.close()
-    if pgle_collector:
-      pgle_collector.close()
-    with gp.span("checkpoint"):
-      ckpt.wait()
-    gp.finish()
-    writer.scalars(result.final_step, gp.scalars())
-    writer.close()
-    ckpt.close()
-  result.goodput = gp.write(job_log_dir) if is_chief else gp.report()
-  logging.info("%s", gp.summary_line())
-  if result.stopped_by:
-    logging.warning("%s: stopped after step %d, last checkpoint %d (%.2fs after the "
-                    "signal); rerun the same command to continue", result.stopped_by,
-                    result.final_step, last_saved, time.monotonic() - (watcher.requested_at or
-                                                                       time.monotonic()))
-  logging.info("training done at step %d (last checkpoint %d)", result.final_step, last_saved)
-  result.state = state
-  return result
+    run.close_loop()
+  return run.report()
+
+
+class _TrainRun:
+  """One call of train(): the steps it goes through, each a method, in order.
+
+  restore -> open_loop -> loop (step, summaries, checkpoint or stop, eval) ->
+  close_loop -> report.
+  """
+
+  def __init__(self, task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str,
+               options: TrainOptions) -> None:
+    self.settings, self.options = task.train, options
+    self.train_input, self.partitioner, self.job_log_dir = train_input, partitioner, job_log_dir
+    self.is_chief = jax.process_index() == 0
+    self.gp = options.goodput or goodput.Recorder()
+    self.program = build_train_program(task, train_input, partitioner,
+                                       skip_nonfinite=options.skip_nonfinite_steps)
+    if options.model_flops_per_step is None:
+      options.model_flops_per_step = task.model.model_flops_per_step(self.program.global_specs)
+    if self.is_chief:
+      num_params = write_model_analysis(
+          os.path.join(job_log_dir, "model_analysis.txt"), self.program.abstract.params,
+          partitioner.mesh_specs(self.program.logical.params))
+      logging.info("model has %s parameters", f"{num_params:,}")
+    self.ckpt = ckpt_lib.Checkpointer(
+        ckpt_lib.checkpoint_dir(job_log_dir), max_to_keep=self.settings.max_checkpoints_to_keep,
+        async_save=options.async_checkpoint, state_format=options.checkpoint_format)
+
+  def restore(self) -> None:
+    """The run's start: a checkpoint, INIT_FROM's weights or a fresh state (resume.start)."""
+    t_restore = time.perf_counter()
+    chief_dir = self.job_log_dir if self.is_chief else None
+    self.state, self.start_step = resume.start(self.program, self.train_input, self.ckpt,
+                                               self.options, self.settings.seed, chief_dir)
+    self.gp.restored(chief_dir, self.start_step, time.perf_counter() - t_restore)
+    self.result = TrainResult(start_step=self.start_step, final_step=self.start_step,
+                              history=[])
+    self.last_saved = self.start_step
+
+  def nothing_to_train(self) -> TrainResult:
+    logging.info("checkpoint at step %d already reaches NUM_TRAIN_STEPS=%d; nothing to train",
+                 self.start_step, self.settings.num_train_steps)
+    self.ckpt.close()
+    self.result.state = self.state
+    return self.result
+
+  def open_loop(self) -> None:
+    """What the loop holds open: step function, writer, prefetcher, guards, profiler."""
+    self.step_fn, self.pgle_collector = pgle.prepare_step(self.program.step_fn,
+                                                          self.options.pgle)
+    self.num_devices = _num_devices(self.partitioner)
+    self.key = jax.random.key(self.settings.seed)
+    self.writer = summaries.SummaryWriter(
+        self.job_log_dir, "train", enabled=self.is_chief and self.options.enable_summary_writer)
+    self.prefetch = Prefetcher(self.train_input)
+    self.guard = nonfinite.FiniteGuard(nonfinite.param_names(self.program.abstract.params),
+                                       self.partitioner.unshard,
+                                       skip=self.options.skip_nonfinite_steps)
+    self.watcher = preemption.StopWatcher().install()
+    self.step_profiler = prof_lib.StepProfiler(self.options.profile, self.job_log_dir,
+                                               enabled=self.is_chief)
+
+  def loop(self) -> None:
+    """Steps until NUM_TRAIN_STEPS, a stop signal or TARGET_LOG_PPLX; then the final eval."""
+    last = self.settings.num_train_steps
+    step = self.start_step
+    self.t_start = time.perf_counter()
+    self.gp.loop_started()
+    host_batch, input_state = self._next_batch()
+    batch = self.partitioner.shard_batch(host_batch)
+    self.t_mark, self.step_mark = None, step
+    while step < last:
+      metrics = self._step(step, batch)
+      step += 1
+      if step < last:
+        # Read and transfer the next batch while the device runs this step.
+        next_host_batch, next_input_state = self._next_batch()
+        next_batch = self.partitioner.shard_batch(next_host_batch)
+      self._summaries(step, metrics, batch, host_batch)
+      if self._checkpoint_or_stop(step, input_state) or self._eval_reached_target(
+          step, input_state):
+        break
+      self.gp.step_done(step, force_progress=self.last_saved == step)
+      if step < last:
+        batch, host_batch, input_state = next_batch, next_host_batch, next_input_state
+    self.result.final_step = step
+    self.gp.loop_ended(step)
+    if self.options.evaluator and not self.result.stopped_by:
+      with self.gp.span("eval"):
+        self.result.eval_metrics = _run_eval(self.options, self.state, step, decode=True)
+
+  def _next_batch(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    with self.gp.span("input_wait"):
+      return self.prefetch.next()
+
+  def _step(self, step: int, batch: Any) -> Any:
+    """One train step (step + 1), under the profiler when it asks; metrics stay on device."""
+    if self.step_profiler.wants(step + 1):
+      self.step_profiler.before_step(step + 1, functools.partial(
+          _hlo_text, self.step_fn, self.state, batch, self.key))
+    self.state, metrics = self.step_fn(self.state, batch, self.key)
+    self.step_profiler.after_step(step + 1, metrics,
+                                  last_step=step + 1 >= self.settings.num_train_steps)
+    metrics = self.guard.record(step + 1, metrics)  # keeps a device scalar: no sync here
+    faults.hit("step", step + 1)
+    return metrics
+
+  def _summaries(self, step: int, metrics: Any, batch: Any, host_batch: Any) -> None:
+    """The first step's timing and HFU, then scalars every SUMMARY_INTERVAL_STEPS."""
+    if self.t_mark is None:
+      jax.block_until_ready(metrics)
+      self.result.compile_seconds = time.perf_counter() - self.t_start
+      logging.info("first step (with compilation) took %.2fs", self.result.compile_seconds)
+      self.gp.first_step(self.result.compile_seconds)
+      if self.options.measure_hardware_flops:
+        with self.gp.span("other"):
+          hw = flops.measure_step(self.step_fn, (self.state, batch, self.key), self.num_devices,
+                                  may_compile=not pgle.auto_active(self.options.pgle))
+        self.options.hardware_flops_per_step = hw.total if hw else None
+      self.t_mark, self.step_mark = time.perf_counter(), step
+      self._write(step, {k: float(v) for k, v in self.partitioner.unshard(metrics).items()})
+    elif (step % self.settings.summary_interval_steps == 0
+          or step == self.settings.num_train_steps):
+      values = {k: float(v) for k, v in self.partitioner.unshard(metrics).items()}
+      now = time.perf_counter()
+      if step > self.step_mark:
+        values["steps_per_sec"] = (step - self.step_mark) / (now - self.t_mark)
+        values["tokens_per_sec"] = values["steps_per_sec"] * self.program.tokens_per_step
+        _add_mfu(values, self.options, self.num_devices)
+      values["goodput"] = self.gp.report()["goodput"]
+      efficiency = self.train_input.packing_efficiency(host_batch)
+      if efficiency is not None:
+        values["packing_efficiency"] = efficiency
+      self.t_mark, self.step_mark = now, step
+      self._write(step, values)
+
+  def _write(self, step: int, values: dict[str, float]) -> None:
+    self.writer.scalars(step, values)
+    summaries.log_step(step, values)
+    self.result.history.append({"step": step, **values})
+
+  def _checkpoint_or_stop(self, step: int, input_state: dict[str, Any]) -> bool:
+    """Saves at the cadence, the last step or a stop signal; True when a signal stops the run."""
+    last = self.settings.num_train_steps
+    stop = self.watcher.reached(step)  # every process stops after the same step
+    save = self.options.enable_checkpoint_saving and self.last_saved != step and (
+        stop or step % self.settings.checkpoint_every_n_steps == 0 or step == last)
+    if save or stop or step % self.settings.summary_interval_steps == 0 or step == last:
+      self.guard.check(self.last_saved)  # where the loop waits for the device anyway
+    if save:
+      self._save(step, input_state)
+      faults.hit("save", step)
+    if stop:
+      self.result.stopped_by = self.watcher.signal_name
+    return stop
+
+  def _save(self, step: int, input_state: dict[str, Any]) -> None:
+    with self.gp.span("checkpoint"):
+      self.ckpt.save(step, self.partitioner.to_saveable(self.state), input_state)
+    self.last_saved = step
+
+  def _eval_reached_target(self, step: int, input_state: dict[str, Any]) -> bool:
+    """Evals every EVAL_INTERVAL_STEPS; True (after a save) when TARGET_LOG_PPLX is reached."""
+    interval = self.settings.eval_interval_steps
+    if not (self.options.evaluator and interval and step < self.settings.num_train_steps
+            and step % interval == 0):
+      return False
+    with self.gp.span("eval"):
+      evals = _run_eval(self.options, self.state, step, decode=self.options.decode_during_train)
+    if not _reached_target(self.settings.target_log_pplx, evals, step):
+      return False
+    if self.options.enable_checkpoint_saving and self.last_saved != step:
+      self._save(step, input_state)
+    return True
+
+  def close_loop(self) -> None:
+    """Closes what open_loop opened; waits for the last checkpoint to be written."""
+    self.watcher.uninstall()
+    self.step_profiler.finish()  # a run that stopped inside the profiled steps
+    self.prefetch.close()
+    if self.pgle_collector:
+      self.pgle_collector.close()
+    with self.gp.span("checkpoint"):
+      self.ckpt.wait()
+    self.gp.finish()
+    self.writer.scalars(self.result.final_step, self.gp.scalars())
+    self.writer.close()
+    self.ckpt.close()
+
+  def report(self) -> TrainResult:
+    """Goodput written, the end of the run logged; the result with the final state."""
+    result = self.result
+    result.goodput = self.gp.write(self.job_log_dir) if self.is_chief else self.gp.report()
+    logging.info("%s", self.gp.summary_line())
+    if result.stopped_by:
+      waited = time.monotonic() - (self.watcher.requested_at or time.monotonic())
+      logging.warning("%s: stopped after step %d, last checkpoint %d (%.2fs after the "
+                      "signal); rerun the same command to continue", result.stopped_by,
+                      result.final_step, self.last_saved, waited)
+    logging.info("training done at step %d (last checkpoint %d)", result.final_step,
+                 self.last_saved)
+    result.state = self.state
+    return result
 
 
 def _run_eval(options: TrainOptions, state: Any, step: int,
