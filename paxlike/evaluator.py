@@ -373,10 +373,10 @@ def restore_for_eval(task: Any, train_input: BaseInput, partitioner: Any, job_lo
   ckpt = ckpt_lib.Checkpointer(directory, read_only=True) if has_dir else None
   latest = ckpt.latest_step() if ckpt else None
   if init_from and step is None and latest is None:
-    fresh = jax.device_get(partitioner.to_saveable(program.init_state(task.train.seed)))
-    state, _ = initial.load(init_from, task.model, program.abstract, fresh)
+    state, _ = initial.start_state(init_from, task.model, program.abstract, partitioner,
+                                   program.init_state(task.train.seed))
     log.info("no checkpoint in %s: using the weights of %s", directory, init_from.spec)
-    return partitioner.shard_state(state), 0
+    return state, 0
   if not has_dir:
     raise UserError(f"no checkpoints in {directory} to restore; train first or pass "
                     "--restore_checkpoint_dir.")

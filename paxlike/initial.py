@@ -257,3 +257,44 @@ def load(init: InitFrom, model: Any, abstract: Any, fresh: Any) -> tuple[Any, Pl
             if out.mapping[n] is not None else f for n, f in zip(names, fresh_leaves, strict=True)]
   params = jax.tree.unflatten(jax.tree.structure(fresh.params), leaves)
   return fresh.replace(params=params, opt_state=opt_state), out
+
+
+def start_state(init: InitFrom, model: Any, abstract: Any, partitioner: Any,
+                fresh: Any) -> tuple[Any, Plan]:
+  """The step-0 state in the partitioner's layout, from INIT_FROM and a fresh state.
+
+  A Hugging Face source streams: each parameter is read from the
+  safetensors files and placed on its devices on its own (block by block,
+  in its sharding), and the fresh parameter it replaces is freed at once,
+  so the host never holds the model, only one tensor and one block. A
+  paxlike source is read through load().
+
+  Args:
+    init: the source and rules.
+    model: this run's model.
+    abstract: this run's abstract TrainState.
+    partitioner: the run's partitioner (place_param, shard_state, to_saveable).
+    fresh: a freshly initialised TrainState in the partitioner's layout; its
+      parameters that the plan takes from the source are deleted.
+  """
+  import jax
+
+  from paxlike.interop import hf
+
+  kind, path, _ = init.source()
+  if kind != "hf":
+    host = jax.device_get(partitioner.to_saveable(fresh))
+    state, out = load(init, model, abstract, host)
+    return partitioner.shard_state(state), out
+  out = check(init, model, abstract)
+  source = flat_names(hf.lazy_params(path, model))
+  names = list(flat_names(abstract.params))
+  leaves = []
+  for name, like in zip(names, jax.tree.leaves(fresh.params), strict=True):
+    if out.mapping[name] is None:
+      leaves.append(like)
+      continue
+    leaves.append(partitioner.place_param(source[out.mapping[name]].read, like))
+    like.delete()
+  params = jax.tree.unflatten(jax.tree.structure(fresh.params), leaves)
+  return fresh.replace(params=params), out

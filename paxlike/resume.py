@@ -276,13 +276,11 @@ def start(program: Any, train_input: Any, ckpt: ckpt_lib.Checkpointer, options: 
 def _init_from(program: Any, init: initial.InitFrom, seed: int,
                record_dir: str | None) -> Any:
   """The step-0 state of a run that starts from INIT_FROM; recorded in run_env.json."""
-  import jax
 
   from paxlike import xla_flags
 
-  partitioner = program.partitioner
-  fresh = jax.device_get(partitioner.to_saveable(program.init_state(seed)))
-  state, plan = initial.load(init, program.task.model, program.abstract, fresh)
+  state, plan = initial.start_state(init, program.task.model, program.abstract,
+                                    program.partitioner, program.init_state(seed))
   counts = plan.counts()
   logging.info("no checkpoint found: starting from the parameters of %s (%d parameters taken, "
                "%d of them renamed, %d freshly initialised) with %s optimizer state",
@@ -292,4 +290,4 @@ def _init_from(program: Any, init: initial.InitFrom, seed: int,
     xla_flags.update_run_env(record_dir, {"init_from": {
         "source": init.spec, "rules": [list(r) for r in init.rules], "strict": init.strict,
         "optimizer": "source" if init.optimizer else "fresh", "parameters": counts}})
-  return partitioner.shard_state(state)
+  return state

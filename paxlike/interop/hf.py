@@ -23,6 +23,7 @@ logits_dense equal to the embedding.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -31,10 +32,9 @@ from typing import Any
 import numpy as np
 
 from paxlike.errors import UserError
-from paxlike.interop.hf_files import CONFIG, INDEX, SINGLE
+from paxlike.interop.hf_files import CONFIG, INDEX, SINGLE, lazy_tree, materialize
 from paxlike.interop.hf_files import get_path as _get
 from paxlike.interop.hf_files import same as _same
-from paxlike.interop.hf_files import set_path as _set
 
 # Checkpoint tensors that carry nothing the model lacks: aliases of shared.weight,
 # and a relative bias old T5 checkpoints kept on the (bias-free) cross-attention.
@@ -165,6 +165,7 @@ class _Checkpoint:
       raise UserError(f"{directory} has neither {SINGLE} nor {INDEX}; save the model with "
                       "save_pretrained(..., safe_serialization=True).")
     self.names: dict[str, str] = {}  # tensor name -> file
+    self._headers: dict[str, tuple[int, dict[str, Any]]] = {}
     self.handles: dict[str, Any] = {}
     for name in files:
       path = os.path.join(directory, name)
@@ -189,25 +190,45 @@ class _Checkpoint:
     return tuple(self.handles[self.names[name]].get_slice(name).get_shape())
 
   def get(self, name: str) -> np.ndarray:
-    """The tensor as float32 (bfloat16 read through its raw bytes: numpy has no bf16)."""
+    """The tensor as float32, read with plain file reads.
+
+    Not through safetensors' memory map: its pages would stay in this
+    process's memory for as long as the map is open, so reading a whole
+    checkpoint through it would hold the whole checkpoint. numpy has no
+    bfloat16: ml_dtypes reads those bytes.
+    """
     file = self.names[name]
-    handle = self.handles[file]
-    if handle.get_slice(name).get_dtype() == "BF16":
-      return _read_bf16(os.path.join(self.directory, file), name)
-    return np.asarray(handle.get_tensor(name), dtype=np.float32)
+    path = os.path.join(self.directory, file)
+    data_start, entries = self._header(path)
+    entry = entries[name]
+    dtype = _FLOAT_DTYPES.get(entry["dtype"])
+    if dtype is None:  # not a float tensor: safetensors converts it
+      return np.asarray(self.handles[file].get_tensor(name), dtype=np.float32)
+    start, end = entry["data_offsets"]
+    out = np.empty(entry["shape"], dtype)
+    with open(path, "rb") as f:
+      f.seek(data_start + start)
+      if f.readinto(out.reshape(-1).view(np.uint8)) != end - start:
+        raise UserError(f"{path} ends inside tensor {name}; re-download the checkpoint.")
+    return out.astype(np.float32, copy=False)
+
+  def _header(self, path: str) -> tuple[int, dict[str, Any]]:
+    """(where the data starts, the header's entries) of one safetensors file, read once."""
+    if path not in self._headers:
+      with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        self._headers[path] = (8 + size, json.loads(f.read(size)))
+    return self._headers[path]
 
 
-def _read_bf16(path: str, name: str) -> np.ndarray:
-  """One BF16 tensor of a safetensors file via its header (8-byte size, JSON, data)."""
+def _float_dtypes() -> dict[str, Any]:
   import ml_dtypes
 
-  with open(path, "rb") as f:
-    size = int.from_bytes(f.read(8), "little")
-    entry = json.loads(f.read(size))[name]
-    start, end = entry["data_offsets"]
-    f.seek(8 + size + start)
-    data = f.read(end - start)
-  return np.frombuffer(data, ml_dtypes.bfloat16).reshape(entry["shape"]).astype(np.float32)
+  return {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
+          "F64": np.dtype(np.float64), "BF16": np.dtype(ml_dtypes.bfloat16)}
+
+
+_FLOAT_DTYPES = _float_dtypes()
 
 
 # ------------------------------------------------------------ T5 name map
@@ -319,6 +340,19 @@ def import_params(directory: str, model: Any) -> dict[str, Any]:
   """The checkpoint's parameters as the model's tree of float32 numpy arrays.
 
   Raises:
+    UserError: as lazy_params.
+  """
+  return materialize(lazy_params(directory, model))
+
+
+def lazy_params(directory: str, model: Any) -> dict[str, Any]:
+  """The model's params tree of LazyParams: checked now, each tensor read when asked.
+
+  Names, shapes and the tie are checked here, from the files' headers (and
+  the two tables a tied model compares), so a bad checkpoint fails before a
+  parameter is placed anywhere.
+
+  Raises:
     UserError: missing directory/config/files, an architecture that differs
       from the model's, a missing tensor, a shape that differs, or tensors
       the model has no place for.
@@ -328,9 +362,8 @@ def import_params(directory: str, model: Any) -> dict[str, Any]:
   if _is_llama(model.hf_config()):
     from paxlike.interop import hf_llama
 
-    return hf_llama.import_params(directory, model, ckpt)
-  params: dict[str, Any] = {}
-  stacked: dict[tuple[str, ...], list[np.ndarray | None]] = {}
+    return hf_llama.lazy_params(directory, model, ckpt)
+  entries = []
   used = set()
   for hf_name, path, layer, kind in t5_name_map(model):
     source = hf_name
@@ -340,21 +373,15 @@ def import_params(directory: str, model: Any) -> dict[str, Any]:
     if source not in ckpt:
       raise UserError(f"the checkpoint in {directory} has no tensor {hf_name}; it is not a "
                       "complete T5 checkpoint of this shape (re-save it with save_pretrained).")
-    want = _torch_shape(kind, _shape_of(model, path))
+    shape = _shape_of(model, path)
     got = ckpt.shape(source)
-    if got != want:
+    if got != _torch_shape(kind, shape):
       raise UserError(f"the checkpoint in {directory} has {source} of shape {list(got)} but "
-                      f"this model needs {list(want)}; use a checkpoint of the experiment's "
-                      "shape.")
+                      f"this model needs {list(_torch_shape(kind, shape))}; use a checkpoint "
+                      "of the experiment's shape.")
     used.add(source)
-    value = np.ascontiguousarray(_to_paxlike(kind, ckpt.get(source), model.num_heads))
-    if model.use_repeated_layer and layer is not None:
-      num = model.num_encoder_layers if path[0] == "encoder" else model.num_decoder_layers
-      stacked.setdefault(path, [None] * num)[layer] = value
-    else:
-      _set(params, path, value)
-  for path, layers in stacked.items():
-    _set(params, path, np.stack(layers))
+    reader = functools.partial(_read_t5, ckpt, source, kind, model.num_heads)
+    entries.append((path, layer if model.use_repeated_layer else None, reader, shape))
   if model.tie_embeddings and "lm_head.weight" in ckpt:
     # A tied model has no head of its own; a distinct lm_head would be silently dropped.
     if not np.array_equal(ckpt.get("lm_head.weight"), ckpt.get("shared.weight")):
@@ -367,7 +394,11 @@ def import_params(directory: str, model: Any) -> dict[str, Any]:
     raise UserError(f"the checkpoint in {directory} has tensors this model has no place for "
                     f"({', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}); check "
                     "that config.json describes the weights, or use a matching checkpoint.")
-  return params
+  return lazy_tree(entries)
+
+
+def _read_t5(ckpt: _Checkpoint, name: str, kind: str, heads: int) -> np.ndarray:
+  return np.ascontiguousarray(_to_paxlike(kind, ckpt.get(name), heads))
 
 
 def export_params(params: Any, model: Any, directory: str) -> None:

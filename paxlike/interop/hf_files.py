@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable, Iterable
 from typing import Any
+
+import numpy as np
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
@@ -30,3 +34,54 @@ def get_path(tree: Any, path: tuple[str, ...]) -> Any:
   for key in path:
     tree = tree[key]
   return tree
+
+
+@dataclasses.dataclass
+class LazyParam:
+  """One parameter of the model, read from the checkpoint only when asked.
+
+  A stacked (scanned) parameter has one reader per layer, so a block of it
+  reads just the layers the block covers: an import holds one checkpoint
+  tensor and one block of one parameter on the host at a time.
+  """
+
+  shape: tuple[int, ...]  # the paxlike shape ([layers, ...] when stacked)
+  readers: list[Callable[[], np.ndarray]]  # float32, paxlike layout; one per layer if stacked
+  stacked: bool
+
+  def read(self, index: tuple[slice, ...] | None = None) -> np.ndarray:
+    """The parameter (index None) or the block `index` of it, as float32."""
+    index = tuple(index) if index is not None else ()
+    if not self.stacked:
+      return np.ascontiguousarray(self.readers[0]()[index])
+    layers = range(self.shape[0])[index[0] if index else slice(None)]
+    return np.stack([self.readers[i]()[index[1:]] for i in layers])
+
+
+def lazy_tree(entries: Iterable[tuple[tuple[str, ...], int | None, Callable[[], np.ndarray],
+                                      tuple[int, ...]]]) -> dict[str, Any]:
+  """The params tree of LazyParams from (path, layer or None, reader, shape of one layer).
+
+  Entries with a layer index share their path: they become one stacked
+  parameter, its rows in layer order.
+  """
+  grouped: dict[tuple[str, ...], list[tuple[int | None, Callable[[], np.ndarray],
+                                            tuple[int, ...]]]] = {}
+  for path, layer, reader, shape in entries:
+    grouped.setdefault(path, []).append((layer, reader, shape))
+  tree: dict[str, Any] = {}
+  for path, items in grouped.items():
+    if items[0][0] is None:
+      param = LazyParam(tuple(items[0][2]), [items[0][1]], stacked=False)
+    else:
+      items.sort(key=lambda item: item[0])
+      param = LazyParam((len(items), *items[0][2]), [r for _, r, _ in items], stacked=True)
+    set_path(tree, path, param)
+  return tree
+
+
+def materialize(tree: Any) -> Any:
+  """A tree of LazyParams read whole: the model's tree of float32 numpy arrays."""
+  if isinstance(tree, LazyParam):
+    return tree.read()
+  return {k: materialize(v) for k, v in tree.items()}

@@ -18,6 +18,7 @@ model once (float32) plus the tensor being read.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any
@@ -245,18 +246,17 @@ def _torch_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
   return (shape[2], shape[0] * shape[1])
 
 
-def import_params(directory: str, model: Any, ckpt: Any) -> dict[str, Any]:
-  """The checkpoint's parameters as the model's tree of float32 numpy arrays.
+def lazy_params(directory: str, model: Any, ckpt: Any) -> dict[str, Any]:
+  """The model's params tree of LazyParams (paxlike.interop.hf.lazy_params for this family).
 
   Args:
     directory: the save_pretrained directory (for messages).
     model: the experiment's LlamaModel (config already checked).
     ckpt: paxlike.interop.hf's open checkpoint (tensors by name, read lazily).
   """
-  from paxlike.interop.hf_files import set_path as _set
+  from paxlike.interop.hf_files import lazy_tree
 
-  params: dict[str, Any] = {}
-  stacked: dict[tuple[str, ...], np.ndarray] = {}
+  entries = []
   used = set()
   for hf_name, path, layer, kind, shape in name_map(model):
     if hf_name not in ckpt:
@@ -268,16 +268,8 @@ def import_params(directory: str, model: Any, ckpt: Any) -> dict[str, Any]:
                       f"this model needs {list(want)}; use a checkpoint of the experiment's "
                       "shape.")
     used.add(hf_name)
-    value = _to_paxlike(kind, ckpt.get(hf_name), shape)
-    if model.use_repeated_layer and layer is not None:
-      if path not in stacked:  # one preallocated [layers, ...] array, filled row by row
-        stacked[path] = np.empty((model.num_layers, *shape), np.float32)
-      stacked[path][layer] = value
-    else:
-      _set(params, path, np.ascontiguousarray(value))
-    del value
-  for path, value in stacked.items():
-    _set(params, path, value)
+    reader = functools.partial(_read, ckpt, hf_name, kind, shape)
+    entries.append((path, layer if model.use_repeated_layer else None, reader, shape))
   if model.tie_embeddings and "lm_head.weight" in ckpt:
     if not np.array_equal(ckpt.get("lm_head.weight"), ckpt.get("model.embed_tokens.weight")):
       raise UserError(f"the checkpoint in {directory} has an lm_head.weight that differs from "
@@ -289,7 +281,11 @@ def import_params(directory: str, model: Any, ckpt: Any) -> dict[str, Any]:
     raise UserError(f"the checkpoint in {directory} has tensors this model has no place for "
                     f"({', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}); check "
                     "that config.json describes the weights, or use a matching checkpoint.")
-  return params
+  return lazy_tree(entries)
+
+
+def _read(ckpt: Any, name: str, kind: str, shape: tuple[int, ...]) -> np.ndarray:
+  return np.ascontiguousarray(_to_paxlike(kind, ckpt.get(name), shape))
 
 
 def export_params(params: Any, model: Any, directory: str) -> None:

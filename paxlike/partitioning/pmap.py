@@ -70,6 +70,12 @@ class PmapPartitioner:
   def shard_state(self, state: Any) -> Any:
     return self._replicate(state)
 
+  def place_param(self, read: Callable[[tuple[slice, ...] | None], np.ndarray],
+                  like: jax.Array) -> jax.Array:
+    """A parameter replicated like `like` ([local devices, ...]) from its host value."""
+    value = np.asarray(read(None), like.dtype)
+    return jax.device_put(np.broadcast_to(value, like.shape), self._stacked, may_alias=False)
+
   def to_saveable(self, state: Any) -> Any:
     """Device 0's copy: what checkpoints store, and what SPMD runs can load."""
     return jax.tree.map(lambda x: x[0], state)

@@ -70,6 +70,27 @@ class SpmdPartitioner:
   def shard_state(self, state: Any) -> Any:
     return jax.device_put(state, self._state_shardings)
 
+  def place_param(self, read: Callable[[tuple[slice, ...]], np.ndarray], like: jax.Array
+                  ) -> jax.Array:
+    """A parameter built in like's sharding from host blocks, one block at a time.
+
+    read(index) gives the block `index` (a tuple of slices) of the parameter;
+    each distinct block is read once and copied to every device that holds
+    it, so the host holds one block, never the whole parameter unless it is
+    replicated.
+    """
+    groups: dict[tuple, list[tuple[jax.Device, tuple[slice, ...]]]] = {}
+    for device, index in like.sharding.addressable_devices_indices_map(like.shape).items():
+      key = tuple(s.indices(n) for s, n in zip(index, like.shape, strict=True))
+      groups.setdefault(key, []).append((device, index))
+    shards = []
+    for members in groups.values():
+      block = np.asarray(read(members[0][1]), like.dtype)
+      # may_alias=False: a CPU device would otherwise keep the host block as its buffer.
+      shards += [jax.device_put(block, device, may_alias=False) for device, _ in members]
+      del block
+    return jax.make_array_from_single_device_arrays(like.shape, like.sharding, shards)
+
   def to_saveable(self, state: Any) -> Any:
     """The state as checkpoints store it: the global sharded arrays."""
     return state
