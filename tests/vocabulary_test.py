@@ -395,3 +395,25 @@ def test_stablehlo_export_tokenizes_with_the_tokenizer_json(llama_job, llama_tok
     assert decoder.detokenize([*ids, ours.eos_id, 5, 6]) == ours.decode(ids)
   rows = decoder.generate(["12+34="])
   assert isinstance(rows[0]["generation"], str)
+
+
+def test_the_runner_names_the_package_a_vocabulary_needs(monkeypatch, tmp_path):
+  import importlib
+
+  from paxlike.export import runner
+
+  real_import = importlib.import_module
+
+  def no_tokenizers(name, *args, **kwargs):
+    if name == "tokenizers":
+      raise ImportError(name)
+    return real_import(name, *args, **kwargs)
+
+  monkeypatch.setattr(importlib, "import_module", no_tokenizers)
+  decoder = runner.Decoder.__new__(runner.Decoder)
+  decoder.export_dir, decoder._tok = str(tmp_path), None
+  decoder.manifest = {"vocabulary": {"kind": "hf_tokenizer", "model_file": "tokenizer.json",
+                                     "eos_id": 1, "pad_id": 0, "bos_id": 2, "add_bos": True}}
+  with pytest.raises(runner.ExportError, match="needs the tokenizers package; pip install "
+                                               "tokenizers"):
+    decoder.tokenize("hello")
