@@ -417,3 +417,23 @@ def test_the_runner_names_the_package_a_vocabulary_needs(monkeypatch, tmp_path):
   with pytest.raises(runner.ExportError, match="needs the tokenizers package; pip install "
                                                "tokenizers"):
     decoder.tokenize("hello")
+
+
+def test_a_spiece_vocabulary_exports_to_a_directory_autotokenizer_reads(t5_sp_dir, tmp_path):
+  from paxlike.inputs import vocabulary
+
+  vocab = vocabulary.get(str(t5_sp_dir))
+  out = tmp_path / "export"
+  out.mkdir()
+  _write_json(out / "config.json", {"model_type": "t5", "vocab_size": 416})  # the export's own
+  vocabulary.write_hf_files(vocab, str(out), {"decoder_start_token_id": 0, "eos_token_id": 1,
+                                              "pad_token_id": 0, "bos_token_id": None})
+  assert sorted(os.listdir(out)) == ["config.json", "generation_config.json",
+                                     "special_tokens_map.json", "spiece.model",
+                                     "tokenizer_config.json"]
+  assert json.loads((out / "generation_config.json").read_text()) == {
+      "decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0}
+  transformers = pytest.importorskip("transformers")
+  exported = transformers.AutoTokenizer.from_pretrained(str(out))
+  strings = test_strings(T5_EXTRA_IDS)
+  assert all(exported(t).input_ids == vocab.encode(t) + [vocab.eos_id] for t in strings)
