@@ -46,7 +46,7 @@ def _corpus() -> list[str]:
   return out
 
 
-def test_strings(extra_ids: int = 0) -> list[str]:
+def _strings(extra_ids: int = 0) -> list[str]:
   """Strings to compare on: words seen and unseen, digits, punctuation, unicode, and
   (with extra_ids) T5 sentinels between words."""
   rng = random.Random(1)
@@ -63,9 +63,6 @@ def test_strings(extra_ids: int = 0) -> list[str]:
       text = text + " " + "".join(rng.choice(string.punctuation) for _ in range(3))
     out.append(text)
   return out
-
-
-test_strings.__test__ = False  # a helper, not a test
 
 
 # ------------------------------------------------------------- tokenizer directories
@@ -155,14 +152,14 @@ def t5_fast_dir(t5_sp_dir, tmp_path_factory) -> Path:
 
 
 def _parity(directory: Path, extra_ids: int = 0) -> dict[str, int]:
-  """paxlike's vocabulary against AutoTokenizer on test_strings; counts of equal results."""
+  """paxlike's vocabulary against AutoTokenizer on _strings; counts of equal results."""
   from transformers import AutoTokenizer
 
   from paxlike.inputs import vocabulary
 
   ours = vocabulary.get(str(directory))
   theirs = AutoTokenizer.from_pretrained(str(directory))
-  strings = test_strings(extra_ids)
+  strings = _strings(extra_ids)
   rng = np.random.default_rng(0)
   counts = {"strings": len(strings), "encode": 0, "with_specials": 0, "decode": 0,
             "decode_random_ids": 0}
@@ -363,7 +360,7 @@ def test_hf_export_carries_a_tokenizer_autotokenizer_loads(llama_job, llama_tok_
   transformers = pytest.importorskip("transformers")
   exported = transformers.AutoTokenizer.from_pretrained(str(out))
   source = transformers.AutoTokenizer.from_pretrained(str(llama_tok_dir))
-  strings = test_strings()
+  strings = _strings()
   same = sum(exported(t).input_ids == source(t).input_ids for t in strings)
   assert same == len(strings)
 
@@ -389,7 +386,7 @@ def test_stablehlo_export_tokenizes_with_the_tokenizer_json(llama_job, llama_tok
   from paxlike.inputs import vocabulary
 
   ours = vocabulary.get(str(llama_tok_dir))
-  for text in test_strings()[:50]:
+  for text in _strings()[:50]:
     ids = decoder.tokenize(text)
     assert ids == [ours.bos_id, *ours.encode(text)]
     assert decoder.detokenize([*ids, ours.eos_id, 5, 6]) == ours.decode(ids)
@@ -435,5 +432,5 @@ def test_a_spiece_vocabulary_exports_to_a_directory_autotokenizer_reads(t5_sp_di
       "decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0}
   transformers = pytest.importorskip("transformers")
   exported = transformers.AutoTokenizer.from_pretrained(str(out))
-  strings = test_strings(T5_EXTRA_IDS)
+  strings = _strings(T5_EXTRA_IDS)
   assert all(exported(t).input_ids == vocab.encode(t) + [vocab.eos_id] for t in strings)
