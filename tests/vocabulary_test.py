@@ -264,6 +264,20 @@ def test_resolve_prefers_the_job_record_then_the_init_from_directory(t5_sp_dir, 
     vocabulary.get(str(tmp_path / "nothing.model"))
 
 
+def test_a_tokenizer_ending_sequences_with_another_id_than_the_model_is_refused(llama_tok_dir):
+  from paxlike.errors import UserError
+  from paxlike.inputs import vocabulary
+  from paxlike.models.llama import LlamaModel
+
+  vocab = vocabulary.get(str(llama_tok_dir))
+  model = LlamaModel(vocab_size=512, model_dims=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                     head_dim=16, hidden_dims=64, eos_id=7)
+  with pytest.raises(UserError, match="ends sequences with id 1 but the model stops decoding "
+                                      "at 7; set EOS_ID=1"):
+    vocabulary.check_fits(vocab, model)
+  vocabulary.check_fits(vocab, model.clone(eos_id=1))
+
+
 # ------------------------------------------------------------------------ CLI
 
 
