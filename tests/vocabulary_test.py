@@ -448,3 +448,26 @@ def test_a_spiece_vocabulary_exports_to_a_directory_autotokenizer_reads(t5_sp_di
   exported = transformers.AutoTokenizer.from_pretrained(str(out))
   strings = _strings(T5_EXTRA_IDS)
   assert all(exported(t).input_ids == vocab.encode(t) + [vocab.eos_id] for t in strings)
+
+
+def test_the_runner_tokenizes_a_spiece_export_as_paxlike_does(t5_sp_dir, tmp_path):
+  import shutil
+  import types
+
+  from paxlike.export import job, runner, stablehlo
+  from paxlike.inputs import vocabulary
+
+  vocab = vocabulary.get(str(t5_sp_dir))
+  entry = job.vocabulary_of(types.SimpleNamespace(vocab=vocab))
+  assert entry["kind"] == "sentencepiece" and entry["added_tokens"]["<extra_id_0>"] == \
+      vocab.vocab_size - 1
+  shutil.copyfile(entry["model_file"], tmp_path / stablehlo.SP_MODEL_FILE)
+  decoder = runner.Decoder.__new__(runner.Decoder)
+  decoder.export_dir, decoder._tok = str(tmp_path), None
+  decoder.manifest = {"vocabulary": {**entry, "model_file": stablehlo.SP_MODEL_FILE}}
+  rng = np.random.default_rng(0)
+  for text in _strings(T5_EXTRA_IDS):
+    ids = decoder.tokenize(text)
+    assert ids == vocab.encode(text), text
+    rand = rng.integers(0, vocab.vocab_size, 12).tolist()
+    assert decoder.detokenize(rand) == vocab.decode(rand)

@@ -94,7 +94,8 @@ def vocabulary_of(inp: Any) -> dict[str, Any]:
 
   kind "byte", "sentencepiece" (model_file: the .model) or "hf_tokenizer" (model_file:
   a tokenizer.json); file kinds add bos_id, add_bos (BOS starts every prompt), skip_ids
-  (special ids decoding drops) and clean_up (transformers' clean_up_tokenization_spaces).
+  (special ids decoding drops) and clean_up (transformers' clean_up_tokenization_spaces);
+  a SentencePiece model with tokens past its pieces (T5's <extra_id_N>) adds added_tokens.
   """
   from paxlike.inputs import vocabulary as vocab_lib
 
@@ -108,7 +109,8 @@ def vocabulary_of(inp: Any) -> dict[str, Any]:
     return {"kind": kind, "model_file": vocab.spec, "pad_id": vocab.pad_id,
             "eos_id": vocab.eos_id, "bos_id": vocab.bos_id, "add_bos": vocab.add_bos,
             "size": vocab.vocab_size, "skip_ids": sorted(vocab.skip_ids),
-            "clean_up": vocab.clean_up}
+            "clean_up": vocab.clean_up, **({"added_tokens": dict(vocab.added_tokens)}
+                                           if getattr(vocab, "added_tokens", None) else {})}
   return {"kind": "none"}
 
 

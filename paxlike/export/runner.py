@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -187,7 +188,17 @@ class Decoder:
       return [b + vocab["offset"] for b in text.encode("utf-8")]
     bos = [vocab["bos_id"]] if vocab.get("add_bos") else []
     if vocab["kind"] == "sentencepiece":
-      return bos + list(self._tokenizer().encode(text))
+      added = vocab.get("added_tokens") or {}
+      if not added:
+        return bos + list(self._tokenizer().encode(text))
+      ids = list(bos)  # T5's <extra_id_N> written in the text are their ids, the rest pieces
+      pattern = "(" + "|".join(map(re.escape, sorted(added, key=len, reverse=True))) + ")"
+      for part in re.split(pattern, text):
+        if part in added:
+          ids.append(added[part])
+        elif part.strip():
+          ids.extend(self._tokenizer().encode(part))
+      return ids
     if vocab["kind"] == "hf_tokenizer":
       return bos + list(self._tokenizer().encode(text, add_special_tokens=False).ids)
     raise ExportError("this export has no vocabulary; pass token ids (--ids).")
@@ -204,7 +215,15 @@ class Decoder:
     skip = {vocab["pad_id"], *vocab.get("skip_ids", ())}
     ids = [i for i in ids if i not in skip and 0 <= i < vocab["size"]]
     if vocab["kind"] == "sentencepiece":
-      text = self._tokenizer().decode(ids)
+      sp = self._tokenizer()
+      # As transformers' Metaspace decoder: only the first leading '\u2581' is dropped.
+      lead = 0
+      for i in ids:
+        piece = sp.id_to_piece(i)
+        lead += len(piece) - len(piece.lstrip("\u2581"))
+        if piece.strip("\u2581"):
+          break
+      text = " " * max(lead - 1, 0) + sp.decode(ids)
     elif vocab["kind"] == "hf_tokenizer":
       text = self._tokenizer().decode(ids, skip_special_tokens=True)
     else:

@@ -279,6 +279,11 @@ class SentencePieceVocabulary(_FileVocabulary):
   def vocab_size(self) -> int:
     return self._size
 
+  @property
+  def added_tokens(self) -> dict[str, int]:
+    """Tokens past the model's pieces (T5's <extra_id_N>) -> their ids."""
+    return dict(self._added)
+
   def encode(self, text: str) -> list[int]:
     if self._split is None:
       return list(self._sp.encode(text))
