@@ -83,6 +83,17 @@ class InitFrom:
                       "directory holds no optimizer state.")
     return kind, os.path.abspath(os.path.expanduser(rest)), step
 
+  def vocabulary_dir(self) -> str:
+    """Where the source's tokenizer lies: the Hugging Face directory, or the paxlike job's
+    recorded vocabulary (paxlike.inputs.vocabulary.JOB_DIR)."""
+    from paxlike.inputs.vocabulary import JOB_DIR
+
+    kind, path, _ = self.source()
+    if kind == "hf":
+      return path
+    job = os.path.dirname(path) if os.path.basename(path) == "checkpoints" else path
+    return os.path.join(job, JOB_DIR)
+
 
 def _check_rule(rule: Any) -> tuple[str, str | None]:
   if (not isinstance(rule, list | tuple) or len(rule) != 2 or not isinstance(rule[0], str)

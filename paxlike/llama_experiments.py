@@ -103,10 +103,14 @@ class TextLlamaDataset(BaseExperiment):
   GENERATOR = "tasks.arithmetic:examples"
   SCORER = "tasks.arithmetic:score"
   EVAL_BATCH_SIZE = 100
+  # None: the tokenizer of INIT_FROM's Hugging Face directory when there is one, else
+  # "byte"; or "byte", "hf", a tokenizer.json / SentencePiece path or a directory.
+  VOCABULARY: str | None = None
 
   def _input(self, split: str, training: bool, name: str) -> fdl.Config[TextInput]:
     return fdl.Config(
         TextInput, name=name, generator=self.GENERATOR, split=split, seq_len=self.MAX_SEQ_LEN,
+        vocabulary=self.VOCABULARY,
         batch_size=self.per_host_batch_size() if training else self.EVAL_BATCH_SIZE,
         is_training=training, repeat=training, shuffle=training, reset_for_eval=not training,
         scorer=self.SCORER, seed=self.TRAINING_SEED)

@@ -166,7 +166,7 @@ def run(argv_flags: flags.FlagValues) -> int:
     return _dry_run(exp, job_log_dir, argv_flags.target)
   run_timer, flag_plan = _start_backend(exp, job_log_dir, argv_flags)
   partitioner, mesh_desc = _partitioner(exp)
-  built = _build(exp, argv_flags)
+  built = _build(exp, argv_flags, job_log_dir)
   _claim_job_log_dir(job_log_dir, argv_flags.mode)
   init_from, source, export_job = _preflight(exp, built, job_log_dir, argv_flags)
   _write_run_records(exp, built, job_log_dir, argv_flags, partitioner, mesh_desc, flag_plan)
@@ -251,14 +251,22 @@ def _partitioner(exp: Any) -> tuple[Any, dict[str, int]]:
   return partitioner, dict(device_mesh.shape)
 
 
-def _build(exp: Any, argv_flags: flags.FlagValues) -> _Built:
-  """Builds the task and inputs (refusing hyperparameters nothing read), bound to this host."""
+def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
+  """Builds the task and inputs (refusing hyperparameters nothing read), bound to this host.
+
+  A text input's vocabulary 'hf' (or unset) becomes the tokenizer this job recorded, or
+  INIT_FROM's; one that does not fit the model is refused here, before anything is written.
+  """
   import jax
 
-  from paxlike import config, evaluator, experiment
+  from paxlike import config, evaluator, experiment, initial
+  from paxlike.inputs import text, vocabulary
 
   name = type(exp).__name__
   configs = experiment.build_checked(exp)  # refuses hyperparameters nothing read
+  init_from = initial.InitFrom.of(exp, argv_flags.init_from)
+  text.resolve_vocabularies([*configs.datasets, *configs.decode_datasets],
+                            init_from.vocabulary_dir() if init_from else None, job_log_dir)
   decode_cfgs = configs.decode_datasets
   with experiment.user_config_errors(f"building {name}'s task"):
     task = config.build(configs.task)
@@ -270,6 +278,8 @@ def _build(exp: Any, argv_flags: flags.FlagValues) -> _Built:
     decode_inputs = [config.build(c) for c in decode_cfgs]
   for inp in inputs + decode_inputs:
     inp.bind_host(jax.process_count(), jax.process_index())
+    if getattr(inp, "vocab", None) is not None:
+      vocabulary.check_fits(inp.vocab, task.model)
   if not any(i.is_training for i in inputs):
     raise UserError(f"{name}.datasets() has no input with is_training=True.")
   target = getattr(getattr(task, "train", None), "target_log_pplx", None)
@@ -331,6 +341,7 @@ def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: fl
   import jax
 
   from paxlike import config, experiment, xla_flags
+  from paxlike.inputs import vocabulary as vocab_lib
   from paxlike.layers import attention
 
   if jax.process_index() != 0:
@@ -340,10 +351,14 @@ def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: fl
     f.write(experiment.format_hparams(exp))
   with open(os.path.join(job_log_dir, "model_params.txt"), "w") as f:
     f.write(config.dump_model_params(built.task_cfg, built.dataset_cfgs))
+  vocab = getattr(built.train_input, "vocab", None)
+  if vocab is not None and argv_flags.mode == "train":  # what later runs of this job read
+    vocab_lib.record(vocab, job_log_dir)
   xla_flags.write_run_env(job_log_dir, xla_flags.run_env({
       "experiment": f"{cls.__module__}.{cls.__qualname__}",
       "mode": argv_flags.mode, "partitioner": partitioner.kind,
-      "mesh": mesh_desc, "overrides": argv_flags.set, **flag_plan.record()}))
+      "mesh": mesh_desc, "overrides": argv_flags.set, **flag_plan.record(),
+      **({"vocabulary": vocab.spec} if vocab is not None else {})}))
   # Each new attention choice (logged once) is added as programs are lowered.
   attention.on_choice(lambda rec: xla_flags.update_run_env(job_log_dir, {"attention": rec}))
 

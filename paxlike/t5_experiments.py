@@ -97,7 +97,10 @@ class TextSeq2SeqDataset(BaseExperiment):
 
   GENERATOR = "tasks.arithmetic:examples"
   SCORER = "tasks.arithmetic:score"
-  VOCABULARY = "byte"  # or the path of a SentencePiece .model file
+  # None: the tokenizer of INIT_FROM's Hugging Face directory when there is one, else
+  # "byte"; or "byte", "hf", a tokenizer.json / SentencePiece .model path or a directory
+  # (paxlike.inputs.vocabulary).
+  VOCABULARY: str | None = None
   EVAL_BATCH_SIZE = 100
   PACK = False
 

@@ -6,7 +6,7 @@ experiment's decode input (the input the job's own decode runs read):
 
   * per-row shapes and dtypes: one batch of that input (a feature the batch
     lacks is a per-row scalar, as the LM's prompt_lens is);
-  * the vocabulary: a TextInput's byte or SentencePiece vocabulary; other
+  * the vocabulary: a TextInput's byte, SentencePiece or tokenizer.json vocabulary; other
     inputs (synthetic streams, SeqIO) give an export over token ids only;
   * how a prompt's text becomes ids: a per-row [L] feature holds the
     prompt's ids (padded with pad_id, cut at L), a per-row scalar holds how
@@ -18,7 +18,6 @@ experiment's decode input (the input the job's own decode runs read):
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import numpy as np
@@ -59,6 +58,7 @@ class ExportJob:
     example_texts: the same rows' prompts as text (empty without a vocabulary).
     platforms: what the StableHLO is lowered for.
     job_log_dir: the job exported (recorded in the manifest).
+    vocab: the decode input's vocabulary object (None without one).
   """
 
   experiment: str
@@ -72,6 +72,7 @@ class ExportJob:
   example_texts: tuple[str, ...]
   platforms: tuple[str, ...]
   job_log_dir: str
+  vocab: Any = None
 
   @property
   def has_text(self) -> bool:
@@ -89,16 +90,27 @@ def parse_platforms(spec: str) -> tuple[str, ...]:
 
 
 def vocabulary_of(inp: Any) -> dict[str, Any]:
-  """The manifest's description of an input's vocabulary."""
+  """The manifest's description of an input's vocabulary.
+
+  kind "byte", "sentencepiece" (model_file: the .model) or "hf_tokenizer" (model_file:
+  a tokenizer.json); file kinds add bos_id, add_bos (BOS starts every prompt), skip_ids
+  (special ids decoding drops) and clean_up (transformers' clean_up_tokenization_spaces);
+  a SentencePiece model with tokens past its pieces (T5's <extra_id_N>) adds added_tokens.
+  """
   from paxlike.inputs import vocabulary as vocab_lib
 
   vocab = getattr(inp, "vocab", None)
   if isinstance(vocab, vocab_lib.ByteVocabulary):
     return {"kind": "byte", "offset": vocab.offset, "pad_id": vocab.pad_id,
             "eos_id": vocab.eos_id, "size": vocab.vocab_size}
-  if isinstance(vocab, vocab_lib.SentencePieceVocabulary):
-    return {"kind": "sentencepiece", "model_file": os.path.abspath(inp.vocabulary),
-            "pad_id": vocab.pad_id, "eos_id": vocab.eos_id, "size": vocab.vocab_size}
+  if isinstance(vocab, vocab_lib.SentencePieceVocabulary | vocab_lib.TokenizerJsonVocabulary):
+    kind = ("sentencepiece" if isinstance(vocab, vocab_lib.SentencePieceVocabulary)
+            else "hf_tokenizer")
+    return {"kind": kind, "model_file": vocab.spec, "pad_id": vocab.pad_id,
+            "eos_id": vocab.eos_id, "bos_id": vocab.bos_id, "add_bos": vocab.add_bos,
+            "size": vocab.vocab_size, "skip_ids": sorted(vocab.skip_ids),
+            "clean_up": vocab.clean_up, **({"added_tokens": dict(vocab.added_tokens)}
+                                           if getattr(vocab, "added_tokens", None) else {})}
   return {"kind": "none"}
 
 
@@ -156,4 +168,5 @@ def describe(experiment: str, task: Any, train_input: Any, decode_inputs: list[A
   return ExportJob(experiment=experiment, model=model, settings=settings,
                    abstract_params=abstract, features=features, vocabulary=vocabulary,
                    append_eos=append_eos, examples=examples, example_texts=texts,
-                   platforms=platforms, job_log_dir=job_log_dir)
+                   platforms=platforms, job_log_dir=job_log_dir,
+                   vocab=getattr(source, "vocab", None))

@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Runs a paxlike StableHLO export with jax, numpy and safetensors only (no paxlike).
+"""Runs a paxlike StableHLO export with jax, numpy, safetensors and flatbuffers (no paxlike).
+
+Text exports also need sentencepiece (a SentencePiece vocabulary) or tokenizers (a
+Hugging Face tokenizer.json); the manifest's vocabulary kind says which.
 
 --mode=export --export_format=stablehlo copies this file into the export as
 run.py, next to model.stablehlo, params.safetensors and manifest.json:
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -40,8 +44,26 @@ MANIFEST = "manifest.json"
 BATCH_DIM = "b"
 
 
+# What run.py needs besides numpy (jax.export reads the program with flatbuffers), and per
+# vocabulary kind: sentencepiece or tokenizers.
+REQUIRES = ("jax", "safetensors", "flatbuffers")
+# transformers' clean_up_tokenization_spaces, for exports whose tokenizer asks for it.
+CLEANUPS = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+            (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
 class ExportError(ValueError):
   """The export directory or the inputs given to it are not usable."""
+
+
+def _require(name: str, why: str) -> Any:
+  """import name, or an ExportError saying which package to install."""
+  import importlib
+
+  try:
+    return importlib.import_module(name)
+  except ImportError:
+    raise ExportError(f"{why} and needs the {name} package; pip install {name}.") from None
 
 
 def read_manifest(export_dir: str) -> dict[str, Any]:
@@ -71,6 +93,8 @@ class Decoder:
   """
 
   def __init__(self, export_dir: str) -> None:
+    for name in REQUIRES:
+      _require(name, "run.py runs the exported program")
     import jax
     from safetensors.numpy import load_file
 
@@ -92,7 +116,7 @@ class Decoder:
     self.inputs = {i["name"]: i for i in self.manifest["inputs"]}
     self.arguments = function["arguments"]
     self._call = jax.jit(self.exported.call)  # one compile per batch size
-    self._sp = None
+    self._tok: Any = None
 
   # ----------------------------------------------------------- token ids
 
@@ -143,24 +167,40 @@ class Decoder:
   def has_text(self) -> bool:
     return self.manifest.get("text") is not None
 
-  def _sentencepiece(self) -> Any:
-    if self._sp is None:
-      try:
-        import sentencepiece as spm
-      except ImportError:
-        raise ExportError("this export's vocabulary is SentencePiece; pip install "
-                          "sentencepiece.") from None
-      model_file = os.path.join(self.export_dir, self.manifest["vocabulary"]["model_file"])
-      self._sp = spm.SentencePieceProcessor(model_file=model_file)
-    return self._sp
+  def _tokenizer(self) -> Any:
+    """The export's SentencePiece processor or `tokenizers` Tokenizer (loaded once)."""
+    if self._tok is None:
+      vocab = self.manifest["vocabulary"]
+      path = os.path.join(self.export_dir, vocab["model_file"])
+      if vocab["kind"] == "sentencepiece":
+        spm = _require("sentencepiece", "this export's vocabulary is SentencePiece")
+        self._tok = spm.SentencePieceProcessor(model_file=path)
+      else:
+        tokenizers = _require("tokenizers", "this export's vocabulary is a tokenizer.json")
+        self._tok = tokenizers.Tokenizer.from_file(path)
+    return self._tok
 
   def tokenize(self, text: str) -> list[int]:
-    """A prompt's ids (before the EOS the export may append)."""
+    """A prompt's ids (BOS first where the tokenizer adds one; before the EOS the export
+    may append)."""
     vocab = self.manifest["vocabulary"]
     if vocab["kind"] == "byte":
       return [b + vocab["offset"] for b in text.encode("utf-8")]
+    bos = [vocab["bos_id"]] if vocab.get("add_bos") else []
     if vocab["kind"] == "sentencepiece":
-      return list(self._sentencepiece().encode(text))
+      added = vocab.get("added_tokens") or {}
+      if not added:
+        return bos + list(self._tokenizer().encode(text))
+      ids = list(bos)  # T5's <extra_id_N> written in the text are their ids, the rest pieces
+      pattern = "(" + "|".join(map(re.escape, sorted(added, key=len, reverse=True))) + ")"
+      for part in re.split(pattern, text):
+        if part in added:
+          ids.append(added[part])
+        elif part.strip():
+          ids.extend(self._tokenizer().encode(part))
+      return ids
+    if vocab["kind"] == "hf_tokenizer":
+      return bos + list(self._tokenizer().encode(text, add_special_tokens=False).ids)
     raise ExportError("this export has no vocabulary; pass token ids (--ids).")
 
   def detokenize(self, ids: Sequence[int]) -> str:
@@ -172,9 +212,25 @@ class Decoder:
     if vocab["kind"] == "byte":
       off = vocab["offset"]
       return bytes(i - off for i in ids if off <= i < off + 256).decode("utf-8", "replace")
+    skip = {vocab["pad_id"], *vocab.get("skip_ids", ())}
+    ids = [i for i in ids if i not in skip and 0 <= i < vocab["size"]]
     if vocab["kind"] == "sentencepiece":
-      return self._sentencepiece().decode([i for i in ids if i != vocab["pad_id"]])
-    raise ExportError("this export has no vocabulary.")
+      sp = self._tokenizer()
+      # As transformers' Metaspace decoder: only the first leading '\u2581' is dropped.
+      lead = 0
+      for i in ids:
+        piece = sp.id_to_piece(i)
+        lead += len(piece) - len(piece.lstrip("\u2581"))
+        if piece.strip("\u2581"):
+          break
+      text = " " * max(lead - 1, 0) + sp.decode(ids)
+    elif vocab["kind"] == "hf_tokenizer":
+      text = self._tokenizer().decode(ids, skip_special_tokens=True)
+    else:
+      raise ExportError("this export has no vocabulary.")
+    for old, new in CLEANUPS if vocab.get("clean_up") else ():
+      text = text.replace(old, new)
+    return text
 
   def encode(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
     """Text prompts -> the export's input features, as the experiment's input builds them."""

@@ -3,8 +3,11 @@
     model.stablehlo      Exported.serialize() of serve (paxlike.export.serving)
     params.safetensors   its first argument, float32, one tensor per parameter
     manifest.json        how to call it: argument order, inputs, outputs, vocabulary
-    run.py               a runner that needs jax, numpy and safetensors, not paxlike
+    run.py               a runner that needs jax, numpy, safetensors and flatbuffers (plus
+                         sentencepiece or tokenizers for text), not paxlike
     vocabulary.model     the SentencePiece model, for exports with one
+    tokenizer.json       the Hugging Face tokenizer (manifest kind "hf_tokenizer"), for
+                         exports with one
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ PROGRAM_FILE = "model.stablehlo"
 PARAMS_FILE = "params.safetensors"
 RUNNER_FILE = "run.py"
 SP_MODEL_FILE = "vocabulary.model"
+TOKENIZER_FILE = "tokenizer.json"
+VOCAB_FILES = {"sentencepiece": SP_MODEL_FILE, "hf_tokenizer": TOKENIZER_FILE}
 
 
 def _dim(d: Any) -> Any:
@@ -53,8 +58,8 @@ def manifest(job: ExportJob, exported: jax.export.Exported, step: int) -> dict[s
     spec["text"] = roles.get(spec["name"])
   model = job.model
   vocabulary = dict(job.vocabulary)
-  if vocabulary["kind"] == "sentencepiece":
-    vocabulary["model_file"] = SP_MODEL_FILE
+  if vocabulary["kind"] in VOCAB_FILES:
+    vocabulary["model_file"] = VOCAB_FILES[vocabulary["kind"]]
   return {
       "format": runner.FORMAT,
       "format_version": runner.FORMAT_VERSION,
@@ -116,8 +121,9 @@ class StableHloExporter:
     write_weights(os.path.join(out_dir, PARAMS_FILE), serving.param_names(job.abstract_params),
                   values)
     shutil.copyfile(runner.__file__, os.path.join(out_dir, RUNNER_FILE))
-    if job.vocabulary["kind"] == "sentencepiece":
-      shutil.copyfile(job.vocabulary["model_file"], os.path.join(out_dir, SP_MODEL_FILE))
+    if job.vocabulary["kind"] in VOCAB_FILES:
+      shutil.copyfile(job.vocabulary["model_file"],
+                      os.path.join(out_dir, VOCAB_FILES[job.vocabulary["kind"]]))
     with open(os.path.join(out_dir, runner.MANIFEST), "w") as f:
       json.dump(manifest(job, exported, step), f, indent=2)
       f.write("\n")

@@ -142,6 +142,21 @@ def packing_efficiency(batch: dict[str, np.ndarray]) -> float:
   return real / total if total else 0.0
 
 
+def resolve_vocabularies(cfgs: Sequence[Any], source_dir: str | None,
+                         job_log_dir: str | None) -> None:
+  """Sets the concrete vocabulary on each TextInput config whose spec is 'hf' or None.
+
+  See paxlike.inputs.vocabulary.resolve; the configs are changed in place, so the
+  run's model_params.txt shows the tokenizer it read.
+  """
+  import fiddle as fdl
+
+  for cfg in cfgs:
+    fn = fdl.get_callable(cfg) if isinstance(cfg, fdl.Buildable) else None
+    if isinstance(fn, type) and issubclass(fn, TextInput):
+      cfg.vocabulary = vocab_lib.resolve(cfg.vocabulary, source_dir, job_log_dir)
+
+
 @dataclasses.dataclass
 class TextInput(BaseInput):
   """See the module docstring. Exactly one of file_pattern and generator is set."""
@@ -149,7 +164,9 @@ class TextInput(BaseInput):
   file_pattern: str = ""
   generator: str = ""  # "module:function"; called with `split`
   split: str = "train"
-  vocabulary: str = "byte"  # or the path of a SentencePiece .model file
+  # "byte", a tokenizer path, or "hf" / None: the run's Hugging Face directory's
+  # (paxlike.inputs.vocabulary; main resolves those two before building, None -> "byte")
+  vocabulary: str | None = None
   seq_len: int = 64
   pack: bool = False  # lm: plain-text lines into blocks; enc_dec: several examples per row
   shuffle: bool = True
@@ -171,6 +188,8 @@ class TextInput(BaseInput):
       raise UserError(f"input {self.name!r}: the enc_dec feature converter needs "
                       "target_len > 0 (MAX_TARGET_LEN).")
     self.vocab = vocab_lib.get(self.vocabulary)
+    # A tokenizer that starts sequences with BOS (Llama's) gets it on every example.
+    self._bos = [self.vocab.bos_id] if self.vocab.add_bos else []
     raw = (read_files(self.file_pattern) if self.file_pattern
            else list(load_generator(self.generator, self.split)))
     if self.feature_converter == "enc_dec":
@@ -255,7 +274,8 @@ class TextInput(BaseInput):
                         f"{self.input_key!r} field: {shown}; the enc_dec feature converter "
                         "needs (inputs, targets) pairs (set input_key / target_key to your "
                         "field names).")
-      x = (self.vocab.encode(str(ex[self.input_key])) + [self.vocab.eos_id])[:self.seq_len]
+      x = (self._bos + self.vocab.encode(str(ex[self.input_key])) + [self.vocab.eos_id])[
+          :self.seq_len]
       y = (self.vocab.encode(str(ex.get(self.target_key, ""))) + [self.vocab.eos_id])[
           :self.target_len]
       enc[i, :len(x)] = x
@@ -276,14 +296,14 @@ class TextInput(BaseInput):
     seqs, wts, plens, pieces = [], [], [], []
     for ex in raw:
       if isinstance(ex, dict) and self.input_key in ex:
-        prompt = self.vocab.encode(str(ex[self.input_key]))
+        prompt = self._bos + self.vocab.encode(str(ex[self.input_key]))
         target = self.vocab.encode(str(ex.get(self.target_key, ""))) + [self.vocab.eos_id]
         seq = (prompt + target)[:n]
         w = [1.0 if j + 1 >= len(prompt) else 0.0 for j in range(len(seq) - 1)]
         plens.append(min(len(prompt), self.seq_len))
       else:
         text = ex[self.text_key] if isinstance(ex, dict) else str(ex)
-        seq = self.vocab.encode(text) + [self.vocab.eos_id]
+        seq = self._bos + self.vocab.encode(text) + [self.vocab.eos_id]
         if self.pack:
           pieces.extend(seq[i:i + n] for i in range(0, len(seq) - 1, n - 1))
           continue

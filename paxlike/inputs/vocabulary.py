@@ -1,17 +1,61 @@
-"""Vocabularies for the native text input: bytes, or a SentencePiece model file.
+"""Vocabularies for the native text input: bytes, SentencePiece, or a Hugging Face tokenizer.
 
-Ids follow seqio's ByteVocabulary convention, so the same task reads the same
-ids through SeqIO: 0 = padding, 1 = end of sequence, 2 = unknown, byte b -> b + 3.
+A vocabulary spec (TextInput.vocabulary, an experiment's VOCABULARY) is one of
+
+  "byte"        UTF-8 bytes, seqio's ByteVocabulary ids: 0 = padding, 1 = end of
+                sequence, 2 = unknown, byte b -> b + 3;
+  a path        a SentencePiece model (spiece.model, tokenizer.model, *.model),
+                a `tokenizers` tokenizer.json, or a directory holding one (a
+                Hugging Face save_pretrained directory: tokenizer.json is preferred
+                to spiece.model, as transformers' AutoTokenizer prefers it);
+  "hf"          the tokenizer of the run's Hugging Face directory (INIT_FROM=hf:DIR
+                or --init_from); see resolve();
+  None          "hf" when the run has such a directory (or its job_log_dir records
+                a vocabulary), else "byte".
+
+Special ids of a file vocabulary come from the files beside it, as
+transformers reads them: tokenizer_config.json and special_tokens_map.json name
+the pad / eos / bos / unk tokens (and T5's `<extra_id_N>` sentinels, `extra_ids`);
+config.json and generation_config.json give ids where no token is named; the
+SentencePiece model's own ids come last. A vocabulary without a pad token pads
+with its EOS id (the usual `tokenizer.pad_token = tokenizer.eos_token`).
+
+Every vocabulary has pad_id, eos_id, bos_id (None without one), unk_id,
+vocab_size, add_bos, encode and decode:
+
+  * encode(text) is the text's ids alone, with no BOS or EOS (transformers'
+    `encode(text, add_special_tokens=False)`); special tokens written in the
+    text (`<extra_id_0>`) become their ids.
+  * add_bos says whether the tokenizer starts a sequence with its BOS (Llama's
+    tokenizer.json post-processor adds <|begin_of_text|>; tokenizer_config.json's
+    add_bos_token wins where it is set). TextInput prepends it to every
+    example (the LM's prompt and text, the encoder input), and appends eos_id.
+  * decode(ids) stops at the first EOS and drops special and padding ids, as
+    transformers' `decode(skip_special_tokens=True)` does (unknown ids too,
+    since transformers counts <unk> as special); ids past the tokenizer (a
+    table padded to VOCAB_SIZE) show nothing.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
 from collections.abc import Sequence
+from typing import Any
 
 from paxlike.errors import UserError
 
 PAD_ID = 0
 EOS_ID = 1
+HF = "hf"
+TOKENIZER_JSON = "tokenizer.json"
+SP_FILES = ("spiece.model", "tokenizer.model")
+# Files beside a tokenizer that say how transformers reads it; copied with it.
+CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                "config.json", "generation_config.json")
+JOB_DIR = "vocabulary"  # job_log_dir/vocabulary: the run's tokenizer files (see record())
 
 
 class ByteVocabulary:
@@ -20,6 +64,11 @@ class ByteVocabulary:
   offset = 3
   pad_id = PAD_ID
   eos_id = EOS_ID
+  bos_id = None
+  unk_id = 2
+  add_bos = False
+  files: dict[str, str] = {}
+  spec = "byte"
 
   @property
   def vocab_size(self) -> int:
@@ -39,8 +88,148 @@ class ByteVocabulary:
     return out.decode("utf-8", errors="replace")
 
 
-class SentencePieceVocabulary:
-  """A SentencePiece model file (needs `pip install sentencepiece`)."""
+# --------------------------------------------------------- the files beside a tokenizer
+
+
+def _read_json(path: str) -> dict[str, Any]:
+  if not os.path.isfile(path):
+    return {}
+  try:
+    with open(path, encoding="utf-8") as f:
+      out = json.load(f)
+  except (OSError, ValueError) as e:
+    raise UserError(f"{path} is not readable JSON ({e}); re-save the tokenizer.") from None
+  return out if isinstance(out, dict) else {}
+
+
+def _content(token: Any) -> str | None:
+  """A token as tokenizer_config.json writes it: a string or {"content": ...}."""
+  if isinstance(token, dict):
+    token = token.get("content")
+  return token if isinstance(token, str) and token else None
+
+
+def _first_id(value: Any) -> int | None:
+  if isinstance(value, list):
+    value = value[0] if value else None
+  return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class _Configs:
+  """tokenizer_config.json, special_tokens_map.json, config.json and
+  generation_config.json of the directory a tokenizer file lies in."""
+
+  def __init__(self, directory: str) -> None:
+    self.directory = directory
+    self.tok = _read_json(os.path.join(directory, "tokenizer_config.json"))
+    self.special = _read_json(os.path.join(directory, "special_tokens_map.json"))
+    self.model = _read_json(os.path.join(directory, "config.json"))
+    self.generation = _read_json(os.path.join(directory, "generation_config.json"))
+
+  def token(self, name: str) -> str | None:
+    """The content of pad_token, eos_token, ... as tokenizer_config names it."""
+    return _content(self.tok.get(name)) or _content(self.special.get(name))
+
+  def config_id(self, name: str) -> int | None:
+    """eos_token_id, pad_token_id, ... from generation_config.json, then config.json."""
+    for source in (self.generation, self.model):
+      if (value := _first_id(source.get(name))) is not None:
+        return value
+    return None
+
+  def added_tokens(self) -> dict[str, tuple[int, bool]]:
+    """tokenizer_config.json's added_tokens_decoder: content -> (id, special)."""
+    out = {}
+    for key, tok in (self.tok.get("added_tokens_decoder") or {}).items():
+      if isinstance(tok, dict) and _content(tok) and str(key).isdigit():
+        out[_content(tok)] = (int(key), bool(tok.get("special", False)))
+    return out
+
+  def extra_special(self) -> list[str]:
+    listed = (self.tok.get("additional_special_tokens") or self.tok.get("extra_special_tokens")
+              or self.special.get("additional_special_tokens") or [])
+    return [c for c in (_content(t) for t in listed) if c]
+
+  def files(self) -> dict[str, str]:
+    return {name: os.path.join(self.directory, name) for name in CONFIG_FILES
+            if os.path.isfile(os.path.join(self.directory, name))}
+
+
+def _special_ids(configs: _Configs, token_id: Any, own: dict[str, int | None],
+                 where: str) -> dict[str, int | None]:
+  """pad / eos / bos / unk ids: named tokens, else config ids, else the model's own."""
+  out: dict[str, int | None] = {}
+  for role in ("pad", "eos", "bos", "unk"):
+    name = configs.token(f"{role}_token")
+    value = token_id(name) if name is not None else None
+    if value is None:
+      value = configs.config_id(f"{role}_token_id")
+    if value is None:
+      value = own.get(role)
+    out[role] = value
+  if out["eos"] is None:
+    raise UserError(f"cannot tell the end-of-sequence token of {where}; add a "
+                    "tokenizer_config.json with eos_token beside it.")
+  if out["pad"] is None:
+    out["pad"] = out["eos"]
+  return out
+
+
+CLEANUPS = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+            (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+def clean_up_tokenization(text: str) -> str:
+  """transformers' clean_up_tokenization_spaces (spaces before punctuation and contractions)."""
+  for old, new in CLEANUPS:
+    text = text.replace(old, new)
+  return text
+
+
+class _FileVocabulary:
+  """What the SentencePiece and tokenizer.json vocabularies share."""
+
+  pad_id: int
+  eos_id: int
+  bos_id: int | None
+  unk_id: int | None
+  add_bos: bool
+  files: dict[str, str]  # name in a vocabulary directory -> the file it is copied from
+  spec: str
+  _skip: frozenset[int]
+  _clean_up: bool
+
+  def _cut(self, ids: Sequence[int]) -> list[int]:
+    """ids before the first EOS, without special, padding or out-of-vocabulary ids."""
+    ids = [int(i) for i in ids]
+    if self.eos_id in ids:
+      ids = ids[:ids.index(self.eos_id)]
+    return [i for i in ids if 0 <= i < self.vocab_size and i not in self._skip]
+
+  @property
+  def skip_ids(self) -> frozenset[int]:
+    """The ids decode drops (special tokens, padding, unknown)."""
+    return self._skip
+
+  @property
+  def clean_up(self) -> bool:
+    """Whether decode applies transformers' clean_up_tokenization_spaces."""
+    return self._clean_up
+
+  def _finish(self, text: str) -> str:
+    return clean_up_tokenization(text) if self._clean_up else text
+
+  @property
+  def vocab_size(self) -> int:
+    raise NotImplementedError
+
+  def decode(self, ids: Sequence[int]) -> str:
+    raise NotImplementedError
+
+
+class SentencePieceVocabulary(_FileVocabulary):
+  """A SentencePiece model file (spiece.model), with the special tokens the files beside it
+  add (T5's <extra_id_N> after the model's pieces)."""
 
   def __init__(self, model_path: str) -> None:
     try:
@@ -52,25 +241,220 @@ class SentencePieceVocabulary:
       self._sp = spm.SentencePieceProcessor(model_file=model_path)
     except (OSError, RuntimeError) as e:
       raise UserError(f"cannot load the SentencePiece model {model_path} ({e}).") from None
-    self.pad_id = max(self._sp.pad_id(), 0)
-    self.eos_id = self._sp.eos_id()
+    sp = self._sp
+    size = sp.get_piece_size()
+    configs = _Configs(os.path.dirname(os.path.abspath(model_path)))
+    added = self._added_tokens(configs, size)
+    pieces = {**{sp.id_to_piece(i): i for i in range(size)}, **added}
+    own = {"pad": max(sp.pad_id(), 0), "eos": sp.eos_id(), "unk": sp.unk_id(),
+           "bos": sp.bos_id() if sp.bos_id() >= 0 else None}
+    ids = _special_ids(configs, pieces.get, own, model_path)
+    self.pad_id, self.eos_id, self.bos_id, self.unk_id = (ids["pad"], ids["eos"], ids["bos"],
+                                                          ids["unk"])
+    self._size = max([size - 1, *added.values()]) + 1
+    self._added = added
+    self._split = (re.compile("(" + "|".join(map(re.escape, sorted(added, key=len, reverse=True)))
+                              + ")") if added else None)
+    controls = {i for i in range(size) if sp.is_control(i) or sp.is_unknown(i)}
+    self._skip = frozenset({*controls, *added.values(),
+                            *(v for v in ids.values() if v is not None)})
+    self.add_bos = bool(configs.tok.get("add_bos_token", False)) and self.bos_id is not None
+    self._clean_up = bool(configs.tok.get("clean_up_tokenization_spaces", False))
+    self.spec = os.path.abspath(model_path)
+    self.files = {SP_FILES[0]: self.spec, **configs.files()}
+
+  @staticmethod
+  def _added_tokens(configs: _Configs, size: int) -> dict[str, int]:
+    """Tokens past the model's pieces: T5's extra_ids (<extra_id_0> is the last id) and
+    tokenizer_config's added tokens."""
+    added = {c: i for c, (i, _) in configs.added_tokens().items() if i >= size}
+    extra = configs.tok.get("extra_ids")
+    if extra is None and configs.extra_special():
+      extra = sum(1 for t in configs.extra_special() if t.startswith("<extra_id_"))
+    for n in range(int(extra or 0)):
+      added.setdefault(f"<extra_id_{n}>", size + int(extra) - 1 - n)
+    return added
 
   @property
   def vocab_size(self) -> int:
-    return self._sp.get_piece_size()
+    return self._size
+
+  @property
+  def added_tokens(self) -> dict[str, int]:
+    """Tokens past the model's pieces (T5's <extra_id_N>) -> their ids."""
+    return dict(self._added)
 
   def encode(self, text: str) -> list[int]:
-    return list(self._sp.encode(text))
+    if self._split is None:
+      return list(self._sp.encode(text))
+    out: list[int] = []
+    for part in self._split.split(text):
+      if part in self._added:
+        out.append(self._added[part])
+      elif part.strip():
+        out.extend(self._sp.encode(part))
+    return out
 
   def decode(self, ids: Sequence[int]) -> str:
-    ids = [int(i) for i in ids]
-    if self.eos_id in ids:
-      ids = ids[:ids.index(self.eos_id)]
-    return self._sp.decode([i for i in ids if i != self.pad_id])
+    ids = self._cut(ids)
+    # SentencePiece drops every leading space; transformers' Metaspace decoder only the
+    # dummy prefix (the first '▁'), so text whose first word was an unknown (dropped)
+    # piece keeps its space there.
+    lead = 0
+    for i in ids:
+      piece = self._sp.id_to_piece(i)
+      lead += len(piece) - len(piece.lstrip("\u2581"))
+      if piece.strip("\u2581"):
+        break
+    return self._finish(" " * max(lead - 1, 0) + self._sp.decode(ids))
 
 
-def get(spec: str) -> ByteVocabulary | SentencePieceVocabulary:
-  """'byte' or the path of a SentencePiece .model file."""
-  if spec == "byte":
+class TokenizerJsonVocabulary(_FileVocabulary):
+  """A `tokenizers` tokenizer.json (what transformers' fast tokenizers save)."""
+
+  def __init__(self, path: str) -> None:
+    try:
+      from tokenizers import Tokenizer
+    except ImportError:
+      raise UserError("a tokenizer.json vocabulary needs the tokenizers package; "
+                      "run pip install tokenizers.") from None
+    try:
+      self._tok = tok = Tokenizer.from_file(path)
+    except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+      raise UserError(f"cannot load the tokenizer {path} ({str(e).splitlines()[0]}).") from None
+    configs = _Configs(os.path.dirname(os.path.abspath(path)))
+    ids = _special_ids(configs, lambda t: tok.token_to_id(t) if t else None, {}, path)
+    self.pad_id, self.eos_id, self.bos_id, self.unk_id = (ids["pad"], ids["eos"], ids["bos"],
+                                                          ids["unk"])
+    specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    self._skip = frozenset({tok.token_to_id(t) for t in specials}
+                           | {v for v in ids.values() if v is not None})
+    if "add_bos_token" in configs.tok:
+      self.add_bos = bool(configs.tok["add_bos_token"]) and self.bos_id is not None
+    else:  # what the post-processor does to a sequence
+      probe = tok.encode("a", add_special_tokens=True).ids
+      self.add_bos = self.bos_id is not None and probe[:1] == [self.bos_id]
+    model = json.loads(tok.to_str()).get("model", {}).get("type")
+    # transformers 5 cleans up decoded spaces only where asked, and never for BPE.
+    self._clean_up = bool(configs.tok.get("clean_up_tokenization_spaces", False)) and \
+        model != "BPE"
+    self.spec = os.path.abspath(path)
+    self.files = {TOKENIZER_JSON: self.spec, **configs.files()}
+
+  @property
+  def vocab_size(self) -> int:
+    return self._tok.get_vocab_size(with_added_tokens=True)
+
+  def encode(self, text: str) -> list[int]:
+    return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self._finish(self._tok.decode(self._cut(ids), skip_special_tokens=True))
+
+
+Vocabulary = ByteVocabulary | SentencePieceVocabulary | TokenizerJsonVocabulary
+
+
+def tokenizer_file(directory: str) -> str:
+  """The tokenizer file of a directory: tokenizer.json, else spiece.model / tokenizer.model."""
+  for name in (TOKENIZER_JSON, *SP_FILES):
+    if os.path.isfile(os.path.join(directory, name)):
+      return os.path.join(directory, name)
+  raise UserError(f"{directory} holds no {TOKENIZER_JSON} or {SP_FILES[0]}; point VOCABULARY "
+                  "at a tokenizer file or a directory that has one.")
+
+
+def get(spec: str | None) -> Vocabulary:
+  """'byte' (or None), a tokenizer.json / SentencePiece path, or a directory holding one."""
+  if spec in (None, "byte"):
     return ByteVocabulary()
-  return SentencePieceVocabulary(spec)
+  if spec == HF:
+    raise UserError("VOCABULARY='hf' reads the tokenizer of the run's Hugging Face directory, "
+                    "but there is none; set INIT_FROM=hf:DIR (or --init_from=hf:DIR), or name "
+                    "the tokenizer's path.")
+  path = os.path.abspath(os.path.expanduser(spec))
+  if os.path.isdir(path):
+    path = tokenizer_file(path)
+  elif not os.path.isfile(path):
+    raise UserError(f"the vocabulary {spec} does not exist; use 'byte', 'hf', or the path of "
+                    "a tokenizer.json, a SentencePiece .model or a directory with one.")
+  if path.endswith(".json"):
+    return TokenizerJsonVocabulary(path)
+  return SentencePieceVocabulary(path)
+
+
+# ------------------------------------------------ which vocabulary a run reads
+
+
+def resolve(spec: str | None, source_dir: str | None, job_log_dir: str | None) -> str | None:
+  """The concrete spec for 'hf' and None (see the module docstring).
+
+  Args:
+    spec: the input's vocabulary setting.
+    source_dir: the directory of the run's INIT_FROM (a Hugging Face directory, or a
+      paxlike job's recorded vocabulary), or None.
+    job_log_dir: this run's job_log_dir; the vocabulary it recorded when it trained
+      comes first, so a later eval, infer or export reads what the checkpoints learned.
+  """
+  if spec not in (None, HF):
+    return spec
+  recorded = os.path.join(job_log_dir, JOB_DIR) if job_log_dir else None
+  for candidate in (recorded, source_dir):
+    if candidate and os.path.isdir(candidate) and any(
+        os.path.isfile(os.path.join(candidate, n)) for n in (TOKENIZER_JSON, *SP_FILES)):
+      return candidate
+  return spec if spec == HF else "byte"
+
+
+def check_fits(vocab: Vocabulary, model: Any) -> None:
+  """The vocabulary's ids fit the model's table, and its EOS is the one the model stops at.
+
+  Raises:
+    UserError: a tokenizer larger than VOCAB_SIZE, or another end-of-sequence id.
+  """
+  size, table = vocab.vocab_size, getattr(model, "vocab_size", None)
+  if table is not None and size > table:
+    raise UserError(f"the vocabulary {vocab.spec} has {size} tokens but the model's VOCAB_SIZE "
+                    f"is {table}; set VOCAB_SIZE={size} or more, or use a smaller vocabulary.")
+  eos = model.special_ids().get("eos_id") if hasattr(model, "special_ids") else None
+  if eos is not None and vocab.eos_id != eos and vocab.files:
+    raise UserError(f"the vocabulary {vocab.spec} ends sequences with id {vocab.eos_id} but "
+                    f"the model stops decoding at {eos}; set EOS_ID={vocab.eos_id} (and PAD_ID="
+                    f"{vocab.pad_id}) in the experiment.")
+
+
+def record(vocab: Vocabulary, job_log_dir: str) -> str | None:
+  """Copies a file vocabulary into job_log_dir/vocabulary/ (what later runs of the job read).
+
+  Returns:
+    The directory, or None for a vocabulary with no files (bytes).
+  """
+  if not vocab.files:
+    return None
+  out = os.path.join(job_log_dir, JOB_DIR)
+  if all(os.path.dirname(p) == out for p in vocab.files.values()):
+    return out  # it is read from there already
+  staging = out + ".tmp"
+  shutil.rmtree(staging, ignore_errors=True)
+  os.makedirs(staging)
+  for name, path in vocab.files.items():
+    shutil.copyfile(path, os.path.join(staging, name))
+  shutil.rmtree(out, ignore_errors=True)
+  os.replace(staging, out)
+  return out
+
+
+def write_hf_files(vocab: Vocabulary, out_dir: str, generation: dict[str, Any]) -> None:
+  """The tokenizer files of a Hugging Face export (AutoTokenizer.from_pretrained reads them).
+
+  Args:
+    vocab: the run's vocabulary (bytes: nothing to write but generation_config.json).
+    out_dir: the export directory (its config.json is the export's own).
+    generation: generation_config.json's ids (decoder_start_token_id, eos, pad, bos).
+  """
+  for name, path in vocab.files.items():
+    if name not in ("config.json", "generation_config.json"):
+      shutil.copyfile(path, os.path.join(out_dir, name))
+  with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+    json.dump({k: v for k, v in generation.items() if v is not None}, f, indent=2)
+    f.write("\n")
