@@ -15,11 +15,13 @@ The CPU-sized values live in the CPU experiments.
 
 from __future__ import annotations
 
+from typing import Any
+
 import fiddle as fdl
 import jax.numpy as jnp
 
 from paxlike.errors import UserError
-from paxlike.experiment import BaseExperiment
+from paxlike.file_data import FilesDataset
 from paxlike.inputs.synthetic import SyntheticLmInput
 from paxlike.layers import activations
 from paxlike.layers.activations import activation_name
@@ -150,6 +152,11 @@ class TransformerLmSpmdAdam(AdamTraining):
     dcn = self.DCN_MESH_SHAPE
     return int(self.ICI_MESH_SHAPE[-1]) * (int(dcn[-1]) if dcn else 1)
 
+  def file_input_settings(self) -> dict[str, Any]:
+    """TRAIN_FILES / EVAL_FILES: the LM's features (packed rows with segment_ids /
+    segment_pos, honoured with PACKED_INPUT)."""
+    return {"seq_len": self.MAX_SEQ_LEN}
+
   def model(self) -> fdl.Config[LanguageModel]:
     return fdl.Config(
         LanguageModel, vocab_size=self.VOCAB_SIZE, model_dims=self.MODEL_DIMS,
@@ -203,7 +210,7 @@ class TransformerLmPmapAdam(TransformerLmSpmdAdam):
   SOFTMAX_CAP_LOGITS = 0.0  # Pax's pmap template caps only the attention logits (50)
 
 
-class SyntheticDataset(BaseExperiment):
+class SyntheticDataset(FilesDataset):
   """Data mixin: the learnable synthetic LM stream of paxlike.inputs.synthetic.
 
   Its sizes are Pax's lm_cloud.SyntheticDataset's.
@@ -213,8 +220,9 @@ class SyntheticDataset(BaseExperiment):
   MAX_SEQ_LEN = 1024
   DATA_SEED = 4321
   SYNTHETIC_NOISE_RATE = 0.05
+  _replaced_by_files = ("DATA_SEED", "SYNTHETIC_NOISE_RATE")
 
-  def datasets(self) -> list[fdl.Config]:
+  def own_datasets(self) -> list[fdl.Config]:
     return [fdl.Config(
         SyntheticLmInput, name="train", batch_size=self.per_host_batch_size(),
         is_training=True, vocab_size=self.VOCAB_SIZE, seq_len=self.MAX_SEQ_LEN,

@@ -167,8 +167,8 @@ def run(argv_flags: flags.FlagValues) -> int:
   run_timer, flag_plan = _start_backend(exp, job_log_dir, argv_flags)
   partitioner, mesh_desc = _partitioner(exp)
   built = _build(exp, argv_flags)
-  _claim_job_log_dir(job_log_dir, argv_flags.mode)
   init_from, source, export_job = _preflight(exp, built, job_log_dir, argv_flags)
+  _claim_job_log_dir(job_log_dir, argv_flags.mode)  # every refusal above leaves nothing
   _write_run_records(exp, built, job_log_dir, argv_flags, partitioner, mesh_desc, flag_plan)
   options = _train_options(built, partitioner, job_log_dir, argv_flags, init_from, run_timer,
                            flag_plan, profile_plan)
@@ -265,7 +265,8 @@ def _build(exp: Any, argv_flags: flags.FlagValues) -> _Built:
   with experiment.user_config_errors(f"building {name}'s datasets"):
     inputs = [config.build(c) for c in configs.datasets]
   if argv_flags.mode == "infer":  # a bad --infer_input fails here, before anything is written
-    decode_cfgs = evaluator.infer_datasets(name, decode_cfgs, argv_flags.infer_input)
+    decode_cfgs = evaluator.infer_datasets(name, decode_cfgs, argv_flags.infer_input,
+                                           getattr(exp, "infer_input", None))
   with experiment.user_config_errors(f"building {name}'s decode datasets"):
     decode_inputs = [config.build(c) for c in decode_cfgs]
   for inp in inputs + decode_inputs:
