@@ -20,7 +20,6 @@ the newest older step is tried.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 from typing import Any
 
@@ -159,10 +158,7 @@ def check_free_space(job_log_dir: str, abstract: Any) -> None:
     UserError: fewer free bytes than one uncompressed copy of the state.
   """
   need = state_bytes(abstract)
-  where = job_log_dir  # not created yet before a run's checks pass: its nearest existing parent
-  while not os.path.exists(where) and os.path.dirname(where) != where:
-    where = os.path.dirname(where)
-  free = shutil.disk_usage(where).free
+  free = shutil.disk_usage(job_log_dir).free
   if free < need:
     raise UserError(
         f"--job_log_dir {job_log_dir} has {free / 2**20:.1f} MiB free but one checkpoint of "
