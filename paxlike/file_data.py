@@ -165,7 +165,8 @@ class FilesDataset(BaseExperiment):
     """Where chat rows' template is read: VOCABULARY's directory, else INIT_FROM's (hf:)."""
     vocab = self.vocabulary_spec()
     for d in (vocab, os.path.dirname(vocab), self._hf_dir()):
-      if d and os.path.isfile(os.path.join(d, chat_lib.CONFIG_FILE)):
+      if d and any(os.path.isfile(os.path.join(d, f))
+                   for f in (chat_lib.CONFIG_FILE, chat_lib.TEMPLATE_FILE)):
         return d
     return ""
 

@@ -1,12 +1,13 @@
 """Chat rows ({"messages": [...]}) rendered with a checkpoint's chat template.
 
-A Hugging Face checkpoint directory's `tokenizer_config.json` holds the
-template (`chat_template`, a Jinja string, or a list of named templates of
-which "default" is used) and the `bos_token` / `eos_token` strings it refers
-to. Rendering follows transformers' `apply_chat_template`: a sandboxed Jinja
-environment with `trim_blocks` and `lstrip_blocks`, the variables `messages`,
-`bos_token`, `eos_token` and `add_generation_prompt`, and the helper
-`raise_exception`.
+A Hugging Face checkpoint directory holds the template in
+`chat_template.jinja` (what transformers 4.5x and later save) or in its
+`tokenizer_config.json` (`chat_template`, a Jinja string, or a list of named
+templates of which "default" is used); `tokenizer_config.json` also holds
+the `bos_token` / `eos_token` strings it refers to. Rendering follows
+transformers' `apply_chat_template`: a sandboxed Jinja environment with
+`trim_blocks` and `lstrip_blocks`, the variables `messages`, `bos_token`,
+`eos_token` and `add_generation_prompt`, and the helper `raise_exception`.
 
 For training, a conversation is cut into pieces: everything up to an
 assistant turn (the template's rendering of the turns before it with the
@@ -25,6 +26,7 @@ from typing import Any
 from paxlike.errors import UserError
 
 CONFIG_FILE = "tokenizer_config.json"
+TEMPLATE_FILE = "chat_template.jinja"
 
 
 def _token_text(value: Any) -> str:
@@ -118,8 +120,12 @@ def load(directory: str) -> ChatTemplate:
   template = config.get("chat_template")
   if isinstance(template, list):  # named templates: transformers uses "default"
     template = {t.get("name"): t.get("template") for t in template}.get("default")
+  jinja = os.path.join(directory, TEMPLATE_FILE)
+  if os.path.isfile(jinja):  # transformers reads it before tokenizer_config.json's
+    with open(jinja, encoding="utf-8") as f:
+      template, path = f.read(), jinja
   if not isinstance(template, str) or not template:
-    raise UserError(f"{path} has no chat_template; chat rows need one (or write "
-                    "prompt/completion rows).")
+    raise UserError(f"{directory} has no chat template ({TEMPLATE_FILE}, or chat_template in "
+                    f"{CONFIG_FILE}); chat rows need one (or write prompt/completion rows).")
   return ChatTemplate(path, template, _token_text(config.get("bos_token")),
                       _token_text(config.get("eos_token")))
