@@ -14,9 +14,13 @@ summary.
 
 Infer (T5X's infer.py, Pax's decode-only run): the same generation over
 inputs that need no targets, either the decode datasets or a .jsonl file of
-inputs read with the first decode dataset's settings; process 0 writes
-infer_out/<name>/infer_<step>.jsonl, one line per input example in input
-order, and nothing else (no metrics, no summaries).
+inputs read with the first decode dataset's settings (or, for an experiment
+that decodes nothing, its own text settings: FilesDataset.infer_input);
+process 0 writes infer_out/<name>/infer_<step>_<settings>.jsonl (settings:
+greedy, beams4, t0.7_k40_p0.9, ...), one line per input example in input
+order with its prediction and `log_prob`, and nothing else (no metrics, no
+summaries). An infer never replaces an earlier one: a file name that is
+taken gets the next free `-2`, `-3`, ... suffix.
 """
 
 from __future__ import annotations
@@ -179,8 +183,8 @@ class Evaluator:
           row = {"prompt": inp.ids_to_strings(prompts[r][None])[0],
                  "generation": inp.ids_to_strings(out.tokens[r, :1])[0],
                  "target": inp.ids_to_strings(targets[r][None])[0]}
-          if out.tokens.shape[1] > 1:
-            row["beams"] = [{"generation": g, "score": float(s)} for g, s in zip(
+          if out.tokens.shape[1] > 1:  # the example's score is its metric; a beam's, log p
+            row["beams"] = [{"generation": g, "log_prob": float(s)} for g, s in zip(
                 inp.ids_to_strings(out.tokens[r]), out.scores[r], strict=True)]
           rows.append(row)
       metrics = inp.score([r["target"] for r in rows], [r["generation"] for r in rows])
@@ -223,9 +227,9 @@ class Evaluator:
         for r in np.flatnonzero(real):
           predictions = inp.ids_to_strings(out.tokens[r])
           row = {"input": inp.ids_to_strings(prompts[r][None])[0],
-                 "prediction": predictions[0], "score": float(out.scores[r, 0])}
+                 "prediction": predictions[0], "log_prob": float(out.scores[r, 0])}
           if len(predictions) > 1:  # beam search: every beam, best first
-            row["beams"] = [{"prediction": p, "score": float(s)}
+            row["beams"] = [{"prediction": p, "log_prob": float(s)}
                             for p, s in zip(predictions, out.scores[r], strict=True)]
           rows.append(row)
       expected = getattr(inp, "num_examples", None)
@@ -234,12 +238,35 @@ class Evaluator:
         log.warning("infer %s: %d of %d inputs have no room left to predict in their row and "
                     "are left out; raise the sequence length to predict them", inp.name,
                     expected - len(rows), expected)
-      path = os.path.join(self.job_log_dir, "infer_out", inp.name, f"infer_{step:08d}.jsonl")
+      path = _free_path(os.path.join(self.job_log_dir, "infer_out", inp.name,
+                                     f"infer_{step:08d}_{settings_tag(self.settings)}"))
       if self.is_chief:
         _write_jsonl(path, rows)
       log.info("infer %s at step %d: %d predictions -> %s", inp.name, step, len(rows), path)
       results[inp.name] = (len(rows), path)
     return results
+
+
+def settings_tag(settings: decoding.DecodeSettings) -> str:
+  """How an infer decoded, for its file name: greedy, beams4_a0.6, t0.7_k40_p0.9, ..."""
+  if settings.num_beams > 1:
+    tag = f"beams{settings.num_beams}_a{settings.alpha:g}"
+  elif settings.temperature > 0:
+    tag = f"t{settings.temperature:g}_k{settings.top_k}_p{settings.top_p:g}"
+  else:
+    tag = "greedy"
+  if settings.max_decode_length is not None:
+    tag += f"_len{settings.max_decode_length}"
+  return tag
+
+
+def _free_path(stem: str) -> str:
+  """stem.jsonl, or stem-2.jsonl, stem-3.jsonl, ...: the first that does not exist."""
+  path, n = f"{stem}.jsonl", 1
+  while os.path.exists(path):
+    n += 1
+    path = f"{stem}-{n}.jsonl"
+  return path
 
 
 def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
@@ -253,7 +280,9 @@ def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
 
 
 def infer_datasets(exp_name: str, decode_cfgs: list[fdl.Config[BaseInput]],
-                   infer_input: str | None) -> list[fdl.Config[BaseInput]]:
+                   infer_input: str | None,
+                   own_input: Callable[[], fdl.Config[BaseInput]] | None = None
+                   ) -> list[fdl.Config[BaseInput]]:
   """The inputs --mode=infer decodes: the decode datasets, or a file read like the first.
 
   With infer_input, the first decode dataset's config is copied and pointed
@@ -265,11 +294,15 @@ def infer_datasets(exp_name: str, decode_cfgs: list[fdl.Config[BaseInput]],
     exp_name: the experiment's name, for messages.
     decode_cfgs: the experiment's decode_datasets().
     infer_input: --infer_input, a .jsonl file of {input_key: ...} objects, or None.
+    own_input: the experiment's text input settings when it has no decode
+      datasets (FilesDataset.infer_input), or None.
 
   Raises:
     UserError: no decode datasets, a decode dataset that cannot read files,
       or a missing or malformed file.
   """
+  if not decode_cfgs and infer_input and own_input is not None:
+    decode_cfgs = [own_input()]
   if not decode_cfgs:
     raise UserError(
         f"{exp_name} has no decode datasets, so --mode=infer has " +

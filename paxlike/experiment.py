@@ -214,11 +214,24 @@ def _convert_named(key: str, raw: str, current: Any) -> Any:
   raise UserError(f"--set {key}={raw}: {name!r} is not one of {', '.join(sorted(choices))}.")
 
 
-def _convert(key: str, raw: str, current: Any) -> Any:
+def _allows_none(exp_cls: type | None, key: str, current: Any) -> bool:
+  """Whether `--set KEY=None` fits: a string whose unset value is "" or whose annotation
+  (on the class that declares it) allows None, as INIT_FROM's `str | None`."""
+  if current == "":
+    return True
+  for klass in (exp_cls.__mro__ if exp_cls else ()):
+    note = vars(klass).get("__annotations__", {}).get(key)
+    if note is not None:
+      return "None" in str(note) or "Optional" in str(note)
+  return False
+
+
+def _convert(key: str, raw: str, current: Any, exp_cls: type | None = None) -> Any:
   """Parses raw as a Python literal and checks it against current's type.
 
   A dtype attribute takes a dtype name; an activation class or an enum member
-  takes its name (see _convert_named).
+  takes its name (see _convert_named). None is taken where the hyperparameter
+  may be unset (_allows_none).
   """
   import enum
 
@@ -241,7 +254,7 @@ def _convert(key: str, raw: str, current: Any) -> Any:
       return raw  # a bare word for a string attribute
     raise UserError(f"--set {key}={raw}: {raw!r} is not a Python literal; "
                     f"{key} expects {type(current).__name__}.") from None
-  if current is None:
+  if current is None or (value is None and _allows_none(exp_cls, key, current)):
     return value
   ok = isinstance(value, type(current))
   if isinstance(current, bool) or isinstance(value, bool):
@@ -281,7 +294,7 @@ def apply_overrides(exp: BaseExperiment, overrides: list[str]) -> None:
       close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
       hint = f" Did you mean {' or '.join(close)}?" if close else ""
       raise UserError(f"--set {key}: {type(exp).__name__} has no hyperparameter {key}.{hint}")
-    value = _convert(key, raw, known[key])
+    value = _convert(key, raw, known[key], type(exp))
     setattr(exp, key, value)
     exp._overrides[key] = value
     known[key] = value

@@ -19,7 +19,7 @@ import fiddle as fdl
 import jax.numpy as jnp
 
 from paxlike.errors import UserError
-from paxlike.experiment import BaseExperiment
+from paxlike.file_data import FilesDataset
 from paxlike.inputs.synthetic import SyntheticLmInput
 from paxlike.inputs.text import TextInput
 from paxlike.layers.llama import rope_type
@@ -69,6 +69,10 @@ class LlamaSpmdAdam(AdamTraining):
                       "embeddings.")
     rope_type(self.ROPE_SCALING)  # refuses a rope type paxlike lacks, by name
 
+  def file_input_settings(self) -> dict[str, Any]:
+    """TRAIN_FILES / EVAL_FILES: the LM's features; packed rows restart `positions`."""
+    return {"seq_len": self.MAX_SEQ_LEN, "position_key": "positions"}
+
   def model(self) -> fdl.Config[LlamaModel]:
     return fdl.Config(
         LlamaModel, vocab_size=self.VOCAB_SIZE, model_dims=self.MODEL_DIMS,
@@ -81,20 +85,21 @@ class LlamaSpmdAdam(AdamTraining):
         fprop_dtype=self.FPROP_DTYPE, eos_id=self.EOS_ID, pad_id=self.PAD_ID)
 
 
-class SyntheticLlamaDataset(BaseExperiment):
+class SyntheticLlamaDataset(FilesDataset):
   """Data mixin: the learnable synthetic LM stream (paxlike.inputs.synthetic)."""
 
   DATA_SEED = 4321
   SYNTHETIC_NOISE_RATE = 0.05
+  _replaced_by_files = ("DATA_SEED", "SYNTHETIC_NOISE_RATE")
 
-  def datasets(self) -> list[fdl.Config]:
+  def own_datasets(self) -> list[fdl.Config]:
     return [fdl.Config(
         SyntheticLmInput, name="train", batch_size=self.per_host_batch_size(),
         is_training=True, vocab_size=self.VOCAB_SIZE, seq_len=self.MAX_SEQ_LEN,
         noise_rate=self.SYNTHETIC_NOISE_RATE, seed=self.DATA_SEED)]
 
 
-class TextLlamaDataset(BaseExperiment):
+class TextLlamaDataset(FilesDataset):
   """Data mixin: text examples from a generator (GENERATOR, SCORER), the LM's features.
 
   The "train" split trains, "test" is evaluated and decoded, scored with SCORER.
@@ -103,9 +108,7 @@ class TextLlamaDataset(BaseExperiment):
   GENERATOR = "tasks.arithmetic:examples"
   SCORER = "tasks.arithmetic:score"
   EVAL_BATCH_SIZE = 100
-  # None: the tokenizer of INIT_FROM's Hugging Face directory when there is one, else
-  # "byte"; or "byte", "hf", a tokenizer.json / SentencePiece path or a directory.
-  VOCABULARY: str | None = None
+  _replaced_by_files = ("GENERATOR", "SCORER", "EVAL_BATCH_SIZE")
 
   def _input(self, split: str, training: bool, name: str) -> fdl.Config[TextInput]:
     return fdl.Config(
@@ -115,8 +118,8 @@ class TextLlamaDataset(BaseExperiment):
         is_training=training, repeat=training, shuffle=training, reset_for_eval=not training,
         scorer=self.SCORER, seed=self.TRAINING_SEED)
 
-  def datasets(self) -> list[fdl.Config[TextInput]]:
+  def own_datasets(self) -> list[fdl.Config[TextInput]]:
     return [self._input("train", True, "train"), self._input("test", False, "test")]
 
-  def decode_datasets(self) -> list[fdl.Config[TextInput]]:
+  def own_decode_datasets(self) -> list[fdl.Config[TextInput]]:
     return [self._input("test", False, "test")]

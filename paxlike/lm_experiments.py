@@ -15,11 +15,13 @@ The CPU-sized values live in the CPU experiments.
 
 from __future__ import annotations
 
+from typing import Any
+
 import fiddle as fdl
 import jax.numpy as jnp
 
 from paxlike.errors import UserError
-from paxlike.experiment import BaseExperiment
+from paxlike.file_data import FilesDataset
 from paxlike.inputs.synthetic import SyntheticLmInput
 from paxlike.layers import activations
 from paxlike.layers.activations import activation_name
@@ -98,6 +100,11 @@ class TransformerLmSpmdAdam(AdamTraining):
         "NUM_TRAIN_STEPS", "CHECKPOINT_EVERY_N_STEPS", "SUMMARY_INTERVAL_STEPS")
         if hasattr(self, n)))
     self.check_heads()
+    if (self.NUM_HEADS is not None and self.DIMS_PER_HEAD is not None
+        and self.NUM_HEADS * self.DIMS_PER_HEAD != self.MODEL_DIMS):
+      raise UserError(f"MODEL_DIMS={self.MODEL_DIMS} is not NUM_HEADS x DIMS_PER_HEAD = "
+                      f"{self.NUM_HEADS} x {self.DIMS_PER_HEAD}, which Pax's LM requires; set "
+                      "DIMS_PER_HEAD=None (or NUM_HEADS=None) to derive it from the other.")
     self.activation()
     if self.NORM_POLICY not in NORM_POLICIES:
       raise UserError(f"NORM_POLICY={self.NORM_POLICY!r} is not one of {list(NORM_POLICIES)}.")
@@ -149,6 +156,11 @@ class TransformerLmSpmdAdam(AdamTraining):
       return 1
     dcn = self.DCN_MESH_SHAPE
     return int(self.ICI_MESH_SHAPE[-1]) * (int(dcn[-1]) if dcn else 1)
+
+  def file_input_settings(self) -> dict[str, Any]:
+    """TRAIN_FILES / EVAL_FILES: the LM's features (packed rows with segment_ids /
+    segment_pos, honoured with PACKED_INPUT)."""
+    return {"seq_len": self.MAX_SEQ_LEN}
 
   def model(self) -> fdl.Config[LanguageModel]:
     return fdl.Config(
@@ -203,7 +215,7 @@ class TransformerLmPmapAdam(TransformerLmSpmdAdam):
   SOFTMAX_CAP_LOGITS = 0.0  # Pax's pmap template caps only the attention logits (50)
 
 
-class SyntheticDataset(BaseExperiment):
+class SyntheticDataset(FilesDataset):
   """Data mixin: the learnable synthetic LM stream of paxlike.inputs.synthetic.
 
   Its sizes are Pax's lm_cloud.SyntheticDataset's.
@@ -213,8 +225,9 @@ class SyntheticDataset(BaseExperiment):
   MAX_SEQ_LEN = 1024
   DATA_SEED = 4321
   SYNTHETIC_NOISE_RATE = 0.05
+  _replaced_by_files = ("DATA_SEED", "SYNTHETIC_NOISE_RATE")
 
-  def datasets(self) -> list[fdl.Config]:
+  def own_datasets(self) -> list[fdl.Config]:
     return [fdl.Config(
         SyntheticLmInput, name="train", batch_size=self.per_host_batch_size(),
         is_training=True, vocab_size=self.VOCAB_SIZE, seq_len=self.MAX_SEQ_LEN,

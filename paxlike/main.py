@@ -167,8 +167,13 @@ def run(argv_flags: flags.FlagValues) -> int:
   run_timer, flag_plan = _start_backend(exp, job_log_dir, argv_flags)
   partitioner, mesh_desc = _partitioner(exp)
   built = _build(exp, argv_flags, job_log_dir)
-  _claim_job_log_dir(job_log_dir, argv_flags.mode)
-  init_from, source, export_job = _preflight(exp, built, job_log_dir, argv_flags)
+  created = not os.path.exists(job_log_dir)
+  lock = _claim_job_log_dir(job_log_dir, argv_flags.mode)
+  try:
+    init_from, source, export_job = _preflight(exp, built, job_log_dir, argv_flags)
+  except UserError:
+    _unclaim_job_log_dir(job_log_dir, lock, created)  # a refused run leaves no directory
+    raise
   _write_run_records(exp, built, job_log_dir, argv_flags, partitioner, mesh_desc, flag_plan)
   options = _train_options(built, partitioner, job_log_dir, argv_flags, init_from, run_timer,
                            flag_plan, profile_plan)
@@ -273,7 +278,8 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
   with experiment.user_config_errors(f"building {name}'s datasets"):
     inputs = [config.build(c) for c in configs.datasets]
   if argv_flags.mode == "infer":  # a bad --infer_input fails here, before anything is written
-    decode_cfgs = evaluator.infer_datasets(name, decode_cfgs, argv_flags.infer_input)
+    decode_cfgs = evaluator.infer_datasets(name, decode_cfgs, argv_flags.infer_input,
+                                           getattr(exp, "infer_input", None))
   with experiment.user_config_errors(f"building {name}'s decode datasets"):
     decode_inputs = [config.build(c) for c in decode_cfgs]
   for inp in inputs + decode_inputs:
@@ -291,12 +297,26 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
   return _Built(configs.task, configs.datasets, task, inputs, decode_inputs)
 
 
-def _claim_job_log_dir(job_log_dir: str, mode: str) -> None:
+def _claim_job_log_dir(job_log_dir: str, mode: str) -> Any:
+  """Creates job_log_dir (checked writable) and, to train, takes its lock (returned)."""
   from paxlike import job_lock
 
   _prepare_job_log_dir(job_log_dir)
   if mode == "train":  # eval/decode may read a job while it trains (Pax's evaler)
-    job_lock.hold(job_log_dir)  # one training run per job_log_dir; released at exit
+    return job_lock.hold(job_log_dir)  # one training run per job_log_dir; released at exit
+  return None
+
+
+def _unclaim_job_log_dir(job_log_dir: str, lock: Any, created: bool) -> None:
+  """Undoes _claim_job_log_dir for a refused run: the lock, and the directory if this run
+  created it and left it empty."""
+  if lock is not None:
+    lock.release()
+  if created:
+    try:
+      os.rmdir(job_log_dir)  # only ever an empty directory
+    except OSError:
+      pass
 
 
 def _preflight(exp: Any, built: _Built, job_log_dir: str,

@@ -158,7 +158,9 @@ def get(name: str) -> type:
     raise UserError(
         f"no experiment named {name!r}: module {name.rsplit('.', 1)[0]!r} cannot be imported "
         f"and no registered name matches.{hint}")
-  raise UserError(f"no experiment named {name!r}.{hint}")
+  raise UserError(f"no experiment named {name!r} among the shipped ones.{hint} A class in "
+                  f"your own module needs the module's name too: --exp=your_module.{name} "
+                  "(with the module importable, e.g. on PYTHONPATH).")
 
 
 def suggestions(name: str, n: int = 5) -> list[str]:

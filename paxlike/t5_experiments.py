@@ -10,11 +10,13 @@ NUM_DECODER_LAYERS, MAX_INPUT_LEN (encoder positions) and MAX_TARGET_LEN
 
 from __future__ import annotations
 
+from typing import Any
+
 import fiddle as fdl
 import jax.numpy as jnp
 
 from paxlike.errors import UserError
-from paxlike.experiment import BaseExperiment
+from paxlike.file_data import FilesDataset
 from paxlike.inputs.synthetic import SyntheticSeq2SeqInput
 from paxlike.inputs.text import TextInput
 from paxlike.models.t5 import T5Model
@@ -57,6 +59,11 @@ class T5SpmdAdam(AdamTraining):
     if not 0.0 <= self.DROPOUT_PROB < 1.0:
       raise UserError(f"DROPOUT_PROB must be in [0, 1), got {self.DROPOUT_PROB}.")
 
+  def file_input_settings(self) -> dict[str, Any]:
+    """TRAIN_FILES / EVAL_FILES: (inputs, targets) rows as T5X's encoder-decoder features."""
+    return {"feature_converter": "enc_dec", "seq_len": self.MAX_INPUT_LEN,
+            "target_len": self.MAX_TARGET_LEN}
+
   def model(self) -> fdl.Config[T5Model]:
     return fdl.Config(
         T5Model, vocab_size=self.VOCAB_SIZE, model_dims=self.MODEL_DIMS,
@@ -71,13 +78,14 @@ class T5SpmdAdam(AdamTraining):
         fprop_dtype=self.FPROP_DTYPE, max_target_len=self.MAX_TARGET_LEN)
 
 
-class SyntheticSeq2SeqDataset(BaseExperiment):
+class SyntheticSeq2SeqDataset(FilesDataset):
   """Data mixin: the learnable synthetic (inputs -> continuation) stream."""
 
   DATA_SEED = 4321
   SYNTHETIC_NOISE_RATE = 0.05
+  _replaced_by_files = ("DATA_SEED", "SYNTHETIC_NOISE_RATE")
 
-  def datasets(self) -> list[fdl.Config]:
+  def own_datasets(self) -> list[fdl.Config]:
     return [fdl.Config(
         SyntheticSeq2SeqInput, name="train", batch_size=self.per_host_batch_size(),
         is_training=True, vocab_size=self.VOCAB_SIZE, seq_len=self.MAX_INPUT_LEN,
@@ -85,7 +93,7 @@ class SyntheticSeq2SeqDataset(BaseExperiment):
         seed=self.DATA_SEED)]
 
 
-class TextSeq2SeqDataset(BaseExperiment):
+class TextSeq2SeqDataset(FilesDataset):
   """Data mixin: (inputs, targets) text pairs from a generator, encoder-decoder features.
 
   GENERATOR ("module:function") yields {"inputs", "targets"} dicts per split;
@@ -97,12 +105,9 @@ class TextSeq2SeqDataset(BaseExperiment):
 
   GENERATOR = "tasks.arithmetic:examples"
   SCORER = "tasks.arithmetic:score"
-  # None: the tokenizer of INIT_FROM's Hugging Face directory when there is one, else
-  # "byte"; or "byte", "hf", a tokenizer.json / SentencePiece .model path or a directory
-  # (paxlike.inputs.vocabulary).
-  VOCABULARY: str | None = None
   EVAL_BATCH_SIZE = 100
   PACK = False
+  _replaced_by_files = ("GENERATOR", "SCORER", "EVAL_BATCH_SIZE")
 
   def _input(self, split: str, training: bool, name: str) -> fdl.Config[TextInput]:
     return fdl.Config(
@@ -113,8 +118,8 @@ class TextSeq2SeqDataset(BaseExperiment):
         is_training=training, repeat=training, shuffle=training, reset_for_eval=not training,
         scorer=self.SCORER, seed=self.TRAINING_SEED)
 
-  def datasets(self) -> list[fdl.Config[TextInput]]:
+  def own_datasets(self) -> list[fdl.Config[TextInput]]:
     return [self._input("train", True, "train"), self._input("test", False, "test")]
 
-  def decode_datasets(self) -> list[fdl.Config[TextInput]]:
+  def own_decode_datasets(self) -> list[fdl.Config[TextInput]]:
     return [self._input("test", False, "test")]

@@ -40,6 +40,8 @@ def run_cli(args: list[str], cwd: Path, devices: int = 1, script: bool = False,
   """Runs `python -m paxlike.main ARGS` (or `python paxlike/main.py`) in a subprocess."""
   env = dict(os.environ)
   env["XLA_FLAGS"] = xla_flags_with_devices(devices)
+  # This checkout's paxlike, whatever an editable install of the venv points at.
+  pythonpath = [*pythonpath, REPO_ROOT]
   if pythonpath:
     extra = os.pathsep.join(str(p) for p in pythonpath)
     env["PYTHONPATH"] = extra + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

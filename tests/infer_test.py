@@ -47,14 +47,14 @@ def test_infer_input_gives_one_line_per_input_in_order_with_sorted_beams(t5_job,
   proc = run_cli([f"--exp={EXP}", f"--job_log_dir={t5_job}", "--mode=infer",
                   f"--infer_input={src}", "--decode_num_beams=3"], tmp_path)
   assert proc.returncode == 0, describe(proc)
-  out = t5_job / "infer_out" / "questions" / f"infer_{STEPS:08d}.jsonl"
+  out = t5_job / "infer_out" / "questions" / f"infer_{STEPS:08d}_beams3_a0.6.jsonl"
   assert f"infer questions at step {STEPS}: {len(INPUTS)} predictions -> {out}" in proc.stdout
   rows = _rows(out)
   assert [r["input"] for r in rows] == INPUTS
   for r in rows:
-    scores = [b["score"] for b in r["beams"]]
+    scores = [b["log_prob"] for b in r["beams"]]
     assert len(scores) == 3 and scores == sorted(scores, reverse=True), r
-    assert r["prediction"] == r["beams"][0]["prediction"] and r["score"] == scores[0]
+    assert r["prediction"] == r["beams"][0]["prediction"] and r["log_prob"] == scores[0]
     assert "target" not in r
   assert not (t5_job / "summaries").exists()  # infer writes no summaries
 
@@ -63,13 +63,26 @@ def test_infer_without_an_input_file_predicts_the_decode_datasets(t5_job, tmp_pa
   proc = run_cli([f"--exp={EXP}", f"--job_log_dir={t5_job}", "--mode=infer",
                   f"--restore_checkpoint_step={STEPS}"], tmp_path)
   assert proc.returncode == 0, describe(proc)
-  out = t5_job / "infer_out" / "test" / f"infer_{STEPS:08d}.jsonl"
+  out = t5_job / "infer_out" / "test" / f"infer_{STEPS:08d}_greedy.jsonl"
   assert f"infer test at step {STEPS}: 500 predictions -> {out}" in proc.stdout
   rows = _rows(out)
   assert len(rows) == 500
-  for r in rows:  # greedy: one prediction and its score, no beams
+  for r in rows:  # greedy: one prediction and its log-probability, no beams
     assert r["input"].endswith("=") and isinstance(r["prediction"], str)
-    assert isinstance(r["score"], float) and "beams" not in r
+    assert isinstance(r["log_prob"], float) and "beams" not in r and "score" not in r
+
+
+def test_a_second_infer_with_the_same_settings_keeps_the_first(t5_job, tmp_path):
+  src = _write_inputs(tmp_path / "again.jsonl", [json.dumps({"inputs": x}) for x in INPUTS])
+  args = [f"--exp={EXP}", f"--job_log_dir={t5_job}", "--mode=infer", f"--infer_input={src}",
+          "--decode_temperature=1.0"]
+  first, second = run_cli(args, tmp_path), run_cli(args, tmp_path)
+  assert first.returncode == 0 and second.returncode == 0, describe(second)
+  out = t5_job / "infer_out" / "again"
+  names = sorted(p.name for p in out.iterdir())
+  assert names == [f"infer_{STEPS:08d}_t1_k0_p1-2.jsonl", f"infer_{STEPS:08d}_t1_k0_p1.jsonl"]
+  assert str(out / names[0]) in second.stdout and str(out / names[1]) in first.stdout
+  assert all(len(_rows(out / n)) == len(INPUTS) for n in names)
 
 
 def test_a_malformed_input_file_fails_naming_file_and_line_and_writes_nothing(t5_job, tmp_path):

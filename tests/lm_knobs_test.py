@@ -27,6 +27,7 @@ class KnobsLm(SyntheticDataset, TransformerLmSpmdAdam):
   NUM_LAYERS = 2
   MODEL_DIMS = 16
   NUM_HEADS = 2
+  DIMS_PER_HEAD = None  # 16 / 2 heads (the template's 128 would not fit MODEL_DIMS)
   VOCAB_SIZE = 32
   MAX_SEQ_LEN = SEQ
   PERCORE_BATCH_SIZE = 1

@@ -10,16 +10,18 @@ import fiddle as fdl
 import jax.numpy as jnp
 
 from paxlike import experiment_registry
+from paxlike.file_data import FilesDataset
 from paxlike.inputs.text import TextInput
 from paxlike.lm_experiments import TransformerLmSpmdAdam
 
 
-class ArithmeticDataset(TransformerLmSpmdAdam):
+class ArithmeticDataset(TransformerLmSpmdAdam, FilesDataset):
   """Data mixin: tasks.arithmetic through the native text input (byte vocabulary)."""
 
   GENERATOR = "tasks.arithmetic:examples"
   SCORER = "tasks.arithmetic:score"
   EVAL_BATCH_SIZE = 100
+  _replaced_by_files = ("GENERATOR", "SCORER", "EVAL_BATCH_SIZE")
 
   def _input(self, split: str, training: bool, name: str) -> fdl.Config[TextInput]:
     return fdl.Config(
@@ -28,10 +30,10 @@ class ArithmeticDataset(TransformerLmSpmdAdam):
         is_training=training, repeat=training, shuffle=training, reset_for_eval=not training,
         scorer=self.SCORER, seed=self.TRAINING_SEED)
 
-  def datasets(self) -> list[fdl.Config[TextInput]]:
+  def own_datasets(self) -> list[fdl.Config[TextInput]]:
     return [self._input("train", True, "train"), self._input("test", False, "test")]
 
-  def decode_datasets(self) -> list[fdl.Config[TextInput]]:
+  def own_decode_datasets(self) -> list[fdl.Config[TextInput]]:
     return [self._input("test", False, "test")]
 
 

@@ -2,8 +2,10 @@
 
 Examples are either `{"inputs": ..., "targets": ...}` pairs (the loss covers
 the targets and the end-of-sequence id; decode prompts with the inputs) or
-plain text (one example per line or, with pack=True, several lines per
-MAX_SEQ_LEN row; the loss covers every token).
+plain text (one example per line or a "text" field; the loss covers every
+token) or, given a chat template, {"messages": [...]} conversations (the loss
+covers the assistant turns; paxlike.inputs.chat). Examples longer than a row
+are cut, and the input logs how many once.
 
 LM packing (feature converter "lm", pack=True), as seqio's packing of Pax's
 LM inputs: each line (its tokens and EOS) is an example; a line longer than
@@ -13,8 +15,9 @@ Examples fill rows greedily in file order. Every row carries Pax's
 `segment_ids` (1, 2, ... per example, 0 = padding) and `segment_pos` (the
 position within its example, restarting at 0), so a model with PACKED_INPUT
 keeps each example's tokens from attending to another's: a packed row gives
-its examples the logits they get unpacked. Prompt/target examples stay a
-row each (one segment).
+its examples the logits they get unpacked. Prompt/target and chat examples
+are packed the same way, whole (cut to a row), their loss weights still on
+the targets or assistant turns only.
 
 The feature converter (seqio's word) says which features a batch holds:
 "lm" (decoder-only: ids, labels, weights, prompt_lens) or "enc_dec"
@@ -54,14 +57,21 @@ import functools
 import glob
 import importlib
 import json
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
+from paxlike import log
 from paxlike.errors import UserError
+from paxlike.inputs import chat as chat_lib
+from paxlike.inputs import text_metrics
 from paxlike.inputs import vocabulary as vocab_lib
 from paxlike.inputs.base_input import BaseInput
+
+Example = tuple[list[int], list[bool], int]  # tokens, loss on each token?, prompt length
+Piece = tuple[list[int], list[bool]]  # the tokens of one packed segment, loss on each?
 
 
 def load_generator_fn(spec: str) -> Any:
@@ -155,6 +165,10 @@ def resolve_vocabularies(cfgs: Sequence[Any], source_dir: str | None,
     fn = fdl.get_callable(cfg) if isinstance(cfg, fdl.Buildable) else None
     if isinstance(fn, type) and issubclass(fn, TextInput):
       cfg.vocabulary = vocab_lib.resolve(cfg.vocabulary, source_dir, job_log_dir)
+      where = cfg.vocabulary if os.path.isdir(cfg.vocabulary or "") else os.path.dirname(
+          cfg.vocabulary or "")
+      if not cfg.chat_template_dir and chat_lib.has_template(where):
+        cfg.chat_template_dir = where  # chat rows render with the tokenizer's own template
 
 
 @dataclasses.dataclass
@@ -176,6 +190,9 @@ class TextInput(BaseInput):
   scorer: str = ""  # "module:function(targets, predictions) -> metrics" for decode
   feature_converter: str = "lm"  # or "enc_dec"; see the module docstring
   target_len: int = 0  # enc_dec: decoder positions (seq_len is then the encoder's)
+  metrics: tuple[str, ...] = ()  # decode metrics besides exact match: "rouge", "bleu"
+  chat_template_dir: str = ""  # a Hugging Face directory whose chat template renders chat rows
+  position_key: str = "segment_pos"  # packed LM rows' positions (the Llama family: "positions")
 
   def __post_init__(self) -> None:
     super().__post_init__()
@@ -187,6 +204,7 @@ class TextInput(BaseInput):
     if self.feature_converter == "enc_dec" and self.target_len <= 0:
       raise UserError(f"input {self.name!r}: the enc_dec feature converter needs "
                       "target_len > 0 (MAX_TARGET_LEN).")
+    self.metrics = text_metrics.check(self.metrics)
     self.vocab = vocab_lib.get(self.vocabulary)
     # A tokenizer that starts sequences with BOS (Llama's) gets it on every example.
     self._bos = [self.vocab.bos_id] if self.vocab.add_bos else []
@@ -214,41 +232,104 @@ class TextInput(BaseInput):
     return len(self._features[self._weight_key])
 
   def _lm_features(self, raw: Sequence[Any]) -> dict[str, np.ndarray]:
-    tokens, weights, prompt_lens, pieces = self._tokenize(raw)
-    feats = {"ids": tokens[:, :-1], "labels": tokens[:, 1:], "weights": weights,
-             "prompt_lens": prompt_lens}
+    examples, pieces = self._lm_examples(raw)
     if not self.pack:
-      return feats
-    # The rows of their own are one segment each, at positions 0, 1, ...
-    feats["segment_ids"] = np.ones(feats["ids"].shape, np.int32)
-    feats["segment_pos"] = np.broadcast_to(np.arange(self.seq_len, dtype=np.int32),
-                                           feats["ids"].shape).copy()
-    packed = self._pack_lm_pieces(pieces)
-    return {k: np.concatenate([v, packed[k]]) for k, v in feats.items()}
+      return self._lm_rows(examples)
+    return self._pack_lm_pieces(pieces + [(seq[:self.seq_len + 1], flags[:self.seq_len + 1])
+                                          for seq, flags, _ in examples])
 
-  def _pack_lm_pieces(self, pieces: list[list[int]]) -> dict[str, np.ndarray]:
+  def _lm_examples(self, raw: Sequence[Any]) -> tuple[list[Example], list[Piece]]:
+    """Each example's tokens, loss flags and prompt length; with pack, plain-text lines go
+    to the returned pieces instead (cut into rows, see the module docstring)."""
+    n = self.seq_len + 1
+    examples, pieces, cut = [], [], 0
+    for ex in raw:
+      seq, flags, plain = self._example_tokens(ex)
+      if plain and self.pack:
+        pieces.extend((seq[i:i + n], flags[i:i + n]) for i in range(0, len(seq) - 1, n - 1))
+        continue
+      cut += len(seq) > n
+      prompt_len = 0 if plain else next((i for i, f in enumerate(flags) if f), len(flags))
+      examples.append((seq, flags, min(prompt_len, self.seq_len)))
+    self._log_cut(cut, len(raw), f"were longer than MAX_SEQ_LEN={self.seq_len} tokens")
+    return examples, pieces
+
+  def _example_tokens(self, ex: Any) -> tuple[list[int], list[bool], bool]:
+    """(tokens, whether the loss covers each token, whether it is plain text) of one example.
+
+    A {"messages": [...]} row is rendered with the chat template (loss on the
+    assistant turns), an (inputs, targets) row puts the loss on the targets
+    and EOS, and plain text (a line, or the text_key field) everywhere.
+    """
+    if isinstance(ex, dict) and "messages" in ex:
+      seq: list[int] = []
+      flags: list[bool] = []
+      for text, weighted in self._chat().pieces(ex["messages"]):
+        ids = self.vocab.encode(text)
+        seq += ids
+        flags += [weighted] * len(ids)
+      return seq, flags, False
+    if isinstance(ex, dict) and self.input_key in ex:
+      prompt = self._bos + self.vocab.encode(str(ex[self.input_key]))
+      target = self.vocab.encode(str(ex.get(self.target_key, ""))) + [self.vocab.eos_id]
+      return prompt + target, [False] * len(prompt) + [True] * len(target), False
+    if isinstance(ex, dict) and self.text_key not in ex:
+      raise UserError(f"input {self.name!r}: an example of {self.file_pattern or self.generator} "
+                      f"has none of the fields {self.input_key!r}, {self.text_key!r} or "
+                      f"'messages' (its fields: {sorted(ex)}); set INPUT_KEY / TARGET_KEY to "
+                      "your field names.")
+    text = ex[self.text_key] if isinstance(ex, dict) else str(ex)
+    seq = self._bos + self.vocab.encode(str(text)) + [self.vocab.eos_id]
+    return seq, [True] * len(seq), True
+
+  def _chat(self) -> Any:
+    if not self.chat_template_dir:
+      raise UserError(f"input {self.name!r} has chat rows ({{\"messages\": ...}}) but no "
+                      "chat template; set INIT_FROM=hf:DIR (or VOCABULARY to the Hugging Face "
+                      "checkpoint directory) so its tokenizer_config.json can be read.")
+    return chat_lib.load(self.chat_template_dir)
+
+  def _log_cut(self, cut: int, total: int, what: str) -> None:
+    if cut:
+      log.warning("input %r: %d of %d examples %s and were cut", self.name, cut, total,
+                  what)
+
+  def _lm_rows(self, examples: list[Example]) -> dict[str, np.ndarray]:
+    """One example a row: seq_len + 1 tokens (padded), cut to the row."""
+    n = self.seq_len + 1
+    shape = (len(examples), self.seq_len)
+    tokens = np.full((len(examples), n), self.vocab.pad_id, np.int32)
+    weights = np.zeros(shape, np.float32)
+    for r, (seq, flags, _) in enumerate(examples):
+      seq, flags = seq[:n], flags[:n]
+      tokens[r, :len(seq)] = seq
+      weights[r, :len(seq) - 1] = flags[1:]  # label j is token j + 1
+    return {"ids": tokens[:, :-1], "labels": tokens[:, 1:], "weights": weights,
+            "prompt_lens": np.asarray([e[2] for e in examples], np.int32).reshape(-1)}
+
+  def _pack_lm_pieces(self, pieces: list[Piece]) -> dict[str, np.ndarray]:
     """Token pieces (at most seq_len + 1 each) -> greedily packed LM rows with segments."""
-    rows: list[list[list[int]]] = []
+    rows: list[list[Piece]] = []
     used = self.seq_len  # positions taken in the last row; a full one starts the first
     for piece in pieces:
-      if used + len(piece) - 1 > self.seq_len:
+      if used + len(piece[0]) - 1 > self.seq_len:
         rows.append([])
         used = 0
       rows[-1].append(piece)
-      used += len(piece) - 1
+      used += len(piece[0]) - 1
     shape = (len(rows), self.seq_len)
     out = {"ids": np.full(shape, self.vocab.pad_id, np.int32),
            "labels": np.full(shape, self.vocab.pad_id, np.int32),
            "weights": np.zeros(shape, np.float32), "prompt_lens": np.zeros(len(rows), np.int32),
-           "segment_ids": np.zeros(shape, np.int32), "segment_pos": np.zeros(shape, np.int32)}
+           "segment_ids": np.zeros(shape, np.int32), self.position_key: np.zeros(shape, np.int32)}
     for r, row in enumerate(rows):
       col = 0
-      for segment, piece in enumerate(row, 1):
+      for segment, (piece, flags) in enumerate(row, 1):
         m, span = len(piece) - 1, slice(col, col + len(piece) - 1)
         out["ids"][r, span], out["labels"][r, span] = piece[:-1], piece[1:]
-        out["weights"][r, span] = 1.0
+        out["weights"][r, span] = flags[1:]
         out["segment_ids"][r, span] = segment
-        out["segment_pos"][r, span] = np.arange(m)
+        out[self.position_key][r, span] = np.arange(m)
         col += m
     return out
 
@@ -267,6 +348,7 @@ class TextInput(BaseInput):
     self._enc_lens = np.zeros(n, np.int64)
     self._dec_lens = np.zeros(n, np.int64)
     where = self.file_pattern or self.generator
+    cut_in = cut_out = 0
     for i, ex in enumerate(raw):
       if not isinstance(ex, dict) or self.input_key not in ex:
         shown = repr(ex) if len(repr(ex)) <= 80 else repr(ex)[:77] + "..."
@@ -274,10 +356,10 @@ class TextInput(BaseInput):
                         f"{self.input_key!r} field: {shown}; the enc_dec feature converter "
                         "needs (inputs, targets) pairs (set input_key / target_key to your "
                         "field names).")
-      x = (self._bos + self.vocab.encode(str(ex[self.input_key])) + [self.vocab.eos_id])[
-          :self.seq_len]
-      y = (self.vocab.encode(str(ex.get(self.target_key, ""))) + [self.vocab.eos_id])[
-          :self.target_len]
+      x = self._bos + self.vocab.encode(str(ex[self.input_key])) + [self.vocab.eos_id]
+      y = self.vocab.encode(str(ex.get(self.target_key, ""))) + [self.vocab.eos_id]
+      cut_in, cut_out = cut_in + (len(x) > self.seq_len), cut_out + (len(y) > self.target_len)
+      x, y = x[:self.seq_len], y[:self.target_len]
       enc[i, :len(x)] = x
       dec_tgt[i, :len(y)] = y
       # The whole padded row shifted right behind the start id 0, as seqio, T5X and
@@ -285,35 +367,10 @@ class TextInput(BaseInput):
       dec_in[i, 1:] = dec_tgt[i, :-1]
       wts[i, :len(y)] = 1.0
       self._enc_lens[i], self._dec_lens[i] = len(x), len(y)
+    self._log_cut(cut_in, n, f"were longer than MAX_INPUT_LEN={self.seq_len} tokens")
+    self._log_cut(cut_out, n, f"had targets longer than MAX_TARGET_LEN={self.target_len} tokens")
     return {"encoder_input_tokens": enc, "decoder_input_tokens": dec_in,
             "decoder_target_tokens": dec_tgt, "decoder_loss_weights": wts}
-
-  def _tokenize(self, raw: Sequence[Any]
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[int]]]:
-    """Rows of seq_len + 1 tokens (padded), their weights and prompt lengths; with pack,
-    plain-text lines go to the returned pieces instead (see the module docstring)."""
-    n = self.seq_len + 1
-    seqs, wts, plens, pieces = [], [], [], []
-    for ex in raw:
-      if isinstance(ex, dict) and self.input_key in ex:
-        prompt = self._bos + self.vocab.encode(str(ex[self.input_key]))
-        target = self.vocab.encode(str(ex.get(self.target_key, ""))) + [self.vocab.eos_id]
-        seq = (prompt + target)[:n]
-        w = [1.0 if j + 1 >= len(prompt) else 0.0 for j in range(len(seq) - 1)]
-        plens.append(min(len(prompt), self.seq_len))
-      else:
-        text = ex[self.text_key] if isinstance(ex, dict) else str(ex)
-        seq = self._bos + self.vocab.encode(text) + [self.vocab.eos_id]
-        if self.pack:
-          pieces.extend(seq[i:i + n] for i in range(0, len(seq) - 1, n - 1))
-          continue
-        seq = seq[:n]
-        w = [1.0] * (len(seq) - 1)
-        plens.append(0)
-      seqs.append(seq + [self.vocab.pad_id] * (n - len(seq)))
-      wts.append(w + [0.0] * (self.seq_len - len(w)))
-    return (np.asarray(seqs, np.int32).reshape(-1, n), np.asarray(wts, np.float32).reshape(
-        -1, self.seq_len), np.asarray(plens, np.int32), pieces)
 
   def _order(self, epoch: int) -> np.ndarray:
     """Epoch `epoch`'s permutation of the examples (cached: a stream needs one or two)."""
@@ -477,9 +534,9 @@ class TextInput(BaseInput):
     return packing_efficiency(batch)
 
   def score(self, targets: list[str], predictions: list[str]) -> dict[str, float]:
-    if self.scorer:
-      return dict(load_generator_fn(self.scorer)(targets, predictions))
-    return super().score(targets, predictions)
+    metrics = (dict(load_generator_fn(self.scorer)(targets, predictions)) if self.scorer
+               else super().score(targets, predictions))
+    return {**metrics, **text_metrics.compute(self.metrics, targets, predictions)}
 
   def ids_to_strings(self, ids: np.ndarray, lengths: np.ndarray | None = None) -> list[str]:
     """Detokenises each row (up to its length, or to end-of-sequence)."""

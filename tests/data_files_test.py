@@ -1,0 +1,378 @@
+"""Fine-tuning on your own files: FilesDataset (TRAIN_FILES, EVAL_FILES, ...) end to end.
+
+Loss masks (prompt/completion, chat), packed decoder-only rows, the chat
+template against transformers', decode metrics, and the CLI path a user
+takes: fine-tune a CPU experiment of each family on a jsonl task, evaluate,
+infer.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import describe, run_cli
+
+from paxlike.errors import UserError
+from paxlike.inputs.text import TextInput
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|>\n' + m['content'] + "
+    "'<|end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}")
+CONVERSATION = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Say hi."},
+                {"role": "assistant", "content": "hi"},
+                {"role": "user", "content": "Again, louder."},
+                {"role": "assistant", "content": "HI!"}]
+
+
+def _reverse_rows(n: int, seed: int) -> list[dict[str, str]]:
+  rng = random.Random(seed)
+  words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(3, 6))) for _ in range(n)]
+  return [{"inputs": f"reverse: {w}", "targets": w[::-1]} for w in words]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return path
+
+
+def _text_input(path: Path, **kw) -> TextInput:
+  kw.setdefault("num_infeed_hosts", 1)
+  kw.setdefault("infeed_host_index", 0)
+  kw.setdefault("shuffle", False)
+  kw.setdefault("repeat", False)
+  return TextInput(file_pattern=str(path), **kw)
+
+
+def _llama(vocab: int, seq_len: int):
+  import jax
+  import jax.numpy as jnp
+
+  from paxlike.models.llama import LlamaModel
+
+  model = LlamaModel(vocab_size=vocab, model_dims=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                     head_dim=8, hidden_dims=64, max_seq_len=seq_len)
+  params = model.init(jax.random.key(0), jnp.zeros((1, seq_len), jnp.int32))["params"]
+  return model, params
+
+
+def _xent(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+  logits = logits.astype(np.float64)
+  logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+  return logz - np.take_along_axis(logits, labels[..., None], -1)[..., 0]
+
+
+# ------------------------------------------------------------------ loss masks
+
+
+def test_a_prompt_completion_rows_loss_is_the_loss_of_its_completion_alone(tmp_path):
+  rows = [{"inputs": "reverse: abcd", "targets": "dcba"},
+          {"inputs": "reverse: xy", "targets": "yx"}]
+  inp = _text_input(_write_jsonl(tmp_path / "d.jsonl", rows), seq_len=24, batch_size=2)
+  batch = inp.get_next()
+  model, params = _llama(inp.vocab.vocab_size, 24)
+  logits = np.asarray(model.apply({"params": params}, batch["ids"]))
+  for r, row in enumerate(rows):
+    loss, _ = model.apply({"params": params}, {k: v[r:r + 1] for k, v in batch.items()},
+                          method="fprop")
+    p = len(inp.vocab.encode(row["inputs"]))
+    completion = inp.vocab.encode(row["targets"]) + [inp.vocab.eos_id]
+    # Label j is token j + 1: the completion's tokens are the labels at p - 1 .. p + c - 2.
+    span = slice(p - 1, p - 1 + len(completion))
+    np.testing.assert_array_equal(batch["labels"][r, span], completion)
+    assert batch["weights"][r].sum() == len(completion) and batch["weights"][r, span].all()
+    alone = _xent(logits[r, span], batch["labels"][r, span]).mean()
+    np.testing.assert_allclose(float(loss), alone, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "lm"])
+def test_packed_prompt_completion_rows_give_each_example_its_unpacked_loss(tmp_path, family):
+  import jax
+  import jax.numpy as jnp
+
+  from paxlike.models import LanguageModel
+
+  path = _write_jsonl(tmp_path / "d.jsonl", _reverse_rows(9, seed=1))
+  key = "positions" if family == "llama" else "segment_pos"
+  common = dict(seq_len=48, position_key=key)
+  packed = _text_input(path, pack=True, is_training=True, batch_size=9, **common).get_next()
+  unpacked = _text_input(path, pack=False, batch_size=9, **common).get_next()
+  assert packed["segment_ids"].max() >= 2  # rows do hold several examples
+  vocab = TextInput(file_pattern=str(path)).vocab.vocab_size
+  if family == "llama":
+    model, params = _llama(vocab, 48)
+    run = lambda b, packed: model.apply(  # noqa: E731
+        {"params": params}, b["ids"], b[key] if packed else None,
+        b["segment_ids"] if packed else None)
+  else:
+    model = LanguageModel(vocab_size=vocab, model_dims=32, num_layers=2, num_heads=4,
+                          dim_per_head=8, hidden_dims=64, packed_input=True)
+    params = model.init(jax.random.key(0), jnp.zeros((1, 48), jnp.int32))["params"]
+    run = lambda b, packed: model.apply(  # noqa: E731
+        {"params": params}, b["ids"], segment_ids=b["segment_ids"] if packed else None,
+        segment_pos=b[key] if packed else None)
+  xp = _xent(np.asarray(run(packed, True), np.float32), packed["labels"])
+  xu = _xent(np.asarray(run(unpacked, False), np.float32), unpacked["labels"])
+  alone = {tuple(unpacked["ids"][i, :int(unpacked["prompt_lens"][i])]): (
+      (xu[i] * unpacked["weights"][i]).sum() / unpacked["weights"][i].sum(),
+      unpacked["weights"][i].sum()) for i in range(9)}
+  seen = 0
+  for r in np.flatnonzero(packed["weights"].any(-1)):  # not the rows padding the batch
+    for s in range(1, packed["segment_ids"][r].max() + 1):
+      span = packed["segment_ids"][r] == s
+      w = packed["weights"][r] * span
+      prompt = packed["ids"][r][span][:int(np.argmax(w[span] > 0)) + 1]
+      want, count = alone[tuple(prompt)]
+      assert w.sum() == count  # the completion-only mask survives packing
+      np.testing.assert_allclose((xp[r] * w).sum() / w.sum(), want, rtol=1e-5, atol=1e-5)
+      seen += 1
+  assert seen == 9
+
+
+def test_chat_rows_put_the_loss_exactly_on_the_assistant_turns(tmp_path):
+  ckpt = tmp_path / "ckpt"
+  ckpt.mkdir()
+  (ckpt / "tokenizer_config.json").write_text(json.dumps(
+      {"chat_template": CHAT_TEMPLATE, "bos_token": "<s>", "eos_token": "</s>"}))
+  path = _write_jsonl(tmp_path / "chat.jsonl", [{"messages": CONVERSATION}])
+  inp = _text_input(path, seq_len=160, batch_size=1, chat_template_dir=str(ckpt))
+  batch = inp.get_next()
+  weighted = batch["labels"][0][batch["weights"][0] > 0]
+  assert inp.vocab.decode(weighted) == "hi<|end|>\nHI!<|end|>\n"
+  n = int((batch["labels"][0] != 0).sum())
+  full = inp.vocab.decode(np.concatenate([batch["ids"][0, :1], batch["labels"][0, :n]]))
+  assert full == ("<s><|system|>\nBe brief.<|end|>\n<|user|>\nSay hi.<|end|>\n<|assistant|>\n"
+                  "hi<|end|>\n<|user|>\nAgain, louder.<|end|>\n<|assistant|>\nHI!<|end|>\n")
+  # Each weighted run starts right after "<|assistant|>\n": the turn's header is the prompt.
+  starts = np.flatnonzero(np.diff(np.concatenate([[0], batch["weights"][0]])) > 0)
+  for s in starts:
+    assert inp.vocab.decode(batch["ids"][0, s - 13:s + 1]).endswith("<|assistant|>\n")
+
+
+def test_chat_rows_without_a_template_are_one_sentence(tmp_path):
+  path = _write_jsonl(tmp_path / "chat.jsonl", [{"messages": CONVERSATION}])
+  with pytest.raises(UserError, match="chat template; set INIT_FROM=hf:DIR"):
+    _text_input(path, seq_len=64, batch_size=1)
+
+
+def test_chat_template_renders_as_transformers_apply_chat_template(tmp_path):
+  pytest.importorskip("transformers")
+  from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+  from transformers import PreTrainedTokenizerFast
+
+  from paxlike.inputs import chat
+
+  tok = Tokenizer(models.BPE(unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel()
+  tok.train_from_iterator(["Be brief. Say hi. Again, louder. hi HI!"] * 20, trainers.BpeTrainer(
+      vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"]))
+  hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                               unk_token="<unk>")
+  hf.chat_template = CHAT_TEMPLATE
+  hf.save_pretrained(tmp_path / "tok")
+  ours = chat.load(str(tmp_path / "tok"))
+  for messages, gen in ((CONVERSATION, False), (CONVERSATION[:4], True)):
+    assert ours.render(messages, add_generation_prompt=gen) == hf.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=gen)
+
+
+# ----------------------------------------------------------- truncation, metrics
+
+
+def test_examples_longer_than_the_row_are_counted_and_logged_once(tmp_path, monkeypatch):
+  from paxlike.inputs import text
+
+  said = []
+  monkeypatch.setattr(text.log, "warning", lambda msg, *a: said.append(msg % a))
+  rows = [{"inputs": "x" * n, "targets": "y"} for n in (3, 40, 50, 5)]
+  path = _write_jsonl(tmp_path / "d.jsonl", rows)
+  _text_input(path, seq_len=16, target_len=8, batch_size=2, feature_converter="enc_dec",
+              name="train")
+  assert said == ["input 'train': 2 of 4 examples were longer than MAX_INPUT_LEN=16 tokens "
+                  "and were cut"]
+  said.clear()
+  _text_input(path, seq_len=16, batch_size=2, name="lm")
+  assert said == ["input 'lm': 2 of 4 examples were longer than MAX_SEQ_LEN=16 tokens and "
+                  "were cut"]
+
+
+def test_rouge_and_bleu_give_the_hand_checked_values():
+  pytest.importorskip("rouge_score")
+  pytest.importorskip("sacrebleu")
+  from paxlike.inputs import text_metrics
+
+  # LCS "the cat sat on mat": 5 of 6 words each way, F = 5/6. BLEU: clipped 1..4-gram
+  # precisions 5/6, 3/5, 2/4, 1/3, equal lengths (no brevity penalty).
+  got = text_metrics.compute(["rouge", "bleu"], ["the cat sat on the mat"],
+                             ["the cat sat on a mat"])
+  assert got["rougeL"] == pytest.approx(100 * 5 / 6, abs=1e-6)
+  assert got["bleu"] == pytest.approx(100 * (5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25, abs=1e-3)
+
+
+def test_metrics_without_the_extra_name_the_install_command(monkeypatch):
+  import importlib.util
+
+  from paxlike.inputs import text_metrics
+
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "sacrebleu" else real(name, *a))
+  with pytest.raises(UserError, match=r"pip install -e '\.\[metrics\]'"):
+    text_metrics.check(["rouge", "bleu"])
+  with pytest.raises(UserError, match="the decode metrics are"):
+    text_metrics.check(["meteor"])
+
+
+# ------------------------------------------------------- hyperparameters, names
+
+
+def _configs(name: str, sets: list[str]):
+  from paxlike import experiment, registry
+
+  exp = experiment.instantiate(registry.get(name), sets)
+  return experiment.build_checked(exp)
+
+
+@pytest.mark.parametrize("name", ["FlanT5Base", "Llama31_8B", "LmCloudSpmd2B", "C4SpmdAdam",
+                                  "FlanT5ArithmeticTiny", "ArithmeticAdditionTiny",
+                                  "LlamaArithmeticTiny"])
+def test_every_shipped_family_reads_train_and_eval_files(tmp_path, name):
+  train = _write_jsonl(tmp_path / "train.jsonl", _reverse_rows(4, 0))
+  test = _write_jsonl(tmp_path / "test.jsonl", _reverse_rows(4, 1))
+  c = _configs(name, [f"TRAIN_FILES=[{train}]", f"EVAL_FILES=['{test}']",
+                      "METRICS=['rouge']", "VOCAB_SIZE=32128"])
+  assert [(d.name, d.is_training, d.file_pattern) for d in c.datasets] == [
+      ("train", True, str(train)), ("test", False, str(test))]
+  assert [(d.name, d.metrics) for d in c.decode_datasets] == [("test", ("rouge",))]
+  converter = "enc_dec" if "T5" in name else "lm"
+  assert {d.feature_converter for d in c.datasets} == {converter}
+
+
+def test_eval_files_alone_keep_the_experiments_training_data(tmp_path):
+  plain = tmp_path / "plain.txt"
+  plain.write_text("some text\nmore text\n")
+  c = _configs("LlamaArithmeticTiny", [f"EVAL_FILES={plain}"])
+  assert [(d.name, d.generator) for d in c.datasets] == [
+      ("train", "tasks.arithmetic:examples"), ("plain", "")]
+  assert c.decode_datasets == []  # plain text has no targets to decode against
+
+
+def test_file_settings_without_files_are_refused_and_a_small_vocab_size_is_named(tmp_path):
+  with pytest.raises(UserError, match="--set INPUT_KEY='question': nothing reads it; "
+                     "TRAIN_FILES and EVAL_FILES are not set"):
+    _configs("FlanT5Tiny", ["INPUT_KEY=question"])
+  with pytest.raises(UserError, match="--set GENERATOR='x:y': nothing reads it; TRAIN_FILES "
+                     "replaces"):
+    _configs("FlanT5ArithmeticTiny", ["GENERATOR=x:y", f"TRAIN_FILES={tmp_path}/a.jsonl"])
+  (tmp_path / "a.jsonl").write_text('{"inputs": "ab", "targets": "ba"}\n')
+  proc = run_cli(["--exp=LlamaTiny", f"--job_log_dir={tmp_path / 'job'}", "--set",
+                  f"TRAIN_FILES={tmp_path}/a.jsonl"], tmp_path)
+  assert proc.returncode == 2, describe(proc)
+  assert "has 259 tokens but the model's VOCAB_SIZE is 256; set VOCAB_SIZE=259" in proc.stderr
+  assert not (tmp_path / "job").exists()
+
+
+def test_set_none_is_taken_by_hyperparameters_that_may_be_unset():
+  from paxlike import experiment, registry
+
+  exp = experiment.instantiate(registry.get("FlanT5SubtractionFromAddition"),
+                               ["INIT_FROM=None", "TRAIN_FILES=None"])
+  assert exp.INIT_FROM is None and exp.TRAIN_FILES is None
+  with pytest.raises(UserError, match="SCORER expects str"):
+    experiment.instantiate(registry.get("FlanT5ArithmeticTiny"), ["SCORER=None"])
+
+
+def test_a_class_of_ones_own_module_needs_its_module_name():
+  from paxlike import registry
+
+  with pytest.raises(UserError, match=r"--exp=your_module\.MyFineTune"):
+    registry.get("MyFineTune")
+
+
+# ------------------------------------------------------------------ the CLI path
+
+STEPS = 60
+ARGS = ["--peak_tflops_per_device=1", "--set", "VOCAB_SIZE=264", "--set",
+        f"NUM_TRAIN_STEPS={STEPS}", "--set", "EVAL_INTERVAL_STEPS=1", "--set",
+        f"CHECKPOINT_EVERY_N_STEPS={STEPS}", "--set", "SUMMARY_INTERVAL_STEPS=10"]
+FAMILIES = {
+    "FlanT5Tiny": ["--set", "MAX_INPUT_LEN=12", "--set", "MAX_TARGET_LEN=8",
+                   "--set", "PERCORE_BATCH_SIZE=16"],
+    "LlamaTiny": ["--set", "MAX_SEQ_LEN=24", "--set", "PERCORE_BATCH_SIZE=16",
+                  "--set", "PACK=True", "--set", "LEARNING_RATE=3e-3"],
+}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, Path]:
+  root = tmp_path_factory.mktemp("data")
+  return {"train": _write_jsonl(root / "train.jsonl", _reverse_rows(400, 0)),
+          "test": _write_jsonl(root / "test.jsonl", _reverse_rows(24, 1)), "root": root}
+
+
+@pytest.fixture(scope="module")
+def fine_tuned(data) -> dict[str, tuple[Path, object]]:
+  jobs = {}
+  for exp, extra in FAMILIES.items():
+    job = data["root"] / f"job_{exp}"
+    proc = run_cli([f"--exp={exp}", f"--job_log_dir={job}", *ARGS, *extra,
+                    "--set", f"TRAIN_FILES=[{data['train']}]",
+                    "--set", f"EVAL_FILES=[{data['test']}]"], data["root"], timeout=600)
+    jobs[exp] = (job, proc)
+  return jobs
+
+
+@pytest.mark.parametrize("exp", list(FAMILIES))
+def test_a_cli_fine_tune_on_jsonl_files_lowers_the_eval_loss(fine_tuned, exp):
+  job, proc = fine_tuned[exp]
+  assert proc.returncode == 0, describe(proc)
+  # Evaluated after every step: the first is the barely trained model's, the last the final.
+  losses = [float(x) for x in re.findall(r"eval test at step \d+: loss ([\d.]+)", proc.stderr)]
+  assert len(losses) == STEPS and losses[-1] < 0.5 * losses[0], losses
+  assert f"test at step {STEPS}: loss" in proc.stdout and "accuracy" in proc.stdout
+  rows = [json.loads(x) for x in (job / "decoder_out" / "test" /
+                                  f"decode_{STEPS:08d}.jsonl").read_text().splitlines()]
+  assert len(rows) == 24 and rows[0]["target"] == _reverse_rows(24, 1)[0]["targets"]
+  if exp == "FlanT5Tiny":  # "reverse: abcdef" + EOS is 16 ids: the longer inputs were cut
+    assert "were longer than MAX_INPUT_LEN=12 tokens and were cut" in proc.stderr
+
+
+def test_infer_reads_a_file_for_an_experiment_without_decode_datasets(fine_tuned, data):
+  job, proc = fine_tuned["FlanT5Tiny"]
+  assert proc.returncode == 0, describe(proc)
+  src = _write_jsonl(data["root"] / "ask.jsonl", [{"inputs": "reverse: abc"},
+                                                  {"inputs": "reverse: hgf"}])
+  # The plain FlanT5Tiny (synthetic data, no decode datasets) with the fine-tuned weights.
+  proc = run_cli(["--exp=FlanT5Tiny", f"--job_log_dir={job}", "--mode=infer",
+                  f"--infer_input={src}", "--decode_num_beams=2", "--set", "VOCAB_SIZE=264",
+                  "--set", "MAX_INPUT_LEN=12", "--set", "MAX_TARGET_LEN=8"], data["root"])
+  assert proc.returncode == 0, describe(proc)
+  out = job / "infer_out" / "ask" / f"infer_{STEPS:08d}_beams2_a0.6.jsonl"
+  rows = [json.loads(x) for x in out.read_text().splitlines()]
+  assert [r["input"] for r in rows] == ["reverse: abc", "reverse: hgf"]
+  assert all(isinstance(r["log_prob"], float) and len(r["beams"]) == 2 for r in rows)
+
+
+def test_eval_files_score_imported_weights_before_fine_tuning(fine_tuned, data, tmp_path):
+  job, proc = fine_tuned["LlamaTiny"]
+  assert proc.returncode == 0, describe(proc)
+  fresh = tmp_path / "score"
+  proc = run_cli(["--exp=LlamaTiny", f"--job_log_dir={fresh}", "--mode=eval",
+                  f"--init_from=paxlike:{job}", *FAMILIES["LlamaTiny"], "--set",
+                  "VOCAB_SIZE=264", "--set", f"EVAL_FILES=[{data['test']}]"], tmp_path)
+  assert proc.returncode == 0, describe(proc)
+  assert "eval test at step 0: loss" in proc.stdout
+
+
+def test_a_refused_run_creates_no_job_directory(tmp_path, data):
+  job = tmp_path / "never"
+  src = _write_jsonl(tmp_path / "q.jsonl", [{"inputs": "reverse: abc"}])
+  proc = run_cli(["--exp=FlanT5Tiny", f"--job_log_dir={job}", "--mode=infer",
+                  f"--infer_input={src}", "--set", "VOCAB_SIZE=264"], tmp_path)
+  assert proc.returncode == 2 and "no checkpoint to predict with" in proc.stderr, describe(proc)
+  assert not job.exists()
