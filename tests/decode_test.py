@@ -14,8 +14,9 @@ from conftest import describe, run_cli
 from paxlike.decoding import DecodeSettings
 from paxlike.models import LanguageModel
 
-TEST_STEPS = 1000
-TEST_BAR = 0.4  # exact match after the test-sized run (measured 0.59; the full 3000-step run: 0.97)
+TEST_STEPS = 1500
+TEST_BAR = 0.4  # exact match after the test-sized run (measured 0.83 on JAX 0.12, where 1000
+# steps gave 0.33 and JAX 0.10 0.86: when the loss drops varies; the full 3000-step run: 0.96)
 
 
 def greedy_by_rerunning(model, params, tokens, lens):
@@ -75,7 +76,8 @@ def test_arithmetic_model_learns_to_add_held_out_pairs(arithmetic_job):
   assert {"prompt", "generation", "target", "score"} <= set(rows[0])
   # Eval ran at step 500 and at the end, on exactly the 500 held-out examples.
   assert (job / "summaries" / "eval_test_test").is_dir()
-  assert "eval_test_test at step 1000" in proc.stdout and "num_examples 500.0000" in proc.stdout
+  assert f"eval_test_test at step {TEST_STEPS}" in proc.stdout
+  assert "num_examples 500.0000" in proc.stdout
 
 
 def test_eval_and_decode_modes_reuse_the_latest_checkpoint(arithmetic_job):

@@ -79,9 +79,9 @@ def test_diff(old, new, moved):
 
 
 def test_the_compiled_peak_is_compared_within_its_tolerance():
-  old = {golden.COMPILED_FIELD: golden.compiled_value(1000)}
-  assert golden.diff(old, {golden.COMPILED_FIELD: golden.compiled_value(1090)}) == []
-  moved = golden.diff(old, {golden.COMPILED_FIELD: golden.compiled_value(1200)})
+  old = {golden.compiled_field(): golden.compiled_value(1000)}
+  assert golden.diff(old, {golden.compiled_field(): golden.compiled_value(1090)}) == []
+  moved = golden.diff(old, {golden.compiled_field(): golden.compiled_value(1200)})
   assert len(moved) == 1 and "-> 1200" in moved[0] and "tolerance" in moved[0]
   # A plain check does not compile: the recorded peak is not compared then.
   assert golden.diff(old, {}) == []
