@@ -104,6 +104,10 @@ class Llama31_70B(LlamaPublished):  # noqa: N801
   NUM_HEADS = 64
   HIDDEN_DIMS = 28672
   ICI_MESH_SHAPE = [1, 32, 8]
+  # One 8192-token row per data shard (Pax's fractional per-core batch: the 8 mdl
+  # devices of a shard share its rows): 32 x 8192 tokens a step, 23.8 GiB a device
+  # in the dry run. At 1 per core (8 rows a shard) the activations took 141 GiB.
+  PERCORE_BATCH_SIZE = 0.125
 
 
 @experiment_registry.register
@@ -115,6 +119,9 @@ class Llama31_405B(LlamaPublished):  # noqa: N801
   NUM_HEADS = 128
   HIDDEN_DIMS = 53248
   ICI_MESH_SHAPE = [1, 128, 8]
+  # One 8192-token row per data shard, as the 70B: 128 x 8192 tokens a step, 57.1 GiB
+  # a device in the dry run (372 GiB at 1 per core).
+  PERCORE_BATCH_SIZE = 0.125
 
 
 @experiment_registry.register
