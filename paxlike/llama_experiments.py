@@ -47,8 +47,11 @@ class LlamaSpmdAdam(AdamTraining):
   FPROP_DTYPE = jnp.float32
   USE_REPEATED_LAYER = True
   CHECKPOINT_POLICY = "SAVE_NOTHING"
-  EOS_ID = 1
-  PAD_ID = 0
+  # None: the tokenizer's, read from VOCABULARY's files or INIT_FROM's Hugging Face
+  # directory (Llama 3's <|end_of_text|> 128001, or an instruct model's <|eot_id|>;
+  # a tokenizer without a pad token pads with EOS), else 1 and 0.
+  EOS_ID: int | None = None
+  PAD_ID: int | None = None
 
   def num_kv_heads(self) -> int:
     """NUM_KV_HEADS, or NUM_HEADS when it is None."""
@@ -82,7 +85,36 @@ class LlamaSpmdAdam(AdamTraining):
         rope_scaling=dict(self.ROPE_SCALING) if self.ROPE_SCALING else None,
         norm_epsilon=self.NORM_EPSILON, qkv_bias=self.QKV_BIAS, max_seq_len=self.MAX_SEQ_LEN,
         use_repeated_layer=self.USE_REPEATED_LAYER, checkpoint_policy=self.CHECKPOINT_POLICY,
-        fprop_dtype=self.FPROP_DTYPE, eos_id=self.EOS_ID, pad_id=self.PAD_ID)
+        fprop_dtype=self.FPROP_DTYPE, **self.special_ids())
+
+  def special_ids(self) -> dict[str, int]:
+    """eos_id and pad_id: EOS_ID / PAD_ID, or the checkpoint tokenizer's where None."""
+    eos, pad = self.EOS_ID, self.PAD_ID
+    if eos is None or pad is None:
+      vocab = checkpoint_vocabulary(getattr(self, "VOCABULARY", None), self.INIT_FROM)
+      if eos is None:
+        eos = vocab.eos_id if vocab else 1
+      if pad is None:
+        pad = vocab.pad_id if vocab else 0
+    return {"eos_id": eos, "pad_id": pad}
+
+
+def checkpoint_vocabulary(vocabulary: str | None, init_from: str | None) -> Any:
+  """The tokenizer of VOCABULARY's files, else of INIT_FROM's hf: directory; None if neither."""
+  import os
+
+  from paxlike.inputs import vocabulary as vocab_lib
+
+  if vocabulary not in (None, "hf", "byte"):
+    return vocab_lib.get(vocabulary)
+  if init_from and init_from.startswith("hf:"):
+    directory = os.path.expanduser(init_from[3:])
+    try:
+      vocab_lib.tokenizer_file(directory)
+    except UserError:
+      return None  # a directory with weights only: the defaults stand
+    return vocab_lib.get(directory)
+  return None
 
 
 class SyntheticLlamaDataset(FilesDataset):

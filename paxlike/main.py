@@ -198,6 +198,10 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
   if not argv_flags.exp:
     raise UserError("--exp is required; pass an experiment name (see --list_experiments).")
   exp = experiment.instantiate(registry.get(argv_flags.exp), argv_flags.set)
+  if argv_flags.init_from:
+    # What the experiment derives from its initial weights (the tokenizer, a chat
+    # template, the Llama family's special ids) follows the flag too.
+    exp.INIT_FROM = argv_flags.init_from
   if argv_flags.infer_input and argv_flags.mode != "infer":
     raise UserError(f"--infer_input is read only by --mode=infer, not --mode={argv_flags.mode}; "
                     "add --mode=infer or drop --infer_input.")

@@ -471,3 +471,31 @@ def test_the_runner_tokenizes_a_spiece_export_as_paxlike_does(t5_sp_dir, tmp_pat
     assert ids == vocab.encode(text), text
     rand = rng.integers(0, vocab.vocab_size, 12).tolist()
     assert decoder.detokenize(rand) == vocab.decode(rand)
+
+
+def test_llama_experiments_take_eos_and_pad_from_the_checkpoint_tokenizer(llama_tok_dir, tmp_path):
+  """EOS_ID / PAD_ID left None: the ids of INIT_FROM's tokenizer (here EOS moved to id 2 and
+  no pad token, so padding is EOS), not 1 and 0; set, they win."""
+  from paxlike import config, experiment, registry
+  from paxlike.inputs import vocabulary
+
+  moved = tmp_path / "moved"
+  moved.mkdir()
+  for name in os.listdir(llama_tok_dir):
+    (moved / name).write_bytes((llama_tok_dir / name).read_bytes())
+  for name in ("tokenizer_config.json", "special_tokens_map.json"):
+    if (moved / name).exists():
+      settings = json.loads((moved / name).read_text())
+      settings["eos_token"] = BOS
+      settings.pop("pad_token", None)
+      _write_json(moved / name, settings)
+  vocab = vocabulary.get(str(moved))
+  assert (vocab.eos_id, vocab.pad_id) == (2, 2)
+  cls = registry.get("LlamaTiny")
+  model = config.build(experiment.instantiate(cls, [f"INIT_FROM=hf:{moved}"]).model())
+  assert (model.eos_id, model.pad_id) == (2, 2)
+  plain = config.build(experiment.instantiate(cls, []).model())
+  assert (plain.eos_id, plain.pad_id) == (1, 0)
+  pinned = config.build(experiment.instantiate(
+      cls, [f"INIT_FROM=hf:{moved}", "EOS_ID=5", "PAD_ID=0"]).model())
+  assert (pinned.eos_id, pinned.pad_id) == (5, 0)
