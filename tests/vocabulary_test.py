@@ -18,6 +18,7 @@ import io
 import json
 import os
 import random
+import re
 import string
 from pathlib import Path
 
@@ -499,3 +500,51 @@ def test_llama_experiments_take_eos_and_pad_from_the_checkpoint_tokenizer(llama_
   pinned = config.build(experiment.instantiate(
       cls, [f"INIT_FROM=hf:{moved}", "EOS_ID=5", "PAD_ID=0"]).model())
   assert (pinned.eos_id, pinned.pad_id) == (5, 0)
+
+
+def test_fine_tune_on_files_from_the_hf_directory_then_transformers_generates_like_infer(
+    llama_job, tmp_path):
+  """The whole path on the directory's own tokenizer: TRAIN_FILES fine-tune (the eval loss
+  falls), greedy --mode=infer, an HF export that transformers' generate continues the same."""
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  root, _, table = llama_job
+  words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
+  rows = [{"inputs": f"say {w}", "targets": w} for w in words]
+  (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
+  job = tmp_path / "job"
+  sets = [*_llama_sets(table), "--set", "NUM_TRAIN_STEPS=40", "--set",
+          "CHECKPOINT_EVERY_N_STEPS=40", "--set", "EVAL_INTERVAL_STEPS=10", "--set",
+          "LEARNING_RATE=1e-2", "--set", f"TRAIN_FILES=[{tmp_path / 'train.jsonl'}]", "--set",
+          f"EVAL_FILES=[{tmp_path / 'test.jsonl'}]"]
+  proc = run_cli(["--exp=LlamaArithmeticTiny", f"--job_log_dir={job}",
+                  f"--init_from=hf:{root / 'hf'}", *sets, "--peak_tflops_per_device=1"],
+                 tmp_path, timeout=600, pythonpath=[REPO_ROOT])
+  assert proc.returncode == 0, describe(proc)
+  losses = [float(x) for x in re.findall(r"eval test at step \d+: loss ([\d.]+)", proc.stderr)]
+  assert len(losses) >= 2 and losses[-1] < losses[0], losses
+  prompts = tmp_path / "prompts.jsonl"
+  prompts.write_text("".join(json.dumps({"inputs": r["inputs"]}) + "\n" for r in rows[:4]))
+  proc = run_cli(["--exp=LlamaArithmeticTiny", f"--job_log_dir={job}", "--mode=infer",
+                  f"--infer_input={prompts}", "--decode_max_length=6", *sets], tmp_path,
+                 timeout=600, pythonpath=[REPO_ROOT])
+  assert proc.returncode == 0, describe(proc)
+  out = Path(proc.stdout.split("predictions -> ")[-1].strip())
+  predictions = [json.loads(line)["prediction"] for line in out.read_text().splitlines()]
+  export = tmp_path / "hf_out"
+  proc = run_cli(["--exp=LlamaArithmeticTiny", f"--job_log_dir={job}", "--mode=export",
+                  "--export_format=hf", f"--export_dir={export}", *sets], tmp_path,
+                 timeout=600, pythonpath=[REPO_ROOT])
+  assert proc.returncode == 0, describe(proc)
+  tok = transformers.AutoTokenizer.from_pretrained(str(export))
+  model = transformers.AutoModelForCausalLM.from_pretrained(str(export)).eval()
+  want = []
+  for r in rows[:4]:
+    ids = torch.tensor([tok(r["inputs"]).input_ids])
+    with torch.no_grad():
+      gen = model.generate(ids, do_sample=False, max_new_tokens=6,
+                           attention_mask=torch.ones_like(ids))
+    want.append(tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True))
+  assert predictions == want, (predictions, want)
+  assert any(predictions), predictions  # text was generated, not EOS at once
