@@ -6,6 +6,7 @@ it drives a partitioner (spmd or pmap) through one interface.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -198,8 +199,10 @@ def train(task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str
   run.open_loop()
   try:
     run.loop()
-  finally:
-    run.close_loop()
+  except BaseException:
+    run.close_loop(quiet=True)
+    raise
+  run.close_loop()
   return run.report()
 
 
@@ -376,19 +379,27 @@ class _TrainRun:
       self._save(step, input_state)
     return True
 
-  def close_loop(self) -> None:
-    """Closes what open_loop opened; waits for the last checkpoint to be written."""
+  def close_loop(self, quiet: bool = False) -> None:
+    """Closes what open_loop opened; waits for the last checkpoint to be written.
+
+    quiet: the loop is already failing; a failure while closing (the full disk
+    that stopped a checkpoint also refuses the summaries' last flush) is dropped,
+    so that the loop's own error is the one the user sees.
+    """
+    guard = contextlib.suppress(Exception) if quiet else contextlib.nullcontext()
     self.watcher.uninstall()
     self.step_profiler.finish()  # a run that stopped inside the profiled steps
     self.prefetch.close()
     if self.pgle_collector:
       self.pgle_collector.close()
-    with self.gp.span("checkpoint"):
+    with guard, self.gp.span("checkpoint"):
       self.ckpt.wait()
     self.gp.finish()
-    self.writer.scalars(self.result.final_step, self.gp.scalars())
-    self.writer.close()
-    self.ckpt.close()
+    with guard:
+      self.writer.scalars(self.result.final_step, self.gp.scalars())
+      self.writer.close()
+    with guard:
+      self.ckpt.close()
 
   def report(self) -> TrainResult:
     """Goodput written, the end of the run logged; the result with the final state."""
