@@ -416,7 +416,7 @@ def check_fits(vocab: Vocabulary, model: Any) -> None:
   if table is not None and size > table:
     raise UserError(f"the vocabulary {vocab.spec} has {size} tokens but the model's VOCAB_SIZE "
                     f"is {table}; set VOCAB_SIZE={size} or more, or use a smaller vocabulary.")
-  eos = model.special_ids().get("eos_id") if hasattr(model, "special_ids") else None
+  eos = model.special_ids().get("eos_id")
   if eos is not None and vocab.eos_id != eos and vocab.files:
     raise UserError(f"the vocabulary {vocab.spec} ends sequences with id {vocab.eos_id} but "
                     f"the model stops decoding at {eos}; set EOS_ID={vocab.eos_id} (and PAD_ID="
