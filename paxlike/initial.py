@@ -227,7 +227,8 @@ def check(init: InitFrom, model: Any, abstract: Any) -> Plan:
 
 
 def load(init: InitFrom, model: Any, abstract: Any, fresh: Any) -> tuple[Any, Plan]:
-  """The initial TrainState (host arrays): fresh's values where the plan says fresh.
+  """The initial TrainState (host arrays) from a paxlike source: fresh's values where the
+  plan says fresh. (A Hugging Face source streams onto the devices: start_state.)
 
   Args:
     init: the source and rules.
@@ -242,26 +243,24 @@ def load(init: InitFrom, model: Any, abstract: Any, fresh: Any) -> tuple[Any, Pl
   import jax
   import numpy as np
 
-  from paxlike.interop import hf
-
   out = check(init, model, abstract)
   kind, path, step = init.source()
+  if kind != "paxlike":
+    raise ValueError(f"load() reads paxlike sources, not {init.spec!r} (start_state streams "
+                     "Hugging Face ones).")
   opt_state = fresh.opt_state
-  if kind == "hf":
-    source = flat_names(hf.import_params(path, model))
-  else:
-    ckpt = _paxlike_checkpointer(path)
-    step = _paxlike_step(ckpt, step, init.spec)
-    stored = ckpt.state_metadata(step)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
-                          stored)
-    state, _ = ckpt.restore(step, target)
-    ckpt.close()
-    source = flat_names(jax.device_get(_field(state, "params")))
-    if init.optimizer:
-      opt_state = jax.tree.unflatten(jax.tree.structure(fresh.opt_state),
-                                     jax.tree.leaves(jax.device_get(_field(state, "opt_state"))))
+  ckpt = _paxlike_checkpointer(path)
+  step = _paxlike_step(ckpt, step, init.spec)
+  stored = ckpt.state_metadata(step)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
+                        stored)
+  state, _ = ckpt.restore(step, target)
+  ckpt.close()
+  source = flat_names(jax.device_get(_field(state, "params")))
+  if init.optimizer:
+    opt_state = jax.tree.unflatten(jax.tree.structure(fresh.opt_state),
+                                   jax.tree.leaves(jax.device_get(_field(state, "opt_state"))))
   names = list(flat_names(abstract.params))
   fresh_leaves = jax.tree.leaves(fresh.params)
   leaves = [np.asarray(source[out.mapping[n]], np.asarray(f).dtype)
