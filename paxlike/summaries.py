@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 
 from paxlike import log as logging
@@ -12,33 +13,44 @@ class SummaryWriter:
   """Scalars under job_log_dir/summaries/<name>/; a no-op when disabled.
 
   Only process 0 writes, so multi-host runs produce one set of event files.
+  Events are written synchronously (tensorboardX's EventsWriter, not its
+  SummaryWriter): that one's background thread outlives a close that failed (a
+  full disk) and dies at exit with a traceback over the run's one-line error.
   """
 
   def __init__(self, job_log_dir: str, name: str, enabled: bool = True) -> None:
     self.path = os.path.join(job_log_dir, "summaries", name)
     self._writer = None
     if enabled:
-      from tensorboardX import SummaryWriter as TBWriter  # noqa: N814  (deferred: slow import)
-      self._writer = TBWriter(self.path, flush_secs=30)
+      from tensorboardX.event_file_writer import EventsWriter  # deferred: slow import
+      os.makedirs(self.path, exist_ok=True)
+      self._writer = EventsWriter(os.path.join(self.path, "events"))
+
+  def _write(self, step: int, summaries: list) -> None:
+    from tensorboardX.proto import event_pb2
+    for summary in summaries:
+      self._writer.write_event(event_pb2.Event(wall_time=time.time(), step=int(step),
+                                               summary=summary))
+    self._writer.flush()  # one small write per log step: TensorBoard sees it at once
 
   def scalars(self, step: int, values: Mapping[str, float]) -> None:
-    if self._writer is None:
-      return
-    for k, v in values.items():
-      self._writer.add_scalar(k, float(v), step)
+    if self._writer is not None:
+      from tensorboardX.summary import scalar
+      self._write(step, [scalar(k, float(v)) for k, v in values.items()])
 
   def text(self, step: int, tag: str, value: str) -> None:
     if self._writer is not None:
-      self._writer.add_text(tag, value, step)
+      from tensorboardX.summary import text
+      self._write(step, [text(tag, value)])
 
   def flush(self) -> None:
     if self._writer is not None:
       self._writer.flush()
-
+  
   def close(self) -> None:
-    if self._writer is not None:
-      self._writer.close()
-      self._writer = None
+    writer, self._writer = self._writer, None
+    if writer is not None:
+      writer.close()
 
 
 def format_step_log(step: int, values: Mapping[str, float]) -> str:
