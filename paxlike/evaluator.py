@@ -360,9 +360,10 @@ def check_infer_file(path: str, input_key: str) -> int:
     except json.JSONDecodeError as e:
       raise UserError(f"--infer_input {path} line {n} is not valid JSON ({e.msg}); write "
                       "one JSON object per line.") from None
-    if not isinstance(example, dict) or input_key not in example:
+    if not isinstance(example, dict) or not (input_key in example or "messages" in example):
       raise UserError(f"--infer_input {path} line {n} has no {input_key!r} field; each line "
-                      f"needs one, e.g. {{\"{input_key}\": \"...\"}}.")
+                      f"needs one, e.g. {{\"{input_key}\": \"...\"}} (or \"messages\", a "
+                      "conversation, for a decoder with a chat template).")
     count += 1
   if not count:
     raise UserError(f"--infer_input {path} holds no inputs; write one JSON object per line.")

@@ -152,6 +152,35 @@ def test_chat_rows_put_the_loss_exactly_on_the_assistant_turns(tmp_path):
   starts = np.flatnonzero(np.diff(np.concatenate([[0], batch["weights"][0]])) > 0)
   for s in starts:
     assert inp.vocab.decode(batch["ids"][0, s - 13:s + 1]).endswith("<|assistant|>\n")
+  # Decoding it continues the last reply: the earlier one is prompt, the last the target.
+  from paxlike.models.llama import LlamaModel
+
+  (prompt,), (target,), _ = LlamaModel(512, 8, 1, 1, 1, 8, 16).prompt_and_target(batch)
+  assert inp.vocab.decode(prompt).endswith("louder.<|end|>\n<|assistant|>\n")
+  assert inp.vocab.decode(target) == "HI!<|end|>\n"
+
+
+def test_a_conversation_ending_on_the_user_asks_for_the_assistants_reply(tmp_path):
+  """What --mode=infer decodes from a chat row: the rendering up to the generation prompt."""
+  from paxlike.evaluator import check_infer_file
+
+  ckpt = tmp_path / "ckpt"
+  ckpt.mkdir()
+  (ckpt / "tokenizer_config.json").write_text(json.dumps(
+      {"chat_template": CHAT_TEMPLATE, "bos_token": "<s>", "eos_token": "</s>"}))
+  path = _write_jsonl(tmp_path / "ask.jsonl", [{"messages": CONVERSATION[:4]}])
+  assert check_infer_file(str(path), "inputs") == 1
+  inp = _text_input(path, seq_len=160, batch_size=1, chat_template_dir=str(ckpt),
+                    is_training=False, reset_for_eval=True)
+  batch = inp.get_next()
+  n = int(batch["prompt_lens"][0])
+  prompt = inp.vocab.decode(np.concatenate([batch["ids"][0, :1], batch["labels"][0, :n - 1]]))
+  assert prompt == ("<s><|system|>\nBe brief.<|end|>\n<|user|>\nSay hi.<|end|>\n<|assistant|>\n"
+                    "hi<|end|>\n<|user|>\nAgain, louder.<|end|>\n<|assistant|>\n")
+  # The earlier reply is scored (eval loss), and the prompt's last token marks the row as an
+  # example (as an input's EOS does); the reply asked for is the model's to write.
+  assert inp.vocab.decode(batch["labels"][0][batch["weights"][0] > 0]) == "hi<|end|>\n\n"
+  assert batch["weights"][0, n - 2] == 1 and batch["weights"][0, n - 1:].sum() == 0
 
 
 def test_chat_rows_without_a_template_are_one_sentence(tmp_path):

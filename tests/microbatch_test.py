@@ -99,5 +99,8 @@ def test_each_family_trains_the_same_with_four_microbatches(name):
               for a, b in zip(jax.tree.leaves(ends[0]), jax.tree.leaves(state0.params),
                               strict=True))
   assert moved > 1e-4
-  for a, b in zip(jax.tree.leaves(ends[1]), jax.tree.leaves(ends[0]), strict=True):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  # Each parameter tensor within 1e-6 of its norm (measured: 0.5e-7 to 1.5e-7).
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ends[1]),
+                          jax.tree.leaves(ends[0]), strict=True):
+    rel = float(jnp.linalg.norm((a - b).ravel()) / jnp.linalg.norm(b.ravel()))
+    assert rel < 1e-6, (jax.tree_util.keystr(path), rel)

@@ -68,6 +68,10 @@ def _strings(extra_ids: int = 0) -> list[str]:
 
 # ------------------------------------------------------------- tokenizer directories
 
+# A short one: the test model's rows hold 16 tokens. "u:7+8=" asks, "a:" starts the reply.
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'][0] + ':' + m['content'] }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ 'a:' }}{% endif %}")
+
 
 def _write_json(path: Path, obj: dict) -> None:
   path.write_text(json.dumps(obj, indent=2))
@@ -125,11 +129,11 @@ def llama_tok_dir(tmp_path_factory) -> Path:
   except ImportError:
     tok.save(str(out / "tokenizer.json"))
     _write_json(out / "tokenizer_config.json", {
-        "bos_token": BOS, "eos_token": EOS, "pad_token": PAD,
+        "bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "chat_template": CHAT_TEMPLATE,
         "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False})
   else:
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS,
-                            pad_token=PAD).save_pretrained(str(out))
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+                            chat_template=CHAT_TEMPLATE).save_pretrained(str(out))
   return out
 
 
@@ -346,7 +350,8 @@ def test_the_job_records_its_tokenizer_and_infer_reads_it_later(llama_job, llama
   assert json.loads((job / "run_env.json").read_text())["vocabulary"].endswith("tokenizer.json")
   # No --init_from now: the job's own record says which tokenizer its checkpoints learned.
   inputs = root / "prompts.jsonl"
-  inputs.write_text('{"inputs": "12+34="}\n{"inputs": "hello world"}\n')
+  inputs.write_text('{"inputs": "12+34="}\n{"inputs": "hello world"}\n'
+                    '{"messages": [{"role": "user", "content": "7+8="}]}\n')
   proc = run_cli(["--exp=LlamaArithmeticTiny", f"--job_log_dir={job}", "--mode=infer",
                   f"--infer_input={inputs}", *_llama_sets(table)], root, timeout=600,
                  pythonpath=[REPO_ROOT])
@@ -355,8 +360,9 @@ def test_the_job_records_its_tokenizer_and_infer_reads_it_later(llama_job, llama
   assert run_env["vocabulary"] == str(job / "vocabulary" / "tokenizer.json"), run_env
   out = Path(proc.stdout.split("predictions -> ")[-1].strip())
   rows = [json.loads(line) for line in out.read_text().splitlines()]
-  # The prompts read back through the tokenizer (its BOS dropped), each with a generation.
-  assert [r["input"] for r in rows] == ["12+34=", "hello world"], rows
+  # The prompts read back through the tokenizer (its BOS dropped), each with a generation;
+  # the chat row as the directory's template renders it, up to the assistant's turn.
+  assert [r["input"] for r in rows] == ["12+34=", "hello world", "u:7+8=a:"], rows
   assert all(isinstance(r["prediction"], str) for r in rows)
 
 

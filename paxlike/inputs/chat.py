@@ -12,7 +12,9 @@ transformers' `apply_chat_template`: a sandboxed Jinja environment with
 For training, a conversation is cut into pieces: everything up to an
 assistant turn (the template's rendering of the turns before it with the
 generation prompt) carries no loss, and the assistant turn (what the
-rendering of one more turn adds) carries it.
+rendering of one more turn adds) carries it. A conversation that ends on a
+user's turn ends with the generation prompt: `--mode=infer` decodes the
+assistant's reply to it.
 """
 
 from __future__ import annotations
@@ -92,7 +94,10 @@ class ChatTemplate:
                         "write prompt/completion rows instead.")
       out += [(before[len(done):], False), (upto[len(before):], True)]
       done = upto
-    full = self.render(messages)
+    # A conversation that ends on another's turn asks for the assistant's reply (infer):
+    # it ends with the generation prompt, as transformers users render it to generate.
+    asks = bool(messages) and messages[-1].get("role") != "assistant"
+    full = self.render(messages, add_generation_prompt=asks)
     if not full.startswith(done):
       raise UserError(f"the chat template of {self.source} renders a whole conversation "
                       "differently from its turns; write prompt/completion rows instead.")

@@ -244,35 +244,43 @@ class TextInput(BaseInput):
     n = self.seq_len + 1
     examples, pieces, cut = [], [], 0
     for ex in raw:
-      seq, flags, plain = self._example_tokens(ex)
+      seq, flags, prompt_len = self._example_tokens(ex)
+      plain = prompt_len is None
       if plain and self.pack:
         pieces.extend((seq[i:i + n], flags[i:i + n]) for i in range(0, len(seq) - 1, n - 1))
         continue
       cut += len(seq) > n
-      prompt_len = 0 if plain else next((i for i, f in enumerate(flags) if f), len(flags))
-      examples.append((seq, flags, min(prompt_len, self.seq_len)))
+      examples.append((seq, flags, min(prompt_len or 0, self.seq_len)))
     self._log_cut(cut, len(raw), f"were longer than MAX_SEQ_LEN={self.seq_len} tokens")
     return examples, pieces
 
-  def _example_tokens(self, ex: Any) -> tuple[list[int], list[bool], bool]:
-    """(tokens, whether the loss covers each token, whether it is plain text) of one example.
+  def _example_tokens(self, ex: Any) -> tuple[list[int], list[bool], int | None]:
+    """(tokens, whether the loss covers each token, prompt length) of one example.
 
     A {"messages": [...]} row is rendered with the chat template (loss on the
-    assistant turns), an (inputs, targets) row puts the loss on the targets
-    and EOS, and plain text (a line, or the text_key field) everywhere.
+    assistant turns; the prompt, what decoding continues, runs to the last
+    assistant turn, or to the end when the user has the last word), an
+    (inputs, targets) row puts the loss on the targets and EOS, and plain
+    text (a line, or the text_key field; prompt length None) everywhere.
     """
     if isinstance(ex, dict) and "messages" in ex:
       seq: list[int] = []
       flags: list[bool] = []
+      last_turn = 0
       for text, weighted in self._chat().pieces(ex["messages"]):
         ids = self.vocab.encode(text)
+        last_turn = len(seq) if weighted else last_turn
         seq += ids
         flags += [weighted] * len(ids)
-      return seq, flags, False
+      if ex["messages"] and ex["messages"][-1].get("role") == "assistant":
+        return seq, flags, last_turn
+      if seq:  # asks for a reply: the generation prompt's last token carries a weight, as an
+        flags[-1] = True  # input's EOS does, so that --mode=infer counts the row as an example
+      return seq, flags, len(seq)
     if isinstance(ex, dict) and self.input_key in ex:
       prompt = self._bos + self.vocab.encode(str(ex[self.input_key]))
       target = self.vocab.encode(str(ex.get(self.target_key, ""))) + [self.vocab.eos_id]
-      return prompt + target, [False] * len(prompt) + [True] * len(target), False
+      return prompt + target, [False] * len(prompt) + [True] * len(target), len(prompt)
     if isinstance(ex, dict) and self.text_key not in ex:
       raise UserError(f"input {self.name!r}: an example of {self.file_pattern or self.generator} "
                       f"has none of the fields {self.input_key!r}, {self.text_key!r} or "
@@ -280,7 +288,7 @@ class TextInput(BaseInput):
                       "your field names.")
     text = ex[self.text_key] if isinstance(ex, dict) else str(ex)
     seq = self._bos + self.vocab.encode(str(text)) + [self.vocab.eos_id]
-    return seq, [True] * len(seq), True
+    return seq, [True] * len(seq), None
 
   def _chat(self) -> Any:
     if not self.chat_template_dir:

@@ -52,9 +52,10 @@ EOS_ID = 1
 HF = "hf"
 TOKENIZER_JSON = "tokenizer.json"
 SP_FILES = ("spiece.model", "tokenizer.model")
-# Files beside a tokenizer that say how transformers reads it; copied with it.
+# Files beside a tokenizer that say how transformers reads it (and renders chat rows);
+# copied with it.
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                "config.json", "generation_config.json")
+                "config.json", "generation_config.json", "chat_template.jinja")
 JOB_DIR = "vocabulary"  # job_log_dir/vocabulary: the run's tokenizer files (see record())
 
 

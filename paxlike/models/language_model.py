@@ -249,7 +249,9 @@ class LanguageModel(BaseModel):
     ids, weights, labels = host_batch["ids"], host_batch["weights"], host_batch["labels"]
     lens = host_batch.get("prompt_lens", np.ones(len(ids), np.int32))
     prompts = [ids[r, :int(lens[r])] for r in range(len(ids))]
-    targets = [labels[r][weights[r] > 0] for r in range(len(ids))]
+    # The target continues the prompt: a chat row's earlier replies are prompt, not target.
+    starts = [max(int(lens[r]), 1) - 1 for r in range(len(ids))]
+    targets = [labels[r, s:][weights[r, s:] > 0] for r, s in enumerate(starts)]
     return prompts, targets, weights.any(axis=-1)
 
   def padding_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
