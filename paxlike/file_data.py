@@ -167,6 +167,11 @@ class FilesDataset(BaseExperiment):
 
 
 def _rows_have_targets(paths: list[str], target_key: str) -> bool:
-  """Whether the files' rows carry targets to decode against (checked on the first row)."""
+  """Whether the files' rows carry targets to decode against (checked on the first row):
+  a target field, or a conversation that ends on the assistant's turn."""
   rows = read_files(",".join(paths))
-  return bool(rows) and isinstance(rows[0], dict) and target_key in rows[0]
+  first = rows[0] if rows and isinstance(rows[0], dict) else {}
+  messages = first.get("messages")
+  if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+    return messages[-1].get("role") == "assistant"
+  return target_key in first

@@ -289,6 +289,11 @@ def test_eval_files_alone_keep_the_experiments_training_data(tmp_path):
   assert [(d.name, d.generator) for d in c.datasets] == [
       ("train", "tasks.arithmetic:examples"), ("plain", "")]
   assert c.decode_datasets == []  # plain text has no targets to decode against
+  chat = _write_jsonl(tmp_path / "chat.jsonl", [{"messages": CONVERSATION}])
+  asks = _write_jsonl(tmp_path / "asks.jsonl", [{"messages": CONVERSATION[:2]}])
+  for path, decoded in ((chat, ["chat"]), (asks, [])):  # decoded: its last reply is a target
+    c = _configs("LlamaArithmeticTiny", [f"EVAL_FILES={path}"])
+    assert [d.name for d in c.decode_datasets] == decoded
 
 
 def test_file_settings_without_files_are_refused_and_a_small_vocab_size_is_named(tmp_path):
