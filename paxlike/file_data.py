@@ -173,5 +173,5 @@ def _rows_have_targets(paths: list[str], target_key: str) -> bool:
   first = rows[0] if rows and isinstance(rows[0], dict) else {}
   messages = first.get("messages")
   if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
-    return messages[-1].get("role") == "assistant"
+    return chat_lib.ends_on_reply(messages)
   return target_key in first

@@ -46,7 +46,7 @@ class SummaryWriter:
   def flush(self) -> None:
     if self._writer is not None:
       self._writer.flush()
-  
+
   def close(self) -> None:
     writer, self._writer = self._writer, None
     if writer is not None:

@@ -96,13 +96,20 @@ class ChatTemplate:
       done = upto
     # A conversation that ends on another's turn asks for the assistant's reply (infer):
     # it ends with the generation prompt, as transformers users render it to generate.
-    asks = bool(messages) and messages[-1].get("role") != "assistant"
+    asks = bool(messages) and not ends_on_reply(messages)
     full = self.render(messages, add_generation_prompt=asks)
     if not full.startswith(done):
       raise UserError(f"the chat template of {self.source} renders a whole conversation "
                       "differently from its turns; write prompt/completion rows instead.")
     out.append((full[len(done):], False))
     return [(text, weighted) for text, weighted in out if text]
+
+
+def ends_on_reply(messages: list[Any]) -> bool:
+  """Whether a conversation's last turn is the assistant's (one to decode against), rather
+  than one that asks for a reply."""
+  return bool(messages) and isinstance(messages[-1], dict) \
+      and messages[-1].get("role") == "assistant"
 
 
 @functools.lru_cache(maxsize=8)

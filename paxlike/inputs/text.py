@@ -272,7 +272,7 @@ class TextInput(BaseInput):
         last_turn = len(seq) if weighted else last_turn
         seq += ids
         flags += [weighted] * len(ids)
-      if ex["messages"] and ex["messages"][-1].get("role") == "assistant":
+      if chat_lib.ends_on_reply(ex["messages"]):
         return seq, flags, last_turn
       if seq:  # asks for a reply: the generation prompt's last token carries a weight, as an
         flags[-1] = True  # input's EOS does, so that --mode=infer counts the row as an example
