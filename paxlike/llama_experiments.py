@@ -100,21 +100,14 @@ class LlamaSpmdAdam(AdamTraining):
 
 
 def checkpoint_vocabulary(vocabulary: str | None, init_from: str | None) -> Any:
-  """The tokenizer of VOCABULARY's files, else of INIT_FROM's hf: directory; None if neither."""
-  import os
-
+  """The tokenizer of VOCABULARY's files, else of INIT_FROM's source (as main resolves
+  it: vocabulary.resolve over InitFrom.vocabulary_dir); None if neither has one."""
+  from paxlike.initial import InitFrom
   from paxlike.inputs import vocabulary as vocab_lib
 
-  if vocabulary not in (None, "hf", "byte"):
-    return vocab_lib.get(vocabulary)
-  if init_from and init_from.startswith("hf:"):
-    directory = os.path.expanduser(init_from[3:])
-    try:
-      vocab_lib.tokenizer_file(directory)
-    except UserError:
-      return None  # a directory with weights only: the defaults stand
-    return vocab_lib.get(directory)
-  return None
+  source = InitFrom(init_from).vocabulary_dir() if init_from else None
+  spec = vocab_lib.resolve(vocabulary, source, None)
+  return None if spec in ("byte", vocab_lib.HF) else vocab_lib.get(spec)
 
 
 class SyntheticLlamaDataset(FilesDataset):
