@@ -101,8 +101,10 @@ def test_import_peak_host_memory_is_about_one_tensor(tmp_path, name, overrides, 
   assert got["same"] and got["shardings_kept"], got
   print(f"\n{name}: checkpoint {size / 1e6:.0f} MB, peak host memory of the import "
         f"{got['peak'] / 1e6:.1f} MB (largest tensor {largest / 1e6:.0f} MB)")
-  # Reading the whole model first would hold the checkpoint's size at least.
-  assert got["peak"] < min(4 * largest, 0.5 * size), (got, size)
+  # Reading the whole model first would hold the checkpoint's size at least; the
+  # stream holds one block and the tensor it is cut from (the transposed largest
+  # table: two copies of it, 50 MB here on JAX 0.10 and 0.12 alike).
+  assert got["peak"] < min(2.5 * largest, 0.5 * size), (got, size)
 
 
 def test_sharded_parameters_read_their_blocks_into_place(tmp_path):

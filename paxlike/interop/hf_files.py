@@ -55,7 +55,16 @@ class LazyParam:
     if not self.stacked:
       return np.ascontiguousarray(self.readers[0]()[index])
     layers = range(self.shape[0])[index[0] if index else slice(None)]
-    return np.stack([self.readers[i]()[index[1:]] for i in layers])
+    # Filled a layer at a time: the host holds the block and one layer's tensor,
+    # not a list of every layer's slice beside their stack.
+    out = None
+    for row, i in enumerate(layers):
+      piece = self.readers[i]()[index[1:]]
+      if out is None:
+        out = np.empty((len(layers), *piece.shape), piece.dtype)
+      out[row] = piece
+      del piece
+    return out if out is not None else np.empty((0, *self.shape[1:]), np.float32)
 
 
 def lazy_tree(entries: Iterable[tuple[tuple[str, ...], int | None, Callable[[], np.ndarray],

@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from paxlike.errors import UserError
+from paxlike.partitioning.host_blocks import put_and_release
 
 AXIS = "batch"
 
@@ -74,7 +75,8 @@ class PmapPartitioner:
                   like: jax.Array) -> jax.Array:
     """A parameter replicated like `like` ([local devices, ...]) from its host value."""
     value = np.asarray(read(None), like.dtype)
-    return jax.device_put(np.broadcast_to(value, like.shape), self._stacked, may_alias=False)
+    return put_and_release(value, lambda v: [jax.device_put(
+        np.broadcast_to(v, like.shape), self._stacked, may_alias=False)])[0]
 
   def to_saveable(self, state: Any) -> Any:
     """Device 0's copy: what checkpoints store, and what SPMD runs can load."""

@@ -13,6 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from paxlike import mesh as mesh_lib
 from paxlike.errors import UserError
+from paxlike.partitioning.host_blocks import put_and_release
 
 
 def _is_spec(x: Any) -> bool:
@@ -87,7 +88,8 @@ class SpmdPartitioner:
     for members in groups.values():
       block = np.asarray(read(members[0][1]), like.dtype)
       # may_alias=False: a CPU device would otherwise keep the host block as its buffer.
-      shards += [jax.device_put(block, device, may_alias=False) for device, _ in members]
+      shards += put_and_release(block, lambda b, members=members: [
+          jax.device_put(b, device, may_alias=False) for device, _ in members])
       del block
     return jax.make_array_from_single_device_arrays(like.shape, like.sharding, shards)
 
