@@ -6,8 +6,8 @@
 
 The job's latest checkpoint (trained first with --train_steps when the job
 has none) is exported in this process the way --mode=export does it
-(export.describe -> exporter.check -> publish(write)), into a temporary
-directory unless --export_dir is given; the export time is split into
+(export.describe -> exporter.check -> publish(write)), into a new
+job_log_dir/export_decode_* directory unless --export_dir is given; the export time is split into
 describe (abstract state, decode input), check (jax.export lowering) and
 write (serialize, weights, manifest). Then the same host batch (the first
 --batch_size rows of the decode input) is decoded by
@@ -143,7 +143,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
       max_decode_length=args.decode_max_length, temperature=args.decode_temperature,
       top_k=args.decode_top_k, top_p=args.decode_top_p, num_beams=args.decode_num_beams,
       **model.special_ids())
-  root = args.export_dir or tempfile.mkdtemp(prefix="export_decode_")
+  # Beside the job's own files (a new directory each run), never in the working directory.
+  root = args.export_dir or tempfile.mkdtemp(prefix="export_decode_", dir=job_log_dir)
   result: dict[str, Any] = {"exp": setup["key"], "step": step,
                             "settings": serving.settings_dict(settings),
                             "device": str(jax.devices()[0].platform)}
@@ -209,7 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--set", nargs="*", default=[], help="KEY=VALUE overrides")
   parser.add_argument("--train_steps", type=int, default=0,
                       help="train this many steps first when the job has no checkpoint")
-  parser.add_argument("--export_dir", default=None, help="default: a temporary directory")
+  parser.add_argument("--export_dir", default=None,
+                      help="default: a new job_log_dir/export_decode_* directory")
   parser.add_argument("--batch_size", type=int, default=8)
   parser.add_argument("--reps", type=int, default=30)
   parser.add_argument("--savedmodel", action="store_true",

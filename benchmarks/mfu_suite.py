@@ -1,7 +1,7 @@
 """MFU suite: tokens/s and MFU across model sizes, always beside the plain-JAX reference.
 
     python -m benchmarks.mfu_suite [--device_kind=cpu] [--sizes=tiny,small,medium]
-        [--steps=10] [--out=benchmarks/results/mfu] [--list]
+        [--steps=10] --out=DIR [--list]
 
 `--device_kind=h100` (any GPU kind) runs what fits one GPU by default: the 1B
 LM shape of C4Spmd1BAdam4Replicas (batch 8 x 1024, bf16), FlanT5Base and
@@ -316,8 +316,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   p.add_argument("--warmup", type=int, default=2, help="untimed steps after compilation.")
   p.add_argument("--peak_tflops_per_device", type=float, default=None,
                  help="use this peak instead of the table / CPU calibration.")
-  p.add_argument("--out", default=os.path.join(REPO_ROOT, "benchmarks", "results", "mfu"),
-                 help="where report.json, report.md and mfu.png go.")
+  p.add_argument("--out", default=None,
+                 help="the directory report.json, report.md and mfu.png go to (required to "
+                      "run; nothing is written into the repository unless named here).")
   p.add_argument("--timeout", type=float, default=1800, help="seconds per size.")
   p.add_argument("--list", action="store_true",
                  help="print the sizes that would run (experiment, overrides, devices) and "
@@ -328,16 +329,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   return args
 
 
+def check_out(out: str | None) -> str:
+  """--out as an absolute path: required, and not an existing file."""
+  if not out:
+    _fail("--out is required: name the directory report.json, report.md and mfu.png go "
+          "to, e.g. --out=/tmp/mfu (or --list to only print the plan).")
+  out = os.path.abspath(os.path.expanduser(out))
+  if os.path.exists(out) and not os.path.isdir(out):
+    _fail(f"--out={out} is a file; name a directory.")
+  return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   from paxlike.errors import UserError
 
   try:
+    entries = plan(args)
     if args.list:
-      for entry in plan(args):
+      for entry in entries:
         print(f"{entry['size']}: {entry['exp']} on {entry['devices']} device(s), "
               f"--set {' '.join(entry['overrides']) or '(none)'}")
       return 0
+    args.out = check_out(args.out)  # before the steps run, not after
     report = run_suite(args)
   except (SuiteError, UserError) as e:
     _fail(str(e))

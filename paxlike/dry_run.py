@@ -119,12 +119,14 @@ def input_specs(dataset_cfg: Any) -> dict[str, Any]:
   """Shapes and dtypes of a training input's global batch, reading one row only.
 
   Pod-scale batches (thousands of rows) are never generated: the input is
-  built with batch_size=1, and the leading dim scaled back up.
+  built with batch_size=1, and the leading dim scaled back up. A wrapper's
+  config (Pax's LingvoInputAdaptor) is read as the input it wraps.
   """
   import jax
 
-  from paxlike import config
+  from paxlike import config, experiment
 
+  dataset_cfg = experiment.input_config(dataset_cfg)
   global_batch = dataset_cfg.batch_size
   one = copy.deepcopy(dataset_cfg)
   one.batch_size = 1

@@ -9,8 +9,9 @@ batches of a repeating input.
 Decode: greedy, sampled or beam-search generation through the model
 contract (prefill, then one-position extends over the KV cache); process 0
 writes decoder_out/<name>/decode_<step>.jsonl (prompt, generation, target,
-score, and the beams with their scores under beam search) and the metric
-summary.
+score, and the beams with their scores under beam search), metrics_<step>.json and
+the metric summary. A decode never replaces an earlier one: a re-decode at the same
+step writes decode_<step>-2.jsonl (and metrics_<step>-2.json), -3, ..., as infer does.
 
 Infer (T5X's infer.py, Pax's decode-only run): the same generation over
 inputs that need no targets, either the decode datasets or a .jsonl file of
@@ -192,19 +193,19 @@ class Evaluator:
         r["score"] = float(r["target"].strip() == r["generation"].strip())
       metrics = {k: float(v) for k, v in metrics.items()}
       metrics["num_examples"] = float(len(rows))
+      out_dir = os.path.join(self.job_log_dir, "decoder_out", inp.name)
+      stem = os.path.join(out_dir, f"decode_{step:08d}")
+      path = _free_path(stem)  # a re-decode at the same step keeps the earlier file
+      suffix = path[len(stem):-len(".jsonl")]  # "", or "-2", "-3", ...
       if self.is_chief:
-        out_dir = os.path.join(self.job_log_dir, "decoder_out", inp.name)
-        os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, f"decode_{step:08d}.jsonl"), "w") as f:
-          for r in rows:
-            f.write(json.dumps(r) + "\n")
-        with open(os.path.join(out_dir, f"metrics_{step:08d}.json"), "w") as f:
+        _write_jsonl(path, rows)
+        with open(os.path.join(out_dir, f"metrics_{step:08d}{suffix}.json"), "w") as f:
           json.dump(metrics, f, indent=2)
       writer = self._writer(f"decode_test_{inp.name}")
       writer.scalars(step, metrics)
       writer.close()
-      log.info("decode %s at step %d: %s", inp.name, step,
-               " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+      log.info("decode %s at step %d: %s -> %s", inp.name, step,
+               " ".join(f"{k} {v:.4f}" for k, v in metrics.items()), path)
       results[inp.name] = metrics
     return results
 

@@ -13,6 +13,7 @@ import contextlib
 import difflib
 import functools
 import inspect
+import re
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import fiddle as fdl
 import numpy as np
 from absl import logging
 
+from paxlike import knob_branches, registry
 from paxlike.errors import UserError
 
 SET_SOURCE = "--set"
@@ -86,8 +88,9 @@ class BaseExperiment:
 
     A template calls this for knobs that legitimately do nothing here (the
     other schedule's LR_* when LR_SCHEDULE picks one): set on a class they
-    pass the read check with a log line; set by `--set` they are refused with
-    the reason, since the user asked for something that has no effect.
+    pass the read check with a warning that gives the reason; set by `--set`
+    they are refused with it, since the user asked for something that has no
+    effect.
     """
     unused = self.__dict__.setdefault("_hparam_unused", {})
     for name in names:
@@ -170,12 +173,29 @@ def format_hparams(exp: BaseExperiment) -> str:
   return "\n".join(lines) + "\n"
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
 def _show(value: Any) -> str:
+  """A value as a message shows it: by name, never by a memory address."""
   if _is_dtype_like(value):
     return np.dtype(value).name
-  if isinstance(value, type):
+  if isinstance(value, type) or inspect.isroutine(value):
     return f"{value.__module__}.{value.__qualname__}"
-  return repr(value)
+  text = repr(value)
+  if isinstance(value, fdl.Buildable):
+    text = text[1:-1]  # <Config[Adam(lr=0.1)]> -> Config[Adam(lr=0.1)]
+    if _ADDRESS.search(text):
+      return f"{type(value).__name__}[{fdl.get_callable(value).__qualname__}(...)]"
+    return text
+  if _ADDRESS.search(text):  # object's default repr, or a container holding one
+    return f"{type(value).__module__}.{type(value).__qualname__}(...)"
+  return text
+
+
+def _sentence(text: str) -> str:
+  """text ended once: `did you mean X?` keeps its question mark, anything else gets a period."""
+  return text if text.endswith(("?", ".")) else f"{text}."
 
 
 def _is_dtype_like(value: Any) -> bool:
@@ -269,7 +289,7 @@ def _convert(key: str, raw: str, current: Any, exp_cls: type | None = None) -> A
     value, ok = type(current)(value), True
   if not ok:
     raise UserError(f"--set {key}={raw}: {key} expects {type(current).__name__} "
-                    f"(it is {current!r}), got {type(value).__name__}.")
+                    f"(it is {_show(current)}), got {type(value).__name__}.")
   return value
 
 
@@ -398,6 +418,12 @@ def unread_hparams(exp: BaseExperiment) -> list[str]:
   every `--set` key. paxlike's own templates and BaseExperiment's run-level
   attributes are not: a template legitimately leaves some of its defaults
   unread in some modes.
+
+  Known but inactive is not unknown: a class attribute that a template reads
+  on another branch than the one this run takes (declared with not_used, or
+  found in the source of the experiment's classes by paxlike.knob_branches)
+  is a warning naming the setting that decides it, not a line here. A --set
+  of one is still refused: the user asked for something with no effect.
   """
   reads = hparams_read(exp)
   unused = exp.__dict__.get("_hparam_unused", {})
@@ -406,24 +432,48 @@ def unread_hparams(exp: BaseExperiment) -> list[str]:
   base = set(class_hparams(BaseExperiment))
   lines = []
   overrides = exp.__dict__.get("_overrides", {})
+  inactive: dict[tuple[type, str], list[str]] = {}  # (class, reason) -> settings
   for name, klass in sorted(defined.items()):
     if name in overrides or name in base or _is_paxlike_class(klass):
       continue
     if name in reads:
       continue
-    if name in unused:
-      logging.info("%s = %r on %s is not used: %s", name, _untracked_get(exp, name),
-                   klass.__name__, unused[name])
+    setting = f"{name} = {_show(_untracked_get(exp, name))}"
+    reason = unused.get(name) or _inactive_reason(exp, name)
+    if reason:
+      inactive.setdefault((klass, reason), []).append(setting)
       continue
-    lines.append(f"{name} = {_show(_untracked_get(exp, name))} on {klass.__name__}: "
-                 f"nothing reads it; {_describe_unread(name, known)}.")
+    lines.append(f"{setting} on {klass.__name__}: nothing reads it; "
+                 f"{_sentence(_describe_unread(name, known))}")
+  for (klass, reason), settings in inactive.items():
+    if len(settings) > 1:
+      reason = re.sub(r"\bread(s?) it\b", r"read\1 them", reason)
+    are = "is" if len(settings) == 1 else "are"
+    line = f"{', '.join(settings)} on {klass.__name__} {are} not used: {reason}."
+    if (klass.__module__ or "").startswith(registry.SHIPPED_PACKAGE + "."):
+      logging.info("%s", line)  # a shipped experiment's own, deliberate choice
+    else:
+      _warn(line)
   for name, value in sorted(overrides.items()):
-    if name in unused and name not in reads:
-      lines.append(f"--set {name}={_show(value)}: nothing reads it; {unused[name]}.")
-    elif name not in reads and name not in base:
-      lines.append(f"--set {name}={_show(value)}: nothing reads it; "
-                   f"{_describe_unread(name, known)}.")
+    if name in reads or (name in base and name not in unused):
+      continue
+    reason = unused.get(name) or _inactive_reason(exp, name) or _describe_unread(name, known)
+    lines.append(f"--set {name}={_show(value)}: nothing reads it; {_sentence(reason)}")
   return lines
+
+
+def _inactive_reason(exp: BaseExperiment, name: str) -> str | None:
+  """Where the experiment's source reads `name` on a branch this run did not take, or None."""
+  if name in PAX_RENAMED or name in PAX_UNMODELED:
+    return None
+  classes = [k for k in type(exp).__mro__ if k is not object]
+  return knob_branches.inactive_reason(name, classes, lambda n: _untracked_get(exp, n))
+
+
+def _warn(line: str) -> None:
+  """A warning the user sees whatever the logging setup: absl's log and a printed line."""
+  logging.warning("%s", line)
+  print(f"warning: {line}", flush=True)
 
 
 def _untracked_get(exp: BaseExperiment, name: str) -> Any:
@@ -587,7 +637,9 @@ def overwritten_overrides(exp: BaseExperiment, task_cfg: Any) -> list[str]:
         fed = {p for p, v in _flatten(template()).items() if not _same(v, base.get(p))}
         # The user's task() may derive the field from the key itself (3 x MODEL_DIMS):
         # then the --set reaches it and nothing was overwritten.
-        responds = _flatten(exp.task())
+        responds = exp.task()
+        resolve_pax_tree(responds)
+        responds = _flatten(responds)
       except Exception:  # noqa: BLE001  (a value the template rejects: nothing to compare)
         fed, responds = set(), {}
       finally:
@@ -602,9 +654,23 @@ def overwritten_overrides(exp: BaseExperiment, task_cfg: Any) -> list[str]:
   return lines
 
 
+def resolve_pax_tree(task_cfg: Any) -> list[str]:
+  """Writes the task's praxis config-tree edits (`task_p.model.lm_tpl...`) onto its model.
+
+  Returns the notes to show (sharding hints that are not applied). See
+  paxlike.pax.config_tree.
+  """
+  from paxlike.pax import config_tree
+
+  with user_config_errors("task()"):
+    return config_tree.resolve(task_cfg)
+
+
 def task_config(exp: BaseExperiment) -> Any:
   """exp.task() with `--set a.b=V` applied; refuses a --set that task() overwrote."""
   task_cfg = call_user(exp, "task")
+  for note in resolve_pax_tree(task_cfg):
+    logging.warning("%s", note)
   lines = overwritten_overrides(exp, task_cfg)
   if lines:
     raise UserError("\n".join(lines))
@@ -621,6 +687,27 @@ class Configs:
   decode_datasets: list[Any]
 
 
+def input_config(cfg: Any) -> Any:
+  """An input config as the run reads it.
+
+  The config of a wrapper class (Pax's base_input.LingvoInputAdaptor) becomes
+  the config of the input it wraps, through the class's `unwrap_config`;
+  any other config comes back as it is.
+  """
+  if isinstance(cfg, fdl.Buildable):
+    unwrap = getattr(fdl.get_callable(cfg), "unwrap_config", None)
+    if callable(unwrap):
+      return unwrap(cfg)
+  return cfg
+
+
+def input_configs(exp: BaseExperiment, method: str) -> list[Any]:
+  """exp.datasets() or exp.decode_datasets(), each config as the run reads it (input_config)."""
+  cfgs = call_user(exp, method)
+  with user_config_errors(f"{_method_owner(exp, method)}()"):
+    return [input_config(c) for c in cfgs]
+
+
 def build_checked(exp: BaseExperiment) -> Configs:
   """task(), datasets() and decode_datasets(), then the check that every hyperparameter was read.
 
@@ -629,7 +716,7 @@ def build_checked(exp: BaseExperiment) -> Configs:
       (one line each) hyperparameters nothing read.
   """
   start_read_tracking(exp)
-  configs = Configs(task_config(exp), call_user(exp, "datasets"),
-                    call_user(exp, "decode_datasets"))
+  configs = Configs(task_config(exp), input_configs(exp, "datasets"),
+                    input_configs(exp, "decode_datasets"))
   check_all_read(exp)
   return configs

@@ -63,15 +63,22 @@ class LmDims:
   norms_per_sublayer: int = 1  # 2 for NORM_POLICY 'primer_hybrid'
   softmax_bias: bool = True  # Pax's softmax adds a [vocab] bias (off in Pax's GPT-3)
   per_dim_scale: bool = True  # Pax's [dims_per_head] query scale per layer (off in GPT-3)
+  num_kv_heads: int | None = None  # grouped-query attention: k and v have these heads
+  ffn_bias: bool = True  # praxis's TransformerFeedForward.has_bias
+  norm_bias: bool = True  # False for RmsNorm (a scale only)
 
 
 def ffn_matrices(d: LmDims) -> int:
   return 3 if d.gated else 2
 
 
+def _kv_heads(d: LmDims) -> int:
+  return d.num_kv_heads or d.num_heads
+
+
 def matmul_params(d: LmDims) -> int:
   """Weights a token's matmuls touch: per layer QKV + output + the FFN's, plus the softmax."""
-  attn = 4 * d.model_dims * d.num_heads * d.dims_per_head
+  attn = (2 * d.num_heads + 2 * _kv_heads(d)) * d.model_dims * d.dims_per_head
   ffn = ffn_matrices(d) * d.model_dims * d.hidden_dims
   return d.num_layers * (attn + ffn) + d.vocab_size * d.model_dims
 
@@ -88,13 +95,17 @@ def param_count(d: LmDims) -> int:
   trainable position table (position_table_len x model).
   """
   m, a = d.model_dims, d.num_heads * d.dims_per_head
-  attn = (4 * m * a + ((3 * a + m) if d.use_bias else 0)
+  kv = _kv_heads(d) * d.dims_per_head
+  attn = (2 * m * (a + kv) + ((a + 2 * kv + m) if d.use_bias else 0)
           + (d.dims_per_head if d.per_dim_scale else 0))
-  ffn = ffn_matrices(d) * m * d.hidden_dims + (ffn_matrices(d) - 1) * d.hidden_dims + m
-  norms = 2 * d.norms_per_sublayer * 2 * m
+  ffn = ffn_matrices(d) * m * d.hidden_dims
+  if d.ffn_bias:
+    ffn += (ffn_matrices(d) - 1) * d.hidden_dims + m
+  per_norm = 2 * m if d.norm_bias else m
+  norms = 2 * d.norms_per_sublayer * per_norm
   tables = ((2 if d.separate_embedding else 1) * d.vocab_size * m + d.position_table_len * m
             + (d.vocab_size if d.softmax_bias else 0))
-  return d.num_layers * (attn + ffn + norms) + 2 * m + tables
+  return d.num_layers * (attn + ffn + norms) + per_norm + tables
 
 
 def model_flops_per_token(d: LmDims, causal_halving: bool = True) -> float:

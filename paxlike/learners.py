@@ -1,15 +1,40 @@
-"""Optimizer, schedule and gradient clipping from hyperparameters (optax)."""
+"""Optimizer, schedule and gradient clipping from hyperparameters (optax).
+
+Two ways to say what the learner does: its own fields (optimizer='adam',
+beta1, ..., set by the templates from LEARNING_RATE / ADAM_* / LR_*), or, as
+Pax's files write it, `learner.optimizer` set to a praxis optimizer config
+(paxlike.pax.optimizers.Adam, ShardedAdafactor, ...) that carries its own
+learning rate, schedule and clipping. The gradient transformations both
+build on are here: praxis's Adam (praxis_adam), its sharded Adafactor
+(sharded_adafactor), its ramp-up schedules (rampup_schedule) and the
+regularizers and clippings its optimizers chain around them.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import optax
 
 from paxlike.errors import UserError
 
 SCHEDULES = ("constant", "linear_rampup_cosine_decay", "linear_rampup_exponential_decay")
 OPTIMIZERS = ("adam", "adafactor", "sgd")
+
+
+def config_name(value: Any) -> str:
+  """How an error message shows a value that is a config or an object: its class's name."""
+  import fiddle as fdl
+
+  if isinstance(value, fdl.Buildable):
+    target = fdl.get_callable(value)
+    return f"Config({getattr(target, '__name__', type(target).__name__)})"
+  if isinstance(value, str | int | float | bool | type(None)):
+    return repr(value)
+  return f"a {type(value).__name__}"
 
 
 @dataclasses.dataclass
@@ -27,9 +52,14 @@ class Learner:
   outside it, and with `clip_threshold` > 0 each parameter's update is
   scaled down to an RMS of at most clip_threshold (before the learning rate);
   `clip_gradient_norm_to_value` > 0 clips the gradients' global norm first.
+
+  `optimizer` may instead be a praxis optimizer (paxlike.pax.optimizers:
+  what `lp.optimizer = pax_fiddle.Config(optimizers.Adam, ...)` builds). It
+  then says everything: its learning_rate, lr_schedule and clipping are the
+  run's, and the fields above except loss_name are not read.
   """
 
-  optimizer: str = "adam"
+  optimizer: Any = "adam"  # a name in OPTIMIZERS, or a praxis optimizer
   learning_rate: float = 1e-3
   schedule: str = "constant"
   warmup_steps: int = 0
@@ -53,6 +83,13 @@ class Learner:
     if self.loss_name not in ("total_loss", "loss"):
       raise UserError(f"learner.loss_name={self.loss_name!r}: paxlike's models train on "
                       "their one loss, 'total_loss'.")
+    if not isinstance(self.optimizer, str):
+      if not (callable(getattr(self.optimizer, "learning_rate_fn", None))
+              and callable(getattr(self.optimizer, "transformation", None))):
+        raise UserError(f"learner.optimizer is {config_name(self.optimizer)}, which paxlike's "
+                        f"learner cannot run; use one of {OPTIMIZERS} or a praxis optimizer "
+                        "config (optimizers.Adam, optimizers.ShardedAdafactor, ...).")
+      return
     if self.optimizer not in OPTIMIZERS:
       raise UserError(f"OPTIMIZER={self.optimizer!r} is not one of {OPTIMIZERS}.")
     if self.schedule not in SCHEDULES:
@@ -67,36 +104,23 @@ class Learner:
 
   def lr_schedule(self) -> optax.Schedule:
     """The learning rate at each step (optax counts the first update as step 0)."""
+    if not isinstance(self.optimizer, str):
+      return self.optimizer.learning_rate_fn()
     lr = self.learning_rate
     if self.schedule == "constant":
       return optax.constant_schedule(lr)
-    peak = lr * self.max
-    parts, boundaries = [], []
-    if self.warmup_steps > 0:
-      parts.append(optax.linear_schedule(0.0, peak, self.warmup_steps))
-      boundaries.append(self.warmup_steps)
-    parts.append(optax.constant_schedule(peak))
-    boundaries.append(self.decay_start)
-    span = self.decay_end - self.decay_start
-    if self.schedule == "linear_rampup_cosine_decay":
-      parts.append(optax.cosine_decay_schedule(peak, span, alpha=self.min_ratio))
-    else:
-      parts.append(optax.exponential_decay(peak, span, self.min_ratio,
-                                           end_value=peak * self.min_ratio))
-    return optax.join_schedules(parts, boundaries)
+    return rampup_schedule(self.schedule, lr * self.max, self.warmup_steps, self.decay_start,
+                           self.decay_end, self.min_ratio)
 
   def transform(self) -> optax.GradientTransformation:
     """The optax chain: clip by global norm, then the optimizer."""
+    if not isinstance(self.optimizer, str):
+      return self.optimizer.transformation()
     schedule = self.lr_schedule()
     if self.optimizer == "adam":
-      parts = [optax.scale_by_adam(b1=self.beta1, b2=self.beta2, eps=self.epsilon,
-                                   eps_root=self.epsilon_root)]
-      if self.clip_threshold > 0:
-        parts.append(optax.clip_by_block_rms(self.clip_threshold))
-      if self.weight_decay:
-        parts.append(optax.add_decayed_weights(self.weight_decay))
-      parts.append(optax.scale_by_learning_rate(schedule))
-      opt = optax.chain(*parts)
+      opt = praxis_adam(schedule, beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
+                        epsilon_root=self.epsilon_root, clip_threshold=self.clip_threshold,
+                        weight_decay=self.weight_decay)
     elif self.optimizer == "adafactor":
       opt = optax.adafactor(schedule, weight_decay_rate=self.weight_decay or None)
     else:
@@ -104,3 +128,251 @@ class Learner:
     if self.clip_gradient_norm_to_value > 0:
       return optax.chain(optax.clip_by_global_norm(self.clip_gradient_norm_to_value), opt)
     return opt
+
+
+# ------------------------------------------------------------------ schedules
+
+
+def rampup_schedule(kind: str, peak: float, warmup_steps: int, decay_start: int,
+                    decay_end: int, min_ratio: float) -> optax.Schedule:
+  """praxis's LinearRampup{Cosine,Exponential}Decay, peaking at `peak`.
+
+  Linear from 0 at step 0 to peak at warmup_steps (none when 0), constant
+  to decay_start, then cosine or exponential to peak x min_ratio at
+  decay_end, constant after.
+  """
+  parts, boundaries = [], []
+  if warmup_steps > 0:
+    parts.append(optax.linear_schedule(0.0, peak, warmup_steps))
+    boundaries.append(warmup_steps)
+  parts.append(optax.constant_schedule(peak))
+  boundaries.append(decay_start)
+  span = decay_end - decay_start
+  if kind == "linear_rampup_cosine_decay":
+    parts.append(optax.cosine_decay_schedule(peak, span, alpha=min_ratio))
+  else:
+    parts.append(optax.exponential_decay(peak, span, min_ratio, end_value=peak * min_ratio))
+  return optax.join_schedules(parts, boundaries)
+
+
+# ---------------------------------------------------- praxis's transformations
+
+
+def praxis_adam(schedule: optax.Schedule, *, beta1: float, beta2: float, epsilon: float,
+                epsilon_root: float, clip_threshold: float, weight_decay: float,
+                inf_to_nan: bool = False) -> optax.GradientTransformation:
+  """praxis's sharded Adam: bias-corrected moments, `m / (sqrt(v + epsilon_root) + epsilon)`,
+  each parameter's update capped to an RMS of clip_threshold (when > 0), plus
+  weight_decay x the parameter, all times the learning rate."""
+  parts = [_inf_to_nan()] if inf_to_nan else []
+  parts.append(optax.scale_by_adam(b1=beta1, b2=beta2, eps=epsilon, eps_root=epsilon_root))
+  if clip_threshold > 0:
+    parts.append(optax.clip_by_block_rms(clip_threshold))
+  if weight_decay:
+    parts.append(optax.add_decayed_weights(weight_decay))
+  parts.append(optax.scale_by_learning_rate(schedule))
+  return optax.chain(*parts)
+
+
+def _inf_to_nan() -> optax.GradientTransformation:
+  """Infinities become NaN (praxis's maybe_inf_to_nan): a 1 / inf cannot hide as 0 later."""
+  def fn(updates: Any, params: Any = None) -> Any:
+    del params
+    return jax.tree.map(lambda g: jnp.where(jnp.isinf(g), jnp.nan, g), updates)
+  return optax.stateless(fn)
+
+
+def lp_regularizer(weight: float, p: int, skip_1d: bool) -> optax.GradientTransformation:
+  """Adds weight x param (p=2) or weight x sign(param) (p=1) to each gradient; with
+  skip_1d, vectors and scalars are left alone (praxis's l1/l2_regularizer_weight)."""
+  def add(g: jax.Array, w: jax.Array) -> jax.Array:
+    if skip_1d and w.ndim <= 1:
+      return g
+    return g + weight * (w if p == 2 else jnp.sign(w))
+
+  def fn(updates: Any, params: Any = None) -> Any:
+    return jax.tree.map(add, updates, params)
+  return optax.stateless(fn)
+
+
+class _CountState(NamedTuple):
+  count: jax.Array
+
+
+def decoupled_weight_decay(schedule: optax.Schedule,
+                           weight: float) -> optax.GradientTransformation:
+  """Subtracts lr x weight x param from each (already lr-scaled) update (praxis's
+  decoupled_weight_decay)."""
+  def init(params: Any) -> _CountState:
+    del params
+    return _CountState(jnp.zeros([], jnp.int32))
+
+  def update(updates: Any, state: _CountState, params: Any = None) -> tuple[Any, _CountState]:
+    lr = schedule(state.count)
+    updates = jax.tree.map(lambda u, w: u - lr * weight * w, updates, params)
+    return updates, _CountState(state.count + 1)
+  return optax.GradientTransformation(init, update)
+
+
+def clip_by_single_norm(max_norm: float) -> optax.GradientTransformation:
+  """Scales each gradient tensor down to an L2 norm of at most max_norm (praxis's
+  clip_gradient_single_norm_to_value)."""
+  def fn(updates: Any, params: Any = None) -> Any:
+    del params
+    return jax.tree.map(
+        lambda g: g * jnp.minimum(1.0, max_norm / jnp.sqrt(jnp.sum(g * g))), updates)
+  return optax.stateless(fn)
+
+
+class AdafactorState(NamedTuple):
+  """praxis's sharded Adafactor slots, one tree each; unused slots are shape-(1,) zeros."""
+
+  count: jax.Array
+  m: Any
+  m_scale: Any
+  vr: Any
+  vc: Any
+  v: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class AdafactorSettings:
+  """praxis's ShardedAdafactor, field by field (see paxlike.pax.optimizers.ShardedAdafactor)."""
+
+  decay_method: str = "adam"
+  decay_adam: float = 0.99
+  decay_pow: float = 0.0
+  beta1: float = 0.0
+  clip_threshold: float | None = 1.0
+  factored: bool = True
+  epsilon1_grad_sq_reg: float = 1e-30
+  quantized_dtype: str = "int8"
+  sort_factored_second_moment_dims: bool = False
+  min_dim_size_to_factor: int = 128
+  multiply_by_parameter_scale: bool = False
+  epsilon2_param_scale_reg: float = 1e-3
+  weight_decay: float | None = None
+  layerwise_adaptation: bool = False
+  maybe_inf_to_nan: bool = True
+
+
+def _rms(x: jax.Array) -> jax.Array:
+  return jnp.sqrt(jnp.mean(jnp.square(x)))
+
+
+def _quantize(x: jax.Array, dtype: Any) -> tuple[jax.Array, jax.Array]:
+  """Symmetric per-column quantization: (ints, bucket size per column) as praxis stores m."""
+  buckets = 127.0 if dtype == jnp.int8 else 32767.0
+  size = jnp.max(jnp.abs(x), axis=0) / buckets
+  safe = jnp.where(size > 0, size, 1.0)
+  return jnp.round(x / safe[None]).astype(dtype), size
+
+
+def sharded_adafactor(schedule: optax.Schedule,
+                      s: AdafactorSettings) -> optax.GradientTransformation:
+  """praxis's sharded Adafactor (Shazeer & Stern 2018) as an optax transformation.
+
+  Per parameter: squared gradients (+ epsilon1) averaged into factored row /
+  column statistics (matrices) or a full one, decayed as Adam's bias-corrected
+  beta2 (decay_method 'adam') or 1 - (t+1)^-decay_pow ('pow'); the scaled
+  gradient's RMS capped at clip_threshold; times the learning rate (and the
+  parameter's RMS with multiply_by_parameter_scale); momentum beta1 (stored in
+  quantized_dtype); plus weight_decay x lr x the parameter.
+  """
+  qdtype = jnp.dtype(s.quantized_dtype)
+  quantized = jnp.issubdtype(qdtype, jnp.integer)
+
+  def factored_dims(shape: tuple[int, ...]) -> tuple[int, int] | None:
+    if not s.factored or len(shape) < 2:
+      return None
+    if not s.sort_factored_second_moment_dims:
+      return len(shape) - 1, len(shape) - 2
+    order = sorted(range(len(shape)), key=lambda i: -shape[i])
+    if shape[order[1]] < s.min_dim_size_to_factor:
+      return None
+    return order[0], order[1]
+
+  def one() -> jax.Array:
+    return jnp.zeros((1,), jnp.float32)
+
+  def init(params: Any) -> AdafactorState:
+    def m(p):
+      if not s.beta1:
+        return one()
+      return jnp.zeros(p.shape, qdtype if (p.ndim >= 1 or not quantized) else jnp.float32)
+
+    def m_scale(p):
+      return jnp.zeros(p.shape[1:], jnp.float32) if s.beta1 and quantized and p.ndim else one()
+
+    def reduced(p, which):
+      dims = factored_dims(p.shape)
+      if dims is None:
+        return one()
+      return jnp.zeros(tuple(d for i, d in enumerate(p.shape) if i != dims[which]), jnp.float32)
+
+    def v(p):
+      return one() if factored_dims(p.shape) else jnp.zeros(p.shape, jnp.float32)
+
+    tm = jax.tree.map
+    return AdafactorState(jnp.zeros([], jnp.int32), tm(m, params), tm(m_scale, params),
+                          tm(lambda p: reduced(p, 0), params), tm(lambda p: reduced(p, 1), params),
+                          tm(v, params))
+
+  def nan_inf(x: jax.Array) -> jax.Array:
+    return jnp.where(jnp.isinf(x), jnp.nan, x) if s.maybe_inf_to_nan else x
+
+  def update(grads: Any, state: AdafactorState, params: Any = None) -> tuple[Any, AdafactorState]:
+    if params is None:
+      raise ValueError("sharded_adafactor needs the parameters in update().")
+    count = state.count
+    t = count.astype(jnp.float32) + 1.0
+    if s.decay_method == "adam":
+      decay = s.decay_adam * (1.0 - s.decay_adam ** (t - 1.0)) / (1.0 - s.decay_adam ** t)
+    else:
+      decay = 1.0 - t ** (-s.decay_pow)
+    lr = schedule(count)
+
+    def one_param(g, p, m, m_scale, vr, vc, v):
+      g = nan_inf(g.astype(jnp.float32))
+      g2 = jnp.square(g) + s.epsilon1_grad_sq_reg
+      scale = lr * jnp.maximum(_rms(p), s.epsilon2_param_scale_reg) if (
+          s.multiply_by_parameter_scale) else lr
+      dims = factored_dims(p.shape)
+      if dims is not None:
+        r_axis, c_axis = dims
+        vr = decay * vr + (1.0 - decay) * nan_inf(jnp.mean(g2, axis=r_axis))
+        vc = decay * vc + (1.0 - decay) * nan_inf(jnp.mean(g2, axis=c_axis))
+        r = 1.0 / jnp.sqrt(vr / jnp.mean(vr, axis=-1, keepdims=True))
+        x = g * jnp.expand_dims(r, r_axis) * jnp.expand_dims(1.0 / jnp.sqrt(vc), c_axis)
+      else:
+        v = decay * v + (1.0 - decay) * g2
+        x = g / jnp.sqrt(v)
+      if s.clip_threshold is not None:
+        x = x / nan_inf(jnp.maximum(1.0, _rms(x) / s.clip_threshold))
+      sub = scale * x
+      if s.beta1:
+        if quantized and p.ndim:
+          old = m.astype(jnp.float32) * m_scale[None]
+        else:
+          old = m.astype(jnp.float32)
+        sub = nan_inf(s.beta1 * old + (1.0 - s.beta1) * sub)
+        if quantized and p.ndim:
+          m, m_scale = _quantize(sub, qdtype)
+        else:
+          m = sub.astype(m.dtype)
+      if s.weight_decay is not None:
+        sub = sub + s.weight_decay * lr * p
+      if s.layerwise_adaptation:
+        w_norm = _rms(p)
+        g_norm = _rms(sub / scale) + s.epsilon1_grad_sq_reg
+        sub = sub * jnp.where((w_norm > 0) & (g_norm > 0), w_norm / g_norm, 1.0)
+      return (-sub).astype(p.dtype), m, m_scale, vr, vc, v
+
+    out = jax.tree.map(one_param, grads, params, state.m, state.m_scale, state.vr, state.vc,
+                       state.v)
+    treedef = jax.tree.structure(grads)
+    fields = list(zip(*treedef.flatten_up_to(out), strict=True))
+    trees = [jax.tree.unflatten(treedef, f) for f in fields]
+    return trees[0], AdafactorState(count + 1, *trees[1:])
+
+  return optax.GradientTransformation(init, update)

@@ -29,6 +29,7 @@ from paxlike.layers.embedding import LOOKUP_STYLES
 from paxlike.layers.linear import ACTIVATIONS
 from paxlike.layers.transformer import NORM_POLICIES
 from paxlike.models.language_model import LanguageModel
+from paxlike.pax.config_tree import LmConfig
 from paxlike.training_experiment import AdamTraining
 
 
@@ -113,10 +114,6 @@ class TransformerLmSpmdAdam(AdamTraining):
                       f"{list(LOOKUP_STYLES)}.")
     if not 0.0 <= self.DROPOUT_PROB < 1.0:
       raise UserError(f"DROPOUT_PROB must be in [0, 1), got {self.DROPOUT_PROB}.")
-    if self.TRAINABLE_POSITION_EMB and self.TRAINABLE_PE_MAX_SEQ_LEN < self.MAX_SEQ_LEN:
-      raise UserError(f"TRAINABLE_PE_MAX_SEQ_LEN={self.TRAINABLE_PE_MAX_SEQ_LEN} is shorter "
-                      f"than MAX_SEQ_LEN={self.MAX_SEQ_LEN}; the position table needs a row "
-                      "per position.")
 
   def activation(self) -> str:
     """The FFN activation's key from ACTIVATION_CLS (Pax's) or ACTIVATION (a string).
@@ -163,7 +160,8 @@ class TransformerLmSpmdAdam(AdamTraining):
     return {"seq_len": self.MAX_SEQ_LEN}
 
   def model(self) -> fdl.Config[LanguageModel]:
-    return fdl.Config(
+    """The LM's config; praxis's `lm_tpl` / `params_init` edits reach it (config_tree)."""
+    return LmConfig(
         LanguageModel, vocab_size=self.VOCAB_SIZE, model_dims=self.MODEL_DIMS,
         num_layers=self.NUM_LAYERS, num_heads=self.num_heads(),
         dim_per_head=self.dims_per_head(), hidden_dims=self.hidden_dims(),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from typing import Any
 
@@ -23,7 +24,9 @@ FLAGS = flags.FLAGS
 MODES = ("train", "eval", "decode", "infer", "export", "dry_run")
 EXPORT_FORMATS = ("hf", "stablehlo", "savedmodel")  # paxlike.export.EXPORTERS
 
-flags.DEFINE_string("exp", None, "Experiment: full dotted name or a unique suffix.")
+flags.DEFINE_string("exp", None, "Experiment: module.Class (looked up in that module; "
+                    "see paxlike/registry.py) or a unique suffix of a shipped one; with "
+                    "--list_experiments, a module to list.")
 flags.DEFINE_string("job_log_dir", None, "Where checkpoints, summaries and dumps go.")
 flags.DEFINE_enum("mode", "train", MODES, "What to run.")
 flags.DEFINE_multi_string("set", [], "Override a hyperparameter: --set KEY=VALUE (repeatable).")
@@ -76,9 +79,10 @@ flags.DEFINE_integer("distributed_timeout_s", 300,
                      "Multi-host: seconds to wait for the coordinator and the other processes.")
 flags.DEFINE_bool("multiprocess_gpu", False, "Pax compatibility; multi-host needs only the "
                   "three flags above.")
-flags.DEFINE_alias("server_addr", "coordinator_address")
-flags.DEFINE_alias("num_hosts", "num_processes")
-flags.DEFINE_alias("host_idx", "process_id")
+PAX_ALIASES = {"server_addr": "coordinator_address", "num_hosts": "num_processes",
+               "host_idx": "process_id"}  # Pax's names for the multi-host flags
+for _alias, _target in PAX_ALIASES.items():
+  flags.DEFINE_alias(_alias, _target)
 flags.DEFINE_float("peak_tflops_per_device", None,
                    "Peak TFLOP/s of one device for MFU (default: the device table; on a "
                    "CPU, a matmul calibration).")
@@ -98,6 +102,31 @@ flags.DEFINE_integer("profile_start_step", None, "The first traced step (default
                      "PROFILER_CAPTURE_STEP, else 3: after compilation and warm-up).")
 flags.DEFINE_string("target", "tpu_v5p", "--mode=dry_run: the device kind whose memory the "
                     "step must fit (tpu_v4, tpu_v5e, tpu_v5p, tpu_v6e, a100, h100, h200).")
+
+
+# --help lists main's flags in these groups (paxlike.flag_help; a flag in none is listed
+# under "Other").
+HELP_GROUPS = (
+    ("Run", ("exp", "job_log_dir", "mode", "set", "list_experiments")),
+    ("Training, checkpoints and initial weights", (
+        "init_from", "restore_checkpoint_dir", "restore_checkpoint_step", "restore_fallback",
+        "enable_checkpoint_saving", "jax_fully_async_checkpoint", "pmap_use_tensorstore",
+        "enable_summary_writer", "skip_nonfinite_steps", "decode_during_train")),
+    ("Decode and infer", (
+        "decode_temperature", "decode_top_k", "decode_top_p", "decode_num_beams",
+        "decode_alpha", "decode_max_length", "infer_input")),
+    ("Export (--mode=export)", (
+        "export_format", "export_dir", "export_overwrite", "export_platforms")),
+    ("Performance: MFU, PGLE, profiles, dry run", (
+        "peak_tflops_per_device", "pgle", "pgle_profile_path", "pgle_profiling_runs",
+        "pgle_aggregation_percentile", "profile_steps", "profile_start_step", "target")),
+    ("Multi-host", (
+        "coordinator_address", "num_processes", "process_id", "distributed_timeout_s",
+        "multiprocess_gpu")),
+)
+HELP_ARGS = ("--help", "-help", "-h", "-?", "--helpshort")
+USAGE = ("usage: python -m paxlike.main --exp=NAME --job_log_dir=DIR [--mode=MODE] "
+         "[--set KEY=VALUE ...] [flags]")
 
 
 def _job_log_dir_path(path: str | None) -> str:
@@ -152,16 +181,20 @@ def run(argv_flags: flags.FlagValues) -> int:
   -> mesh and partitioner -> built task and inputs -> job_log_dir -> preflight
   -> records -> trainer, or evaluator / infer / export on a restored state.
   """
-  from paxlike import log, profiler
+  from paxlike import log, profiler, registry
 
+  if (shadowing := registry.shadowing_module(argv_flags.exp)) is not None:
+    raise UserError(shadowing)  # before anything imports JAX, which would run that file
   log.setup(quiet_libraries=not argv_flags["verbosity"].present)
   if argv_flags.list_experiments:
-    return _list_experiments()
+    return _list_experiments(argv_flags.exp)
+  _refuse_remote_paths(argv_flags)
   exp = _experiment(argv_flags)
   profile_plan = profiler.make_plan(argv_flags.profile_steps, argv_flags.profile_start_step, exp)
   # Nothing is created in job_log_dir until the experiment's configs are built and
   # every hyperparameter the user wrote was read (experiment.build_checked).
   job_log_dir = _job_log_dir_path(argv_flags.job_log_dir)
+  _use_job_vocabulary(exp, job_log_dir)
   if argv_flags.mode == "dry_run":
     return _dry_run(exp, job_log_dir, argv_flags.target)
   run_timer, flag_plan = _start_backend(exp, job_log_dir, argv_flags)
@@ -182,13 +215,46 @@ def run(argv_flags: flags.FlagValues) -> int:
   return _train(built, partitioner, job_log_dir, options)
 
 
-def _list_experiments() -> int:
+def _list_experiments(module: str | None) -> int:
+  """Every registered experiment, or with --exp=MODULE that module's."""
   from paxlike import registry
 
-  registry.import_shipped()
-  for name in registry.list_names():
+  if module:
+    names, unregistered = registry.module_names(module)
+    if not names:
+      which = f" ({', '.join(unregistered)} not registered)" if unregistered else ""
+      print(f"module {module} registers no experiments{which}; decorate a class with "
+            f"{registry.DECORATOR} to list and run it.", file=sys.stderr)
+  else:
+    registry.import_shipped()
+    names = registry.list_names()
+  for name in names:
     print(name)
   return 0
+
+
+# `gs://bucket/x`, `s3://...`: any URL scheme.
+_REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _refuse_remote_paths(argv_flags: flags.FlagValues) -> None:
+  """Remote directories would be written as a local folder named `gs:`: refused up front."""
+  for flag in ("job_log_dir", "restore_checkpoint_dir", "export_dir"):
+    value = argv_flags[flag].value
+    if value and _REMOTE.match(value):
+      raise UserError(f"--{flag}={value}: remote directories are not supported yet; use a "
+                      "local path or a mounted bucket (e.g. gcsfuse).")
+
+
+def _set_flags(values: list[str]) -> list[str]:
+  """--set values, with model_params.txt's `task.` prefix dropped from a task path."""
+  out = []
+  for text in values:
+    key, sep, value = text.partition("=")
+    if key.strip().startswith("task.") and sep:
+      text = f"{key.strip()[len('task.'):]}={value}"
+    out.append(text)
+  return out
 
 
 def _experiment(argv_flags: flags.FlagValues) -> Any:
@@ -197,7 +263,7 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
 
   if not argv_flags.exp:
     raise UserError("--exp is required; pass an experiment name (see --list_experiments).")
-  exp = experiment.instantiate(registry.get(argv_flags.exp), argv_flags.set)
+  exp = experiment.instantiate(registry.get(argv_flags.exp), _set_flags(argv_flags.set))
   if argv_flags.init_from:
     # What the experiment derives from its initial weights (the tokenizer, a chat
     # template, the Llama family's special ids) follows the flag too.
@@ -205,7 +271,25 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
   if argv_flags.infer_input and argv_flags.mode != "infer":
     raise UserError(f"--infer_input is read only by --mode=infer, not --mode={argv_flags.mode}; "
                     "add --mode=infer or drop --infer_input.")
+  if argv_flags.decode_during_train and argv_flags.mode != "train":
+    raise UserError(f"--decode_during_train is read only by --mode=train, not "
+                    f"--mode={argv_flags.mode}; drop it.")
   return exp
+
+
+def _use_job_vocabulary(exp: Any, job_log_dir: str) -> None:
+  """A later run of a job reads the tokenizer the job recorded: it becomes VOCABULARY (so
+  the inputs, chat template and the Llama family's special ids follow it), and a VOCABULARY
+  or INIT_FROM tokenizer that is another one is refused (vocabulary.for_job)."""
+  from paxlike import initial
+  from paxlike.inputs import vocabulary
+
+  init_from = initial.InitFrom.of(exp, None)  # exp.INIT_FROM holds --init_from already
+  setting = getattr(exp, "VOCABULARY", None)
+  spec = vocabulary.for_job(setting, init_from.vocabulary_dir() if init_from else None,
+                            job_log_dir)
+  if spec != setting and hasattr(type(exp), "VOCABULARY"):
+    exp.VOCABULARY = spec
 
 
 def _dry_run(exp: Any, job_log_dir: str, target: str) -> int:
@@ -269,13 +353,14 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
   import jax
 
   from paxlike import config, evaluator, experiment, initial
+  from paxlike import export as export_lib
   from paxlike.inputs import text, vocabulary
 
   name = type(exp).__name__
   configs = experiment.build_checked(exp)  # refuses hyperparameters nothing read
   init_from = initial.InitFrom.of(exp, argv_flags.init_from)
-  text.resolve_vocabularies([*configs.datasets, *configs.decode_datasets],
-                            init_from.vocabulary_dir() if init_from else None, job_log_dir)
+  init_dir = init_from.vocabulary_dir() if init_from else None
+  text.resolve_vocabularies([*configs.datasets, *configs.decode_datasets], init_dir, job_log_dir)
   decode_cfgs = configs.decode_datasets
   with experiment.user_config_errors(f"building {name}'s task"):
     task = config.build(configs.task)
@@ -284,6 +369,10 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
   if argv_flags.mode == "infer":  # a bad --infer_input fails here, before anything is written
     decode_cfgs = evaluator.infer_datasets(name, decode_cfgs, argv_flags.infer_input,
                                            getattr(exp, "infer_input", None))
+    text.resolve_vocabularies(decode_cfgs, init_dir, job_log_dir)  # a new config too
+  elif argv_flags.mode == "export" and not decode_cfgs:
+    decode_cfgs = export_lib.text_source(getattr(exp, "infer_input", None), init_dir,
+                                         job_log_dir)
   with experiment.user_config_errors(f"building {name}'s decode datasets"):
     decode_inputs = [config.build(c) for c in decode_cfgs]
   for inp in inputs + decode_inputs:
@@ -292,6 +381,7 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
       vocabulary.check_fits(inp.vocab, task.model)
   if not any(i.is_training for i in inputs):
     raise UserError(f"{name}.datasets() has no input with is_training=True.")
+  _check_work(exp, argv_flags, inputs, decode_inputs)
   target = getattr(getattr(task, "train", None), "target_log_pplx", None)
   if target is not None and argv_flags.mode == "train" and not (
       task.train.eval_interval_steps and any(not i.is_training for i in inputs)):
@@ -299,6 +389,26 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
                     f"{name} runs no evals while training (it needs "
                     "EVAL_INTERVAL_STEPS > 0 and an eval input in datasets()).")
   return _Built(configs.task, configs.datasets, task, inputs, decode_inputs)
+
+
+def _check_work(exp: Any, argv_flags: flags.FlagValues, inputs: list[Any],
+                decode_inputs: list[Any]) -> None:
+  """Refuses a mode or flag that would find nothing to do, before anything is restored."""
+  name, mode = type(exp).__name__, argv_flags.mode
+  files = hasattr(type(exp), "EVAL_FILES")  # FilesDataset: its eval and decode sets
+  if mode == "eval" and not any(not i.is_training for i in inputs):
+    raise UserError(f"{name} has no eval datasets (no input in datasets() with "
+                    "is_training=False), so --mode=eval has nothing to evaluate; add one" +
+                    (" or set EVAL_FILES" if files else "") + ".")
+  if decode_inputs:
+    return
+  add = "add one" + (" or set EVAL_FILES to rows with targets" if files else "")
+  if mode == "decode":
+    raise UserError(f"{name} has no decode datasets (decode_datasets() returns none), so "
+                    f"--mode=decode has nothing to decode; {add}.")
+  if mode == "train" and argv_flags.decode_during_train:
+    raise UserError(f"--decode_during_train: {name} has no decode datasets (decode_datasets() "
+                    f"returns none), so there is nothing to decode; drop the flag, or {add}.")
 
 
 def _claim_job_log_dir(job_log_dir: str, mode: str) -> Any:
@@ -375,9 +485,10 @@ def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: fl
     f.write(experiment.format_hparams(exp))
   with open(os.path.join(job_log_dir, "model_params.txt"), "w") as f:
     f.write(config.dump_model_params(built.task_cfg, built.dataset_cfgs))
-  vocab = getattr(built.train_input, "vocab", None)
-  if vocab is not None and argv_flags.mode == "train":  # what later runs of this job read
-    vocab_lib.record(vocab, job_log_dir)
+  if argv_flags.mode == "train" and getattr(built.train_input, "vocab", None) is not None:
+    vocab_lib.record(built.train_input.vocab, job_log_dir)  # what later runs of this job read
+  vocab = next((i.vocab for i in (built.train_input, *built.inputs, *built.decode_inputs)
+                if getattr(i, "vocab", None) is not None), None)
   xla_flags.write_run_env(job_log_dir, xla_flags.run_env({
       "experiment": f"{cls.__module__}.{cls.__qualname__}",
       "mode": argv_flags.mode, "partitioner": partitioner.kind,
@@ -517,6 +628,16 @@ def _fail(message: str) -> None:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
+  args = argv[1:argv.index("--")] if "--" in argv else argv[1:]
+  if any(a in HELP_ARGS for a in args):  # absl's own --help exits 1, ungrouped
+    from paxlike import flag_help
+
+    print(flag_help.text(FLAGS.get_flags_for_module(sys.modules[__name__]), HELP_GROUPS,
+                         PAX_ALIASES, [USAGE, "", __doc__.strip().split("\n\n")[-1]]))
+    sys.exit(0)
+  if "--helpfull" in args:
+    print(FLAGS.get_help())
+    sys.exit(0)
   try:
     return FLAGS(argv)
   except flags.Error as e:

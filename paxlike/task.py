@@ -9,6 +9,8 @@ reads.
 from __future__ import annotations
 
 import dataclasses
+import enum
+from collections.abc import Callable
 from typing import Any
 
 from paxlike.errors import UserError
@@ -38,8 +40,21 @@ class TrainSettings:
   seed: int = 1234
   num_microbatches: int = 1  # gradient accumulation: the batch in k slices, one update
   target_log_pplx: float | None = None  # stop once an eval's log_pplx is at or below it
+  # Pax's fields for what paxlike always does; the other value is refused, not ignored.
+  eval_skip_train: bool = True  # paxlike evaluates the eval inputs only, never the train one
+  always_use_train_for_model_init: bool = True  # the train input's shapes initialise the model
+  inputs_split_mapping: Any = None  # paxlike shards a batch over (replica, data) by its rules
 
   def __post_init__(self) -> None:
+    if not self.eval_skip_train:
+      raise UserError("task.train.eval_skip_train = False: paxlike does not evaluate on the "
+                      "training input; leave it True.")
+    if not self.always_use_train_for_model_init:
+      raise UserError("task.train.always_use_train_for_model_init = False: paxlike "
+                      "initialises the model from the training input's shapes; leave it True.")
+    if self.inputs_split_mapping is not None:
+      raise UserError("task.train.inputs_split_mapping: paxlike shards each batch over the "
+                      "mesh's (replica, data) axes by its own rules; drop the mapping.")
     # Pax writes num_train_steps as a float (its default is 1e7); a step count is whole.
     for name in ("num_train_steps", "save_interval_steps", "summary_interval_steps",
                  "eval_interval_steps", "save_max_to_keep"):
@@ -63,12 +78,46 @@ class TrainSettings:
     return self.save_max_to_keep
 
 
+class RunningMode(enum.Flag):
+  """What a job is doing when early_stopping_fn is called (Pax's trainer_lib.RunningMode)."""
+
+  UNKNOWN = 0
+  TRAIN = enum.auto()
+  EVAL = enum.auto()
+  DECODE = enum.auto()
+
+  @classmethod
+  def detect(cls, has_train_metrics: bool, has_eval_metrics: bool,
+             has_decode_metrics: bool) -> RunningMode:
+    """The mode of a step that produced these kinds of metrics."""
+    mode = cls.UNKNOWN
+    for flag, has in ((cls.TRAIN, has_train_metrics), (cls.EVAL, has_eval_metrics),
+                      (cls.DECODE, has_decode_metrics)):
+      if has:
+        mode |= flag
+    return mode
+
+
 @dataclasses.dataclass
 class Task:
-  """What fdl.build(experiment.task()) returns (Pax's SingleTask)."""
+  """What fdl.build(experiment.task()) returns (Pax's SingleTask).
 
-  model: Any  # a flax.linen module with fprop(batch) -> (loss, metrics)
+  Attributes:
+    model: a flax.linen module with fprop(batch) -> (loss, metrics).
+    train: the training loop's settings and its learner.
+    early_stopping_fn: Pax's hook, called after each eval during training as
+      `fn(metrics, running_mode, global_step, is_last_ckpt, checkpoint_path)`
+      with metrics keyed `eval_test_<input name>/metrics/<metric>`; training
+      stops (after a checkpoint) when it returns True.
+    summary_verbosity: Pax's level for the summaries its layers add; paxlike's
+      layers add none, and the trainer's scalars (loss, learning_rate, ...)
+      are written at any level, as Pax writes its trainer's.
+  """
+
+  model: Any
   train: TrainSettings = dataclasses.field(default_factory=TrainSettings)
+  early_stopping_fn: Callable[..., bool] | None = None
+  summary_verbosity: int = 3
 
   @property
   def learner(self) -> Learner:

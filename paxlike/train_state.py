@@ -20,7 +20,8 @@ class TrainState(struct.PyTreeNode):
 
 def init_params(model: nn.Module, rng: jax.Array, sample_batch: dict[str, jax.Array]) -> Any:
   """The model's boxed parameters, traced through fprop on a sample batch."""
-  return model.init(rng, sample_batch, method="fprop")["params"]
+  params = model.init(rng, sample_batch, method="fprop")["params"]
+  return model.initial_params(params, jax.random.fold_in(rng, 1))
 
 
 def init_fn(model: nn.Module, tx: optax.GradientTransformation,

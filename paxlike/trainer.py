@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import pathlib
 import queue
 import threading
 import time
@@ -25,7 +26,7 @@ from paxlike import profiler as prof_lib
 from paxlike import train_state as ts
 from paxlike.inputs.base_input import BaseInput, input_specs
 from paxlike.steps import batch_shards, check_microbatches, make_train_step
-from paxlike.task import Task
+from paxlike.task import RunningMode, Task
 
 
 @dataclasses.dataclass
@@ -216,6 +217,7 @@ class _TrainRun:
   def __init__(self, task: Task, train_input: BaseInput, partitioner: Any, job_log_dir: str,
                options: TrainOptions) -> None:
     self.settings, self.options = task.train, options
+    self.early_stopping_fn = getattr(task, "early_stopping_fn", None)
     self.train_input, self.partitioner, self.job_log_dir = train_input, partitioner, job_log_dir
     self.is_chief = jax.process_index() == 0
     self.gp = options.goodput or goodput.Recorder()
@@ -373,10 +375,24 @@ class _TrainRun:
       return False
     with self.gp.span("eval"):
       evals = _run_eval(self.options, self.state, step, decode=self.options.decode_during_train)
-    if not _reached_target(self.settings.target_log_pplx, evals, step):
+    if not (_reached_target(self.settings.target_log_pplx, evals, step)
+            or self._early_stopped(evals, step)):
       return False
     if self.options.enable_checkpoint_saving and self.last_saved != step:
       self._save(step, input_state)
+    return True
+
+  def _early_stopped(self, evals: dict[str, dict[str, float]], step: int) -> bool:
+    """Task.early_stopping_fn (Pax's hook) on this eval's metrics; True stops training."""
+    fn = self.early_stopping_fn
+    if fn is None:
+      return False
+    metrics = {f"{k}/metrics/{m}": v for k, values in evals.items() for m, v in values.items()}
+    mode = RunningMode.detect(True, True, self.options.decode_during_train)
+    path = pathlib.Path(ckpt_lib.checkpoint_dir(self.job_log_dir))
+    if not fn(metrics, mode, step, False, path):
+      return False
+    logging.info("early_stopping_fn stops training at step %d", step)
     return True
 
   def close_loop(self, quiet: bool = False) -> None:

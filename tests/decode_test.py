@@ -87,10 +87,19 @@ def test_eval_and_decode_modes_reuse_the_latest_checkpoint(arithmetic_job):
   assert proc.returncode == 0, describe(proc)
   assert f"eval test at step {TEST_STEPS}" in proc.stdout
   assert "num_examples 500.0000" in proc.stdout
-  proc = run_cli(["--exp=ArithmeticAdditionTiny", f"--job_log_dir={job}", "--mode=decode",
-                  "--restore_checkpoint_step=500"], job.parent)
+  decode = ["--exp=ArithmeticAdditionTiny", f"--job_log_dir={job}", "--mode=decode",
+            "--restore_checkpoint_step=500"]
+  proc = run_cli(decode, job.parent)
   assert proc.returncode == 0, describe(proc)
-  assert (job / "decoder_out" / "test" / "decode_00000500.jsonl").exists()
+  out = job / "decoder_out" / "test"
+  first = (out / "decode_00000500.jsonl").read_text()
+  # A re-decode at the same step writes beside the first, as infer does; nothing is replaced.
+  proc = run_cli([*decode, "--decode_max_length=1"], job.parent)
+  assert proc.returncode == 0, describe(proc)
+  assert (out / "decode_00000500.jsonl").read_text() == first
+  again = (out / "decode_00000500-2.jsonl").read_text().splitlines()
+  assert len(again) == 500 and again != first.splitlines()
+  assert json.loads((out / "metrics_00000500-2.json").read_text())["num_examples"] == 500
 
 
 def test_eval_without_a_checkpoint_is_a_clear_error(tmp_path):

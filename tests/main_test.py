@@ -133,6 +133,24 @@ def test_script_form_runs(tmp_path):
       (tmp_path / "job" / "checkpoints").iterdir())
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_exits_0_and_lists_every_flag_in_its_group(tmp_path, flag):
+  from paxlike import main
+
+  proc = run_cli([flag], tmp_path)
+  assert proc.returncode == 0, describe(proc)
+  assert proc.stdout.startswith("usage: python -m paxlike.main --exp=NAME --job_log_dir=DIR")
+  listed = re.findall(r"^  --(?:\[no\])?(\w+)", proc.stdout, re.M)
+  grouped = [n for _, names in main.HELP_GROUPS for n in names]
+  assert listed == grouped  # each once, in its group, none left under "Other"
+  defined = {f.name for f in main.FLAGS.get_flags_for_module(main)} - set(main.PAX_ALIASES)
+  assert set(grouped) == defined
+  for title, _ in main.HELP_GROUPS:
+    assert f"\n{title}:\n" in proc.stdout
+  assert "--mode (one of train|eval|decode|infer|export|dry_run; default train)" in proc.stdout
+  assert "--coordinator_address (Pax's --server_addr)" in proc.stdout
+
+
 def test_user_experiment_in_its_own_module_runs_through_main(tmp_path):
   moddir = tmp_path / "src"
   moddir.mkdir()

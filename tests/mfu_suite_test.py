@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -59,6 +60,16 @@ def test_unknown_size_exits_2():
                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2, describe(proc)
   assert proc.stderr.strip().startswith("error: unknown sizes ['huge']")
+
+
+def test_the_suite_writes_only_where_out_names(tmp_path):
+  """No default output directory: the repository is never written into unasked."""
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.mfu_suite", "--sizes=tiny"],
+                        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+  assert proc.returncode == 2, describe(proc)
+  assert proc.stderr.strip().startswith("error: --out is required"), proc.stderr
+  assert not list(tmp_path.iterdir())
 
 
 def test_h100_runs_the_one_gpu_sizes(monkeypatch):

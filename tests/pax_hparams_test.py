@@ -135,14 +135,14 @@ def test_a_task_edit_of_a_missing_path_is_one_sentence_naming_it():
   class EditsMissing(registry.get(TINY)):
     def task(self):
       task_p = super().task()
-      task_p.model.lm_tpl.packed_input = True  # Pax's nesting; paxlike's model is flat
+      task_p.model.lm_tpl.softmax_tpl.z_loss = 1e-4  # praxis calls it z_loss_weight
       return task_p
 
   with pytest.raises(UserError) as e:
     _build(EditsMissing)
   msg = str(e.value)
-  assert "EditsMissing.task()" in msg and "lm_tpl" in msg
-  assert "task_p.model.lm_tpl.packed_input = True" in msg  # the user's line
+  assert "EditsMissing.task()" in msg and "z_loss" in msg
+  assert "task_p.model.lm_tpl.softmax_tpl.z_loss = 1e-4" in msg  # the user's line
   assert "\n" not in msg
 
 

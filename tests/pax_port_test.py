@@ -133,10 +133,11 @@ def test_pax_idiom_module_dry_runs_and_trains_three_steps(tmp_path, monkeypatch)
   # task_p.train.save_interval_steps = 2: a checkpoint at 2, and the last one at 3.
   steps = sorted(p.name for p in (job / "checkpoints").glob("checkpoint_*"))
   assert steps == ["checkpoint_00000002", "checkpoint_00000003"]
-  # set_default_adam replaced the Adafactor template's learner.
-  assert params_line(job, "train.learner.optimizer").endswith("'adam'")
-  assert params_line(job, "train.learner.schedule").endswith("'linear_rampup_exponential_decay'")
-  assert re.search(r"\b5\.0$", params_line(job, "train.learner.clip_gradient_norm_to_value"))
+  # set_default_adam replaced the Adafactor template's learner with praxis's Adam config.
+  assert params_line(job, "train.learner.optimizer.beta2").endswith("= 0.99")
+  assert params_line(job, "train.learner.optimizer.lr_schedule.decay_end").endswith("= 100")
+  assert re.search(r"\b5\.0$",
+                   params_line(job, "train.learner.optimizer.clip_gradient_norm_to_value"))
   # NUM_HEADS = None: the heads are MODEL_DIMS / DIMS_PER_HEAD = 32 / 8.
   assert re.search(r"\b4$", params_line(job, "model.num_heads"))
   assert params_line(job, "model.activation").endswith("'gelu'")  # ACTIVATION_CLS = layers.GELU
@@ -145,6 +146,7 @@ def test_pax_idiom_module_dry_runs_and_trains_three_steps(tmp_path, monkeypatch)
 def test_set_default_adafactor_and_pax_train_edits_reach_the_built_task():
   from paxlike import config
   from paxlike.errors import UserError
+  from paxlike.pax import optimizers, schedules
   from paxlike.pax.tasks.lm import model_params
 
   class Exp(model_params.TransformerLmSpmdAdafactor):
@@ -153,31 +155,31 @@ def test_set_default_adafactor_and_pax_train_edits_reach_the_built_task():
   task_p = Exp().task()
   assert config.build(task_p).learner.optimizer == "adafactor"  # the template's own
   model_params.set_default_adam(task_p, 3e-4, 0.0)
+  task_p.train.learner.optimizer.lr_schedule.warmup_steps = 10  # Pax edits it afterwards
   task_p.train.num_train_steps = 1e3  # Pax writes step counts as floats
   task_p.train.save_max_to_keep = 3
   task = config.build(task_p)
-  lr, train = task.learner, task.train
-  assert (lr.optimizer, lr.learning_rate, lr.weight_decay, lr.beta2) == ("adam", 3e-4, 0.0, 0.99)
-  assert (lr.warmup_steps, lr.decay_start, lr.decay_end, lr.min_ratio) == (4000, 4001, 300000, 0.1)
-  assert lr.clip_gradient_norm_to_value == 5.0
+  opt, train = task.learner.optimizer, task.train
+  assert isinstance(opt, optimizers.Adam)
+  assert (opt.learning_rate, opt.weight_decay, opt.beta2, opt.clip_threshold) == (
+      3e-4, 0.0, 0.99, 1.0)
+  sched = opt.lr_schedule
+  assert isinstance(sched, schedules.LinearRampupExponentialDecay)
+  assert (sched.warmup_steps, sched.decay_start, sched.decay_end, sched.min_ratio) == (
+      10, 4001, 300000, 0.1)
+  assert opt.clip_gradient_norm_to_value == 5.0
+  assert task.learner.lr_schedule()(10) == pytest.approx(3e-4)  # the peak, after warmup
   assert (train.num_train_steps, train.max_checkpoints_to_keep) == (1000, 3)
   model_params.set_default_adafactor(task_p, 1e-3, 1e-2, decay_end=50000,
                                      clip_gradient_norm_to_value=2.0)
-  lr = config.build(task_p).learner
-  assert (lr.optimizer, lr.decay_end, lr.clip_gradient_norm_to_value) == ("adafactor", 50000, 2.0)
+  opt = config.build(task_p).learner.optimizer
+  assert isinstance(opt, optimizers.ShardedAdafactor)
+  assert (opt.decay_method, opt.beta1, opt.decay_adam, opt.weight_decay) == ("adam", 0.9, 0.99,
+                                                                            1e-2)
+  assert (opt.lr_schedule.decay_end, opt.clip_gradient_norm_to_value) == (50000, 2.0)
   task_p.train.num_train_steps = 2.5
   with pytest.raises(UserError, match="num_train_steps must be a whole number"):
     config.build(task_p)
-
-
-def test_praxis_optimizer_configs_are_refused_with_what_to_set():
-  from paxlike.errors import UserError
-  from paxlike.pax import optimizers, schedules
-
-  with pytest.raises(UserError, match="ADAM_"):
-    optimizers.Adam.HParams(beta1=0.9)
-  with pytest.raises(UserError, match="LR_SCHEDULE"):
-    schedules.LinearRampupExponentialDecay.HParams(warmup_steps=10)
 
 
 def test_pipelined_template_imports_registers_and_is_refused_in_one_line(tmp_path):

@@ -160,3 +160,114 @@ def test_list_experiments_cli_prints_the_shipped_names(tmp_path):
   lines = proc.stdout.split()
   for name in SHIPPED:
     assert name in lines, describe(proc)
+
+
+def _forget_after_test(monkeypatch, *modules: str) -> None:
+  """Whatever these modules are now, the test ends with none of them imported."""
+  for name in modules:
+    monkeypatch.setitem(sys.modules, name, None)
+    del sys.modules[name]
+
+
+def _user_module(tmp_path, monkeypatch, name: str, source: str) -> None:
+  (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  _forget_after_test(monkeypatch, name)
+
+
+def test_a_dotted_name_looks_only_in_the_users_module_of_that_name(tmp_path, monkeypatch):
+  _user_module(tmp_path, monkeypatch, "c4", """\
+      from experiments.lm.c4 import C4SpmdGpt3AdamOrgHP as Shipped
+      from paxlike import experiment_registry
+
+      @experiment_registry.register
+      class C4SpmdGpt3AdamOrgHP(Shipped):
+        NUM_LAYERS = 2
+
+      class C4SpmdAdam(Shipped):  # shadows a shipped name, never registered
+        pass
+      """)
+  from experiments.lm import c4 as shipped
+
+  assert registry.get("c4.C4SpmdGpt3AdamOrgHP").__module__ == "c4"
+  with pytest.raises(UserError, match=r"c4\.C4SpmdAdam .* not a registered experiment; "
+                     r"decorate the class with @experiment_registry\.register"):
+    registry.get("c4.C4SpmdAdam")
+  with pytest.raises(UserError, match=r"module c4 .* has no registered experiment "
+                     r"'C4Spmd1BAdam4Replicas'"):
+    registry.get("c4.C4Spmd1BAdam4Replicas")
+  # The shipped module is named by its path under experiments/, or in full.
+  assert registry.get("lm.c4.C4SpmdAdam") is shipped.C4SpmdAdam
+  assert registry.get("experiments.lm.c4.C4SpmdAdam") is shipped.C4SpmdAdam
+
+
+def test_without_a_user_module_a_suffix_still_finds_the_shipped_experiment():
+  from experiments.lm import c4 as shipped
+
+  assert "c4" not in sys.modules
+  assert registry.get("c4.C4SpmdGpt3AdamOrgHP") is shipped.C4SpmdGpt3AdamOrgHP
+
+
+def test_pax_paths_resolve_to_the_classes_their_modules_reexport():
+  from experiments.lm import c4 as shipped
+
+  assert registry.get("tasks.lm.params.c4.C4SpmdAdam") is shipped.C4SpmdAdam
+  assert registry.get("paxlike.pax.tasks.lm.params.c4.C4SpmdAdam") is shipped.C4SpmdAdam
+  with pytest.raises(UserError, match=r"C4SpmdAdamBf16 .*it is experiments\.lm\.c4\."
+                     r"C4SpmdAdamBf16\) is not a registered experiment"):
+    registry.get("tasks.lm.params.c4.C4SpmdAdamBf16")
+
+
+def test_a_package_name_finds_a_class_in_its_submodules_unless_two_have_it(tmp_path,
+                                                                           monkeypatch):
+  pkg = tmp_path / "mypkg"
+  pkg.mkdir()
+  (pkg / "__init__.py").write_text("")
+  for sub in ("a", "b"):
+    (pkg / f"{sub}.py").write_text(textwrap.dedent(f"""\
+        from paxlike import experiment_registry
+        from paxlike.experiment import BaseExperiment
+
+        @experiment_registry.register
+        class Shared(BaseExperiment):
+          pass
+
+        @experiment_registry.register
+        class Only{sub.upper()}(BaseExperiment):
+          pass
+        """))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  _forget_after_test(monkeypatch, "mypkg", "mypkg.a", "mypkg.b")
+  assert registry.get("mypkg.OnlyA").__module__ == "mypkg.a"
+  with pytest.raises(UserError) as e:
+    registry.get("mypkg.Shared")
+  assert "mypkg.a.Shared" in str(e.value) and "mypkg.b.Shared" in str(e.value)
+  assert "\n" not in str(e.value)
+  names, unregistered = registry.module_names("mypkg")
+  assert names == ["mypkg.a.OnlyA", "mypkg.a.Shared", "mypkg.b.OnlyB", "mypkg.b.Shared"]
+  assert unregistered == []
+
+
+@pytest.mark.parametrize("name", ["LmCloudSpmdTiyn", "lm_cloud.LmCloudSpmdTiyn",
+                                  "lm.lm_cloud.LmCloudSpmdTiyn", "no_such_mod.Foo", "Zzzzq"])
+def test_unknown_names_end_their_sentence_once(name):
+  with pytest.raises(UserError) as e:
+    registry.get(name)
+  text = str(e.value)
+  assert "?." not in text and ".." not in text and "\n" not in text
+  assert text.endswith((".", "?"))
+
+
+def test_a_user_nvidia_module_is_named_as_shadowing_the_cuda_packages(tmp_path, monkeypatch):
+  monkeypatch.syspath_prepend(str(tmp_path))
+  assert registry.shadowing_module("nvidia.X") is None  # none, or the installed packages
+  (tmp_path / "nvidia.py").write_text("raise AssertionError('must not be imported')\n")
+  import importlib
+
+  importlib.invalidate_caches()
+  line = registry.shadowing_module("nvidia.X")
+  assert line is not None and str(tmp_path / "nvidia.py") in line
+  assert "--exp=nvidia_experiments.X" in line
+  # Also when --exp names another module: `import jax` would run the file all the same.
+  assert "take its directory off PYTHONPATH" in registry.shadowing_module(TINY)
+  assert "nvidia" not in sys.modules

@@ -9,7 +9,10 @@ transformers writes. paxlike's encode / decode must equal AutoTokenizer's on a
 few hundred strings; a tokenizer larger than VOCAB_SIZE is refused by the CLI
 before anything is written; and a fine-tuning job carries its tokenizer into
 later infer and export runs, a Hugging Face export (AutoTokenizer loads it) and
-a StableHLO export (run.py tokenizes as paxlike does).
+a StableHLO export (run.py tokenizes as paxlike does). A Llama fine-tuned with
+VOCABULARY and a T5 from --init_from=hf:DIR, both on TRAIN_FILES, then infer, resume and
+export with none of those settings: the same predictions, the tokenizer in both exports,
+and another tokenizer refused.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, describe, run_cli
+from conftest import REPO_ROOT, describe, parse_trained_line, run_cli
 
 NUM_STRINGS = 300
 T5_EXTRA_IDS = 100
@@ -554,3 +557,182 @@ def test_fine_tune_on_files_from_the_hf_directory_then_transformers_generates_li
     want.append(tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True))
   assert predictions == want, (predictions, want)
   assert any(predictions), predictions  # text was generated, not EOS at once
+
+
+# ------------------------------------------- later runs of a job read the tokenizer it recorded
+
+SAY = [{"inputs": f"say {w}", "targets": w} for w in
+       ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")]
+T5 = {"NUM_ENCODER_LAYERS": 1, "NUM_DECODER_LAYERS": 1, "MODEL_DIMS": 32, "NUM_HEADS": 2,
+      "DIMS_PER_HEAD": 16, "HIDDEN_DIMS": 64, "MAX_INPUT_LEN": 12, "MAX_TARGET_LEN": 6,
+      "VOCAB_SIZE": 416}
+
+
+def _sets(values: dict) -> list[str]:
+  return [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+
+
+def _t5_hf_dir(t5_sp_dir: Path, out: Path) -> Path:
+  """Random FlanT5Tiny weights (the test's dims) + the spiece tokenizer, a Hugging Face dir."""
+  import jax
+
+  from paxlike import config, experiment, registry, resume
+  from paxlike.interop import hf
+
+  exp = experiment.instantiate(registry.get("FlanT5Tiny"), [f"{k}={v}" for k, v in T5.items()])
+  task = config.build(exp.task())
+  inp = config.build(exp.datasets()[0])
+  inp.bind_host(1, 0)
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda a: (rng.standard_normal(a.shape) * 0.05).astype(np.float32),
+                        resume.abstract_train_state(task, inp).params)
+  hf.export_params(params, task.model, str(out))
+  for name in os.listdir(t5_sp_dir):
+    if name != "config.json":  # the export's own
+      (out / name).write_bytes((t5_sp_dir / name).read_bytes())
+  return out
+
+
+def _predictions(proc) -> list[str]:
+  assert proc.returncode == 0, describe(proc)
+  out = Path(proc.stdout.split("predictions -> ")[-1].strip())
+  return [json.loads(line)["prediction"] for line in out.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def own_tokenizer_jobs(llama_tok_dir, t5_sp_dir, tmp_path_factory):
+  """A LlamaTiny fine-tuned on TRAIN_FILES with VOCABULARY=its tokenizer.json, and a
+  FlanT5Tiny on TRAIN_FILES from --init_from=hf:DIR (a spiece.model); each then predicts
+  (--mode=infer) with those settings given, as its training run had them."""
+  from paxlike.inputs import vocabulary
+
+  root = tmp_path_factory.mktemp("own_tokenizer")
+  train = root / "train.jsonl"
+  train.write_text("".join(json.dumps(r) + "\n" for r in SAY))
+  prompts = root / "prompts.jsonl"
+  prompts.write_text("".join(json.dumps({"inputs": r["inputs"]}) + "\n" for r in SAY[:3]))
+  table = -(-vocabulary.get(str(llama_tok_dir)).vocab_size // 8) * 8
+  model_sets = {
+      "llama": ["--exp=LlamaTiny", *_sets({**LLAMA, "VOCAB_SIZE": table})],
+      "t5": ["--exp=FlanT5Tiny", *_sets(T5)],
+  }
+  file_sets = {
+      "llama": _sets({"TRAIN_FILES": f"[{train}]",
+                      "VOCABULARY": llama_tok_dir / "tokenizer.json"}),
+      "t5": [*_sets({"TRAIN_FILES": f"[{train}]"}),
+             f"--init_from=hf:{_t5_hf_dir(t5_sp_dir, root / 't5_hf')}"],
+  }
+  train_sets = _sets({"NUM_TRAIN_STEPS": 2, "CHECKPOINT_EVERY_N_STEPS": 1,
+                      "PERCORE_BATCH_SIZE": 4, "LEARNING_RATE": 1e-2})
+  jobs = {}
+  for family in ("llama", "t5"):
+    job = root / family
+    proc = run_cli([*model_sets[family], f"--job_log_dir={job}", *file_sets[family],
+                    *train_sets, "--enable_summary_writer=false",
+                    "--peak_tflops_per_device=1"], root, timeout=600)
+    assert proc.returncode == 0, describe(proc)
+    infer = [*model_sets[family], f"--job_log_dir={job}", "--mode=infer",
+             f"--infer_input={prompts}"]
+    given = _predictions(run_cli([*infer, *file_sets[family]], root, timeout=600))
+    jobs[family] = {"job": job, "model_sets": model_sets[family], "infer": infer,
+                    "given": given, "file_sets": file_sets[family]}
+  return root, jobs
+
+
+@pytest.mark.parametrize("family", ["llama", "t5"])
+def test_infer_with_no_file_settings_predicts_as_with_them(own_tokenizer_jobs, family):
+  root, jobs = own_tokenizer_jobs
+  j = jobs[family]
+  bare = _predictions(run_cli(j["infer"], root, timeout=600))
+  assert bare == j["given"]
+  run_env = json.loads((j["job"] / "run_env.json").read_text())
+  assert os.path.dirname(run_env["vocabulary"]) == str(j["job"] / "vocabulary"), run_env
+
+
+def test_a_resumed_run_keeps_the_recorded_tokenizer(own_tokenizer_jobs):
+  """The rerun (of a copy of the job) names its files but not VOCABULARY: it reads the
+  job's tokenizer, not bytes."""
+  import shutil
+
+  root, jobs = own_tokenizer_jobs
+  j = jobs["llama"]
+  job = root / "resumed"
+  shutil.copytree(j["job"], job)
+  more = _sets({"NUM_TRAIN_STEPS": 3, "CHECKPOINT_EVERY_N_STEPS": 1, "PERCORE_BATCH_SIZE": 4,
+                "LEARNING_RATE": 1e-2})
+  proc = run_cli([*j["model_sets"], f"--job_log_dir={job}", *j["file_sets"][:2], *more,
+                  "--enable_summary_writer=false", "--peak_tflops_per_device=1"], root,
+                 timeout=600)
+  assert proc.returncode == 0, describe(proc)
+  assert parse_trained_line(proc.stdout)["start_step"] == 2
+  run_env = json.loads((job / "run_env.json").read_text())
+  assert run_env["vocabulary"] == str(job / "vocabulary" / "tokenizer.json"), run_env
+
+
+@pytest.mark.parametrize("family", ["llama", "t5"])
+def test_the_stablehlo_export_with_no_file_settings_reads_text_with_the_tokenizer(
+    own_tokenizer_jobs, family, llama_tok_dir, t5_sp_dir):
+  """Its runner tokenizes with the job's tokenizer and generates what infer predicted."""
+  import importlib.util
+
+  from paxlike.inputs import vocabulary
+
+  root, jobs = own_tokenizer_jobs
+  j = jobs[family]
+  source = llama_tok_dir if family == "llama" else t5_sp_dir
+  shlo = root / f"{family}_export_stablehlo"
+  proc = run_cli([*j["model_sets"], f"--job_log_dir={j['job']}", "--mode=export",
+                  "--export_format=stablehlo", "--export_platforms=cpu",
+                  f"--export_dir={shlo}"], root, timeout=600)
+  assert proc.returncode == 0, describe(proc)
+  manifest = json.loads((shlo / "manifest.json").read_text())
+  kind = "hf_tokenizer" if family == "llama" else "sentencepiece"
+  assert manifest["vocabulary"]["kind"] == kind, manifest["vocabulary"]
+  spec = importlib.util.spec_from_file_location(f"run_{family}", shlo / "run.py")
+  runner = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(runner)
+  decoder = runner.load(str(shlo))
+  ours = vocabulary.get(str(source))
+  for text in _strings()[:20]:
+    assert decoder.tokenize(text) == [*([ours.bos_id] if ours.add_bos else []),
+                                      *ours.encode(text)]
+  rows = decoder.generate([r["inputs"] for r in SAY[:3]])
+  assert [r["generation"] for r in rows] == j["given"]
+
+
+@pytest.mark.parametrize("family", ["llama", "t5"])
+def test_the_hf_export_with_no_file_settings_carries_the_tokenizer(
+    own_tokenizer_jobs, family, llama_tok_dir, t5_sp_dir):
+  """AutoTokenizer loads it from the export directory and gives the source's ids."""
+  root, jobs = own_tokenizer_jobs
+  j = jobs[family]
+  source = llama_tok_dir if family == "llama" else t5_sp_dir
+  hf_out = root / f"{family}_export_hf"
+  proc = run_cli([*j["model_sets"], f"--job_log_dir={j['job']}", "--mode=export",
+                  "--export_format=hf", f"--export_dir={hf_out}"], root, timeout=600)
+  assert proc.returncode == 0, describe(proc)
+  tokenizer = "tokenizer.json" if family == "llama" else "spiece.model"
+  assert (hf_out / tokenizer).read_bytes() == (source / tokenizer).read_bytes()
+  transformers = pytest.importorskip("transformers")
+  exported = transformers.AutoTokenizer.from_pretrained(str(hf_out))
+  original = transformers.AutoTokenizer.from_pretrained(str(source))
+  strings = _strings(T5_EXTRA_IDS if family == "t5" else 0)
+  assert sum(exported(t).input_ids == original(t).input_ids for t in strings) == len(strings)
+
+
+def test_a_tokenizer_other_than_the_recorded_one_is_refused(own_tokenizer_jobs, llama_tok_dir,
+                                                             t5_sp_dir):
+  root, jobs = own_tokenizer_jobs
+  cases = [(jobs["llama"], ["--set", f"VOCABULARY={t5_sp_dir}"],
+            f"VOCABULARY={t5_sp_dir} is not the tokenizer this job trained with"),
+           (jobs["llama"], ["--set", "VOCABULARY=byte"], "it is the byte vocabulary"),
+           (jobs["t5"], [f"--init_from=hf:{llama_tok_dir}"],
+            f"the tokenizer of INIT_FROM ({llama_tok_dir}) is not the tokenizer this job")]
+  for j, extra, says in cases:
+    before = sorted(p.name for p in (j["job"] / "infer_out").rglob("*"))
+    proc = run_cli([*j["infer"], *extra], root)
+    assert proc.returncode == 2, describe(proc)
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
+        proc.stderr
+    assert says in proc.stderr, proc.stderr
+    assert sorted(p.name for p in (j["job"] / "infer_out").rglob("*")) == before

@@ -20,7 +20,7 @@ from paxlike.export.base import (
 )
 from paxlike.export.formats import EXPORTERS, get
 from paxlike.export.hf import HfExporter
-from paxlike.export.job import PLATFORMS, ExportJob, describe, parse_platforms
+from paxlike.export.job import PLATFORMS, ExportJob, describe, parse_platforms, text_source
 from paxlike.export.loading import load
 from paxlike.export.savedmodel import SavedModelExporter
 from paxlike.export.stablehlo import StableHloExporter
@@ -28,5 +28,5 @@ from paxlike.export.stablehlo import StableHloExporter
 __all__ = [
     "EXPORTERS", "PLATFORMS", "ExportJob", "Exporter", "HfExporter", "SavedModelExporter",
     "StableHloExporter", "check_free", "describe", "directory_size", "get", "is_export",
-    "load", "out_dir", "parse_platforms", "publish",
+    "load", "out_dir", "parse_platforms", "publish", "text_source",
 ]

@@ -7,7 +7,9 @@ experiment's decode input (the input the job's own decode runs read):
   * per-row shapes and dtypes: one batch of that input (a feature the batch
     lacks is a per-row scalar, as the LM's prompt_lens is);
   * the vocabulary: a TextInput's byte, SentencePiece or tokenizer.json vocabulary; other
-    inputs (synthetic streams, SeqIO) give an export over token ids only;
+    inputs (synthetic streams, SeqIO) give an export over token ids only, unless the
+    experiment has no decode input and its own text settings read a tokenizer (the job's
+    recorded one: text_source);
   * how a prompt's text becomes ids: a per-row [L] feature holds the
     prompt's ids (padded with pad_id, cut at L), a per-row scalar holds how
     many there are, and an EOS is appended when the model's own prompts
@@ -18,6 +20,7 @@ experiment's decode input (the input the job's own decode runs read):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,6 +29,7 @@ from paxlike.errors import UserError
 
 PLATFORMS = ("cpu", "cuda", "tpu")
 MAX_EXAMPLES = 2  # prompts kept for warm-up requests and the manifest's example
+EXAMPLE_PROMPTS = ("hello world", "1+1=")  # text_source's, for an experiment that decodes nothing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +116,39 @@ def vocabulary_of(inp: Any) -> dict[str, Any]:
             "clean_up": vocab.clean_up, **({"added_tokens": dict(vocab.added_tokens)}
                                            if getattr(vocab, "added_tokens", None) else {})}
   return {"kind": "none"}
+
+
+def example_prompts(split: str) -> list[dict[str, str]]:
+  """The prompts text_source's input reads (a TextInput generator)."""
+  del split
+  return [{"inputs": p} for p in EXAMPLE_PROMPTS]
+
+
+def text_source(own_input: Callable[[], Any] | None, source_dir: str | None,
+                job_log_dir: str) -> list[Any]:
+  """The input an export reads its text path from when the experiment decodes nothing.
+
+  An experiment that trains on a stream of ids (LlamaTiny's synthetic data) and on
+  TRAIN_FILES alike has no decode input to tell how its text becomes ids; its own text
+  settings (FilesDataset.infer_input: lengths, feature converter) over EXAMPLE_PROMPTS do,
+  when their vocabulary resolves to a tokenizer (the job's recorded one, VOCABULARY's or
+  INIT_FROM's). Bytes are not assumed: the ids might be anything.
+
+  Returns:
+    [the TextInput config], or [] (the export then has no text path).
+  """
+  from paxlike.inputs import text
+
+  if own_input is None:
+    return []
+  try:
+    cfg = own_input()
+  except UserError:  # a model template that reads no text files: an export over ids, as before
+    return []
+  cfg.file_pattern, cfg.generator, cfg.input_key = "", f"{__name__}:example_prompts", "inputs"
+  cfg.name = "export"
+  text.resolve_vocabularies([cfg], source_dir, job_log_dir)
+  return [] if cfg.vocabulary in (None, "byte") else [cfg]
 
 
 def _text_roles(features: list[tuple[str, tuple[int, ...]]]) -> dict[str, str] | None:

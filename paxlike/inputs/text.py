@@ -158,6 +158,9 @@ def resolve_vocabularies(cfgs: Sequence[Any], source_dir: str | None,
 
   See paxlike.inputs.vocabulary.resolve; the configs are changed in place, so the
   run's model_params.txt shows the tokenizer it read.
+
+  Raises:
+    UserError: an input's vocabulary is not the tokenizer the job recorded.
   """
   import fiddle as fdl
 
@@ -165,6 +168,8 @@ def resolve_vocabularies(cfgs: Sequence[Any], source_dir: str | None,
     fn = fdl.get_callable(cfg) if isinstance(cfg, fdl.Buildable) else None
     if isinstance(fn, type) and issubclass(fn, TextInput):
       cfg.vocabulary = vocab_lib.resolve(cfg.vocabulary, source_dir, job_log_dir)
+      vocab_lib.check_recorded(cfg.vocabulary, job_log_dir,
+                               f"the vocabulary {cfg.vocabulary} of input {cfg.name!r}")
       where = cfg.vocabulary if os.path.isdir(cfg.vocabulary or "") else os.path.dirname(
           cfg.vocabulary or "")
       if not cfg.chat_template_dir and chat_lib.has_template(where):

@@ -13,6 +13,11 @@ A vocabulary spec (TextInput.vocabulary, an experiment's VOCABULARY) is one of
   None          "hf" when the run has such a directory (or its job_log_dir records
                 a vocabulary), else "byte".
 
+A training run copies its file vocabulary into job_log_dir/vocabulary/ (record());
+every later run of the job (eval, decode, infer, export, a resumed training run) reads
+it from there with no setting repeated (for_job, resolve), and a VOCABULARY or
+INIT_FROM tokenizer that gives other ids is refused (check_recorded).
+
 Special ids of a file vocabulary come from the files beside it, as
 transformers reads them: tokenizer_config.json and special_tokens_map.json name
 the pad / eos / bos / unk tokens (and T5's `<extra_id_N>` sentinels, `extra_ids`);
@@ -399,12 +404,100 @@ def resolve(spec: str | None, source_dir: str | None, job_log_dir: str | None) -
   """
   if spec not in (None, HF):
     return spec
-  recorded = os.path.join(job_log_dir, JOB_DIR) if job_log_dir else None
-  for candidate in (recorded, source_dir):
-    if candidate and os.path.isdir(candidate) and any(
-        os.path.isfile(os.path.join(candidate, n)) for n in (TOKENIZER_JSON, *SP_FILES)):
+  for candidate in (recorded(job_log_dir), source_dir):
+    if _has_tokenizer(candidate):
       return candidate
   return spec if spec == HF else "byte"
+
+
+def _has_tokenizer(directory: str | None) -> bool:
+  return bool(directory) and os.path.isdir(directory) and any(
+      os.path.isfile(os.path.join(directory, n)) for n in (TOKENIZER_JSON, *SP_FILES))
+
+
+# ------------------------------------------------ the tokenizer a job recorded
+
+
+def recorded(job_log_dir: str | None) -> str | None:
+  """job_log_dir/vocabulary when a training run of the job recorded a tokenizer there."""
+  path = os.path.join(job_log_dir, JOB_DIR) if job_log_dir else None
+  return path if _has_tokenizer(path) else None
+
+
+def _describe(vocab: Vocabulary) -> str:
+  if isinstance(vocab, ByteVocabulary):
+    return "the byte vocabulary"
+  if isinstance(vocab, TokenizerJsonVocabulary):
+    return "a tokenizer.json"
+  return "a SentencePiece model"
+
+
+def _main_file(vocab: Vocabulary) -> bytes:
+  name = TOKENIZER_JSON if isinstance(vocab, TokenizerJsonVocabulary) else SP_FILES[0]
+  with open(vocab.files[name], "rb") as f:
+    return f.read()
+
+
+def difference(a: Vocabulary, b: Vocabulary) -> str | None:
+  """How b tokenizes otherwise than a (the kind, the tokenizer file, the special ids), or
+  None when they give the same ids."""
+  if type(a) is not type(b):
+    return f"it is {_describe(b)}, the job's is {_describe(a)}"
+  if a.files and _main_file(a) != _main_file(b):
+    return "its tokenizer file differs"
+  for role in ("pad_id", "eos_id", "bos_id", "unk_id", "add_bos", "vocab_size"):
+    if getattr(a, role) != getattr(b, role):
+      return f"its {role} is {getattr(b, role)}, the job's {getattr(a, role)}"
+  return None
+
+
+def check_recorded(spec: str, job_log_dir: str | None, what: str) -> None:
+  """Refuses a tokenizer other than the one the job recorded (nothing to check without one).
+
+  Args:
+    spec: a vocabulary spec ("byte", a tokenizer path or directory).
+    job_log_dir: the job whose record it must match.
+    what: the setting that names spec, for the message ("VOCABULARY=...").
+
+  Raises:
+    UserError: spec tokenizes otherwise than the recorded tokenizer.
+  """
+  job = recorded(job_log_dir)
+  if job is None or spec in (None, HF):
+    return
+  path = os.path.abspath(os.path.expanduser(spec))
+  if spec != "byte" and job in (path, os.path.dirname(path)):
+    return  # the record itself
+  reason = difference(get(job), get(spec))
+  if reason is not None:
+    raise UserError(f"{what} is not the tokenizer this job trained with ({job}): {reason}; "
+                    "drop it (every later run of a job reads the tokenizer the job recorded) "
+                    "or use another --job_log_dir.")
+
+
+def for_job(setting: str | None, source_dir: str | None, job_log_dir: str | None) -> str | None:
+  """VOCABULARY for a run of a job: the tokenizer the job recorded, when it recorded one.
+
+  Args:
+    setting: the experiment's VOCABULARY (None and "hf": the run's INIT_FROM directory's).
+    source_dir: the directory of the run's INIT_FROM tokenizer (InitFrom.vocabulary_dir), or
+      None.
+    job_log_dir: this run's job_log_dir.
+
+  Returns:
+    setting when it names a tokenizer or the job recorded none; else the recorded directory.
+
+  Raises:
+    UserError: setting, or for None and "hf" the INIT_FROM tokenizer, is not the recorded one.
+  """
+  if recorded(job_log_dir) is None:
+    return setting
+  if setting not in (None, HF):
+    check_recorded(setting, job_log_dir, f"VOCABULARY={setting}")
+    return setting
+  if _has_tokenizer(source_dir):
+    check_recorded(source_dir, job_log_dir, f"the tokenizer of INIT_FROM ({source_dir})")
+  return recorded(job_log_dir)
 
 
 def check_fits(vocab: Vocabulary, model: Any) -> None:

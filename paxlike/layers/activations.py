@@ -24,9 +24,16 @@ class ReLU(BaseActivation):
 
 
 class GELU(BaseActivation):
-  """Pax's GELU (tanh approximation, as jax.nn.gelu's default)."""
+  """Pax's GELU (tanh approximation, as jax.nn.gelu's default).
+
+  `approximate` is praxis's field (`activation_tpl.approximate = True` in Pax's
+  GPT-3); paxlike computes the tanh approximation only.
+  """
 
   name = "gelu"
+
+  def __init__(self, approximate: bool = True) -> None:
+    self.approximate = approximate
 
 
 class SiLU(BaseActivation):

@@ -383,6 +383,29 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array
                                       scale=scale, implementation="cudnn")
 
 
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+  """Rotates x [B, T, heads, head_dim] by its positions [B|1, T] (rotate-half layout)."""
+  freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, h/2]
+  angles = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  xf = x.astype(jnp.float32)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+  return (xf * cos + rotated * sin).astype(x.dtype)
+
+
+def rope_inv_timescales(head_dim: int, min_timescale: float, max_timescale: float
+                        ) -> np.ndarray:
+  """[head_dim // 2] inverse timescales of praxis's rotary embedding.
+
+  timescale_i = min * (max / min) ** (2i / head_dim); with min 1 these are
+  Llama's 1 / theta ** (2i / head_dim) for theta = max.
+  """
+  fraction = 2 * np.arange(head_dim // 2, dtype=np.float64) / head_dim
+  timescale = min_timescale * (max_timescale / min_timescale) ** fraction
+  return (1.0 / timescale).astype(np.float32)
+
+
 class DotProductAttention(nn.Module):
   """Multi-head causal self-attention; combine_qkv fuses the three projections.
 
@@ -410,18 +433,41 @@ class DotProductAttention(nn.Module):
   logit_cap: float = 0.0
   dropout_rate: float = 0.0
   per_dim_scale: bool = True
+  # praxis's GroupedQueryAttention: num_kv_heads key/value heads (None: num_heads),
+  # each shared by num_heads / num_kv_heads query heads.
+  num_kv_heads: int | None = None
+  # (min, max) timescales of rotary positions on q and k (praxis's
+  # use_rotary_position_emb / rope_min_max_timescales); None: none.
+  rope_timescales: tuple[float, float] | None = None
 
   @nn.compact
   def __call__(self, x: jax.Array, index: jax.Array | None = None,
-               segment_ids: jax.Array | None = None) -> jax.Array:
+               segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None) -> jax.Array:
     n, h, b = self.num_heads, self.dim_per_head, self.use_bias
+    kv = self.num_kv_heads or n
+    if kv <= 0 or n % kv:
+      raise UserError(f"NUM_KV_HEADS={kv} must divide NUM_HEADS={n}.")
     if self.combine_qkv:
+      if kv != n:
+        raise UserError("combined q/k/v projections need as many key/value heads as query "
+                        f"heads ({kv} != {n}); set COMBINE_QKV=False.")
       qkv = Linear((3, n, h), ("embed", "qkv", "heads", "kv"), self.dtype, b, name="qkv")(x)
+      qkv = checkpoint_name(qkv, "combined_qkv_proj")
       q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     else:
-      q = Linear((n, h), ("embed", "heads", "kv"), self.dtype, b, name="query")(x)
-      k = Linear((n, h), ("embed", "heads", "kv"), self.dtype, b, name="key")(x)
-      v = Linear((n, h), ("embed", "heads", "kv"), self.dtype, b, name="value")(x)
+      q = checkpoint_name(Linear((n, h), ("embed", "heads", "kv"), self.dtype, b,
+                                 name="query")(x), "query_proj")
+      k = checkpoint_name(Linear((kv, h), ("embed", "heads", "kv"), self.dtype, b,
+                                 name="key")(x), "key_proj")
+      v = checkpoint_name(Linear((kv, h), ("embed", "heads", "kv"), self.dtype, b,
+                                 name="value")(x), "value_proj")
+    if self.rope_timescales is not None:
+      if positions is None:
+        start = 0 if index is None else index
+        positions = (start + jnp.arange(x.shape[1]))[None]
+      inv_freq = rope_inv_timescales(h, *self.rope_timescales)
+      q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
     scale = h ** -0.5
     if self.per_dim_scale:
       q = scale_query_per_dim(q, self.param("per_dim_scale", nn.with_logical_partitioning(
@@ -431,6 +477,8 @@ class DotProductAttention(nn.Module):
     if self.cache_mode is not None:
       k, v, mask = self._use_cache(k, v, index)
       segment_ids = None  # decoding runs one sequence per row
+    if kv != n:  # the attention function takes equal heads: repeat inside this call only
+      k, v = jnp.repeat(k, n // kv, axis=2), jnp.repeat(v, n // kv, axis=2)
     rng = None
     if self.dropout_rate > 0.0 and self.has_rng("dropout"):
       rng = self.make_rng("dropout")

@@ -91,6 +91,7 @@ class SharedEmbeddingSoftmax(nn.Module):
   lookup_style: str = "index"
   soft_cap_logits: float = 0.0
   use_bias: bool = True
+  scale_sqrt_depth: bool = True  # praxis's: embedded rows x sqrt(embed) (off in Pax's GPT-3)
 
   def setup(self) -> None:
     rows = max(self.padded_rows, self.vocab_size)
@@ -101,7 +102,7 @@ class SharedEmbeddingSoftmax(nn.Module):
 
   def embed(self, ids: jax.Array) -> jax.Array:
     x = lookup(self.table, ids, self.lookup_style, self.dtype)
-    return x * jnp.asarray(self.dims ** 0.5, self.dtype)
+    return x * jnp.asarray(self.dims ** 0.5, self.dtype) if self.scale_sqrt_depth else x
 
   def logits(self, x: jax.Array) -> jax.Array:
     logits = jnp.einsum("btd,vd->btv", x.astype(self.dtype), self.table.astype(self.dtype))
@@ -120,13 +121,14 @@ class Embedding(nn.Module):
   dtype: Dtype = jnp.float32
   padded_rows: int = 0
   lookup_style: str = "index"
+  scale_sqrt_depth: bool = True
 
   @nn.compact
   def __call__(self, ids: jax.Array) -> jax.Array:
     table = _table(self, "embedding", max(self.padded_rows, self.vocab_size), self.vocab_size,
                    self.dims)
-    return lookup(table, ids, self.lookup_style, self.dtype) * jnp.asarray(
-        self.dims ** 0.5, self.dtype)
+    x = lookup(table, ids, self.lookup_style, self.dtype)
+    return x * jnp.asarray(self.dims ** 0.5, self.dtype) if self.scale_sqrt_depth else x
 
 
 class TrainablePositionalEmbedding(nn.Module):

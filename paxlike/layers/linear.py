@@ -84,13 +84,15 @@ class FeedForward(nn.Module):
   dtype: Dtype = jnp.float32
   use_gated_activation: bool = False
   dropout_rate: float = 0.0
+  has_bias: bool = True  # praxis's TransformerFeedForward.has_bias
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     d = x.shape[-1]
-    h = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, use_bias=True, name="ffn1")(x)
+    bias = self.has_bias
+    h = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, use_bias=bias, name="ffn1")(x)
     if self.use_gated_activation:
-      gate = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, use_bias=True,
+      gate = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, use_bias=bias,
                     name="ffn1_gate")(x)
       h = ACTIVATIONS[self.activation](gate) * h
     else:
@@ -98,5 +100,5 @@ class FeedForward(nn.Module):
     h = nn.Dropout(self.dropout_rate)(h, deterministic=not dropout_active(self, self.dropout_rate))
     h = nn.with_logical_constraint(h, ("batch", "length", "activation_mlp"))
     h = checkpoint_name(h, "ffn1")
-    y = Linear((d,), ("mlp", "embed"), self.dtype, use_bias=True, name="ffn2")(h)
+    y = Linear((d,), ("mlp", "embed"), self.dtype, use_bias=bias, name="ffn2")(h)
     return checkpoint_name(y, "ffn2")

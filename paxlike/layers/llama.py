@@ -25,7 +25,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from paxlike.errors import UserError
-from paxlike.layers.attention import dot_product_attention
+from paxlike.layers.attention import apply_rope, dot_product_attention
 from paxlike.layers.linear import Linear
 
 Dtype = Any
@@ -73,17 +73,6 @@ def rope_inv_freq(head_dim: int, theta: float,
   smoothed = (1 - smooth) * scaled / factor + smooth * scaled
   medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
   return np.where(medium, smoothed, scaled).astype(np.float32)
-
-
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-  """Rotates x [B, T, heads, head_dim] by its positions [B|1, T] (rotate-half layout)."""
-  freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, h/2]
-  angles = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
-  cos, sin = jnp.cos(angles), jnp.sin(angles)
-  xf = x.astype(jnp.float32)
-  half = x.shape[-1] // 2
-  rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
-  return (xf * cos + rotated * sin).astype(x.dtype)
 
 
 class RmsNorm(nn.Module):

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from paxlike.errors import UserError
 from paxlike.layers.attention import DotProductAttention
 from paxlike.layers.linear import FeedForward, LayerNorm, dropout_active
+from paxlike.layers.llama import RmsNorm
 
 Dtype = Any
 
@@ -24,6 +25,11 @@ CHECKPOINT_POLICIES: dict[str, Any] = {
         "ffn1", "context", "out_proj"),
     "SAVE_CONTEXT_AND_OUT_PROJ": jax.checkpoint_policies.save_only_these_names(
         "context", "out_proj"),
+    "SAVE_CONTEXT": jax.checkpoint_policies.save_only_these_names("context"),
+    "SAVE_OUT_PROJ": jax.checkpoint_policies.save_only_these_names("out_proj"),
+    "SAVE_QKV_OUT_PROJ": jax.checkpoint_policies.save_only_these_names(
+        "query_proj", "key_proj", "value_proj", "combined_qkv_proj", "out_proj"),
+    "SAVE_DOT_ONLY": jax.checkpoint_policies.checkpoint_dots,
 }
 
 
@@ -36,6 +42,10 @@ class AutodiffCheckpointType(enum.Enum):
   SAVE_DOT_WITH_NO_BATCH_DIM = "SAVE_DOT_WITH_NO_BATCH_DIM"
   SAVE_DOT_FOR_MLPERF_200B = "SAVE_DOT_FOR_MLPERF_200B"
   SAVE_CONTEXT_AND_OUT_PROJ = "SAVE_CONTEXT_AND_OUT_PROJ"
+  SAVE_CONTEXT = "SAVE_CONTEXT"
+  SAVE_OUT_PROJ = "SAVE_OUT_PROJ"
+  SAVE_QKV_OUT_PROJ = "SAVE_QKV_OUT_PROJ"
+  SAVE_DOT_ONLY = "SAVE_DOT_ONLY"
 
 
 def policy_name(value: Any) -> str:
@@ -51,6 +61,17 @@ def remat_policy(name: Any) -> Any:
 
 
 NORM_POLICIES = ("pre", "post", "primer_hybrid")
+NORM_TYPES = ("layernorm", "rmsnorm")
+
+
+def make_norm(norm_type: str, epsilon: float, dtype: Dtype, name: str | None = None
+              ) -> nn.Module:
+  """The LM's normalisation: LayerNorm (scale and bias) or praxis's RmsNorm (scale only)."""
+  if norm_type == "rmsnorm":
+    return RmsNorm(epsilon, dtype, name=name)
+  if norm_type != "layernorm":
+    raise UserError(f"norm type {norm_type!r} is not one of {list(NORM_TYPES)}.")
+  return LayerNorm(epsilon, dtype, name=name)
 
 
 class TransformerLayer(nn.Module):
@@ -76,14 +97,19 @@ class TransformerLayer(nn.Module):
   use_gated_activation: bool = False
   dropout_rate: float = 0.0
   per_dim_scale: bool = True
+  num_kv_heads: int | None = None  # see DotProductAttention
+  rope_timescales: tuple[float, float] | None = None  # see DotProductAttention
+  norm_type: str = "layernorm"  # or "rmsnorm" (praxis's RmsNorm as the layer's ln_tpl)
+  ffn_has_bias: bool = True
 
   def _residual(self, x: jax.Array, sublayer: Any, name: str) -> jax.Array:
     """x + sublayer(x) with this layer's norm policy; norms named pre_/post_<name>_norm."""
     if self.norm_policy not in NORM_POLICIES:
       raise UserError(f"NORM_POLICY={self.norm_policy!r} is not one of {list(NORM_POLICIES)}.")
 
-    def norm(where: str) -> LayerNorm:
-      return LayerNorm(self.layernorm_epsilon, self.dtype, name=f"{where}_{name}_norm")
+    def norm(where: str) -> nn.Module:
+      return make_norm(self.norm_type, self.layernorm_epsilon, self.dtype,
+                       name=f"{where}_{name}_norm")
 
     h = norm("pre")(x) if self.norm_policy in ("pre", "primer_hybrid") else x
     y = sublayer(h)
@@ -97,15 +123,17 @@ class TransformerLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, index: jax.Array | None = None,
-               segment_ids: jax.Array | None = None) -> tuple[jax.Array, None]:
+               segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None) -> tuple[jax.Array, None]:
     attention = DotProductAttention(
         self.num_heads, self.dim_per_head, self.combine_qkv, self.dtype, self.cache_mode,
         use_bias=self.use_bias, logit_cap=self.atten_logit_cap, dropout_rate=self.dropout_rate,
-        per_dim_scale=self.per_dim_scale, name="attention")
-    x = self._residual(x, lambda h: attention(h, index, segment_ids), "attn")
+        per_dim_scale=self.per_dim_scale, num_kv_heads=self.num_kv_heads,
+        rope_timescales=self.rope_timescales, name="attention")
+    x = self._residual(x, lambda h: attention(h, index, segment_ids, positions), "attn")
     ffn = FeedForward(self.hidden_dims, self.activation, self.dtype,
                       use_gated_activation=self.use_gated_activation,
-                      dropout_rate=self.dropout_rate, name="ffn")
+                      dropout_rate=self.dropout_rate, has_bias=self.ffn_has_bias, name="ffn")
     x = self._residual(x, ffn, "ffn")
     return x, None
 
@@ -131,8 +159,12 @@ class StackedTransformer(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, cache_mode: str | None = None,
                index: jax.Array | None = None,
-               segment_ids: jax.Array | None = None) -> jax.Array:
-    """cache_mode None trains/evaluates; "prefill" / "extend" decode (DotProductAttention)."""
+               segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None) -> jax.Array:
+    """cache_mode None trains/evaluates; "prefill" / "extend" decode (DotProductAttention).
+
+    positions [batch|1, length]: each token's position, for rotary attention.
+    """
     policy = remat_policy(self.checkpoint_policy)
     layer_cls = TransformerLayer
     if policy_name(self.checkpoint_policy) != "SAVE_EVERYTHING" and cache_mode is None:
@@ -145,8 +177,8 @@ class StackedTransformer(nn.Module):
       stack = nn.scan(layer_cls, variable_axes={"params": 0, "cache": 0},
                       split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
                       length=self.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-      x, _ = stack(**kwargs, name="repeat")(x, index, segment_ids)
+      x, _ = stack(**kwargs, name="repeat")(x, index, segment_ids, positions)
       return x
     for i in range(self.num_layers):
-      x, _ = layer_cls(**kwargs, name=f"x_layers_{i}")(x, index, segment_ids)
+      x, _ = layer_cls(**kwargs, name=f"x_layers_{i}")(x, index, segment_ids, positions)
     return x

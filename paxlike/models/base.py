@@ -36,6 +36,9 @@ Plain methods (no parameters needed; callable on the unbound module):
                           per row, the prompt ids and the reference ids
                           decode output is written beside and scored on,
                           and whether the row is an example (not padding)
+  initial_params(params, rng) the freshly initialised (boxed) parameters as the
+                          family wants them started (default: unchanged; the
+                          LM applies praxis's params_init here)
   padding_batch(host_batch) the batch with every loss weight 0 (the filler
                           a host with fewer eval batches runs)
   finish_decode(batch, start, out, settings) -> DecodeOutput
@@ -73,6 +76,11 @@ class BaseModel(nn.Module):
     raise NotImplementedError
 
   # --------------------------------------------------------- plain methods
+
+  def initial_params(self, params: Any, rng: jax.Array) -> Any:
+    """The fresh (boxed) parameters as this family starts them; unchanged here."""
+    del rng
+    return params
 
   def input_features(self) -> tuple[str, ...]:
     raise NotImplementedError

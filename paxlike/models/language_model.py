@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from paxlike import decoding, flops
+from paxlike.errors import UserError
 from paxlike.layers.embedding import (
     Embedding,
     SharedEmbeddingSoftmax,
@@ -17,11 +19,46 @@ from paxlike.layers.embedding import (
     padded_vocab,
     sinusoidal_at,
 )
-from paxlike.layers.linear import LayerNorm
-from paxlike.layers.transformer import StackedTransformer
+from paxlike.layers.transformer import StackedTransformer, make_norm
 from paxlike.models.base import BaseModel
 
 Dtype = Any
+
+
+# The parameters praxis draws from params_init: kernels and tables (biases, norm
+# scales and per-dim scales have initializers of their own).
+WEIGHT_NAMES = ("w", "post", "embedding")
+WEIGHT_INITS = ("gaussian", "uniform", "xavier", "constant")
+
+
+def draw_weight(spec: tuple[str, float], key: jax.Array, shape: tuple[int, ...], dtype: Any,
+                stacked: bool, name: str) -> jax.Array:
+  """A weight drawn as praxis's WeightInit (method, scale) draws it.
+
+  gaussian: N(0, 1) x scale; uniform: U(-scale, scale); constant: scale;
+  xavier: U(-l, l), l = scale x sqrt(6 / (fan_in + fan_out)), fan_in the
+  input dims (the first, or heads x dims per head of the attention output's
+  kernel) and fan_out the rest, per layer of a stack.
+  """
+  method, scale = spec[0].lower(), float(spec[1])
+  if method == "gaussian":
+    return jax.random.normal(key, shape, dtype) * scale
+  if method == "uniform":
+    return jax.random.uniform(key, shape, dtype, -scale, scale)
+  if method == "constant":
+    return jnp.full(shape, scale, dtype)
+  if method != "xavier":
+    raise UserError(f"params_init method {spec[0]!r} is not one of {list(WEIGHT_INITS)}.")
+  dims = shape[1:] if stacked else shape
+  n_in = 2 if name == "post" else 1
+  fan_in, fan_out = int(np.prod(dims[:n_in])), int(np.prod(dims[n_in:]))
+  limit = scale * (6.0 / (fan_in + fan_out)) ** 0.5
+  return jax.random.uniform(key, shape, dtype, -limit, limit)
+
+
+def _pair(value: Any) -> tuple[float, float] | None:
+  """A (min, max) pair as a hashable tuple of floats (a list from a config), or None."""
+  return None if value is None else (float(value[0]), float(value[1]))
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -104,16 +141,30 @@ class LanguageModel(BaseModel):
   vocab_pad_multiple: int = 1
   softmax_has_bias: bool = True
   per_dim_scale: bool = True
+  # What praxis's config tree can change besides (paxlike.pax.config_tree):
+  num_kv_heads: int | None = None  # grouped-query attention; None: num_heads
+  rope_timescales: tuple[float, float] | None = None  # rotary q/k positions (min, max)
+  use_position_emb: bool = True  # False: no position table or sinusoids (RoPE models)
+  norm_type: str = "layernorm"  # or "rmsnorm", every norm of the model
+  ffn_has_bias: bool = True
+  scale_sqrt_depth: bool = True  # embedded rows x sqrt(model_dims)
+  # praxis's WeightInit for the weights (kernels and tables; biases, norms and
+  # per-dim scales keep theirs): ("gaussian" | "uniform" | "xavier" | "constant", scale);
+  # softmax_weight_init the same for the softmax's table. None: paxlike's initializers.
+  weight_init: tuple[str, float] | None = None
+  softmax_weight_init: tuple[str, float] | None = None
+  eos_id: int = 1  # the id decoding ends a row on (praxis's decoder_tpl.eos_id)
 
   def setup(self) -> None:
     rows = padded_vocab(self.vocab_size, self.vocab_pad_multiple)
     self.softmax = SharedEmbeddingSoftmax(
         self.vocab_size, self.model_dims, self.fprop_dtype, padded_rows=rows,
         lookup_style=self.embedding_lookup_style, soft_cap_logits=self.softmax_cap_logits,
-        use_bias=self.softmax_has_bias)
+        use_bias=self.softmax_has_bias, scale_sqrt_depth=self.scale_sqrt_depth)
     if self.separate_embedding:
       self.embedding = Embedding(self.vocab_size, self.model_dims, self.fprop_dtype,
-                                 padded_rows=rows, lookup_style=self.embedding_lookup_style)
+                                 padded_rows=rows, lookup_style=self.embedding_lookup_style,
+                                 scale_sqrt_depth=self.scale_sqrt_depth)
     if self.trainable_position_emb:
       self.position_emb = TrainablePositionalEmbedding(
           self.trainable_pe_max_seq_len, self.model_dims, self.fprop_dtype)
@@ -121,14 +172,17 @@ class LanguageModel(BaseModel):
                     ("layernorm_epsilon", self.layernorm_epsilon), ("use_bias", self.use_bias),
                     ("atten_logit_cap", self.atten_logit_cap),
                     ("use_gated_activation", self.use_gated_activation),
-                    ("dropout_rate", self.dropout_prob), ("per_dim_scale", self.per_dim_scale))
+                    ("dropout_rate", self.dropout_prob), ("per_dim_scale", self.per_dim_scale),
+                    ("num_kv_heads", self.num_kv_heads),
+                    ("rope_timescales", _pair(self.rope_timescales)),
+                    ("norm_type", self.norm_type), ("ffn_has_bias", self.ffn_has_bias))
     self.transformer = StackedTransformer(
         num_layers=self.num_layers, num_heads=self.num_heads, dim_per_head=self.dim_per_head,
         hidden_dims=self.hidden_dims, activation=self.activation,
         combine_qkv=self.combine_qkv, use_repeated_layer=self.use_repeated_layer,
         checkpoint_policy=self.checkpoint_policy, dtype=self.fprop_dtype,
         layer_kwargs=layer_kwargs)
-    self.final_norm = LayerNorm(self.layernorm_epsilon, dtype=self.fprop_dtype)
+    self.final_norm = make_norm(self.norm_type, self.layernorm_epsilon, self.fprop_dtype)
 
   def __call__(self, ids: jax.Array, cache_mode: str | None = None,
                index: jax.Array | None = None, segment_ids: jax.Array | None = None,
@@ -141,12 +195,17 @@ class LanguageModel(BaseModel):
     if segment_pos is None:
       segment_pos = jnp.arange(ids.shape[1])[None] + (0 if index is None else index)
     if self.trainable_position_emb:
-      pos = self.position_emb(segment_pos)
-    else:
-      pos = sinusoidal_at(segment_pos, self.model_dims).astype(self.fprop_dtype)
-    x = x + pos
+      # Checked here, not in validate(): a task() may drop the table (position_emb_tpl = None).
+      if cache_mode != "extend" and ids.shape[1] > self.trainable_pe_max_seq_len:
+        raise UserError(f"TRAINABLE_PE_MAX_SEQ_LEN={self.trainable_pe_max_seq_len} is shorter "
+                        f"than the sequences ({ids.shape[1]} positions); the position table "
+                        "needs a row per position.")
+      x = x + self.position_emb(segment_pos)
+    elif self.use_position_emb:
+      x = x + sinusoidal_at(segment_pos, self.model_dims).astype(self.fprop_dtype)
     x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
-    x = self.transformer(x, cache_mode, index, segment_ids)
+    positions = segment_pos if self.rope_timescales is not None else None
+    x = self.transformer(x, cache_mode, index, segment_ids, positions)
     x = self.final_norm(x)
     logits = self.softmax.logits(x)
     return nn.with_logical_constraint(logits, ("batch", "length", "activation_vocab"))
@@ -212,6 +271,27 @@ class LanguageModel(BaseModel):
 
   # -------------------------------------------------------- plain methods
 
+  def initial_params(self, params: Any, rng: jax.Array) -> Any:
+    """praxis's params_init: the weights redrawn with it (see draw_weight)."""
+    if self.weight_init is None and self.softmax_weight_init is None:
+      return params
+    flat = flax.traverse_util.flatten_dict(params)
+    for i, (path, leaf) in enumerate(sorted(flat.items())):
+      spec = self.weight_init
+      if path[0] == "softmax" and self.softmax_weight_init is not None:
+        spec = self.softmax_weight_init  # praxis: a child's own params_init wins over its parent's
+      if spec is None or path[-1] not in WEIGHT_NAMES:
+        continue
+      value = nn.unbox(leaf)
+      stacked = "repeat" in path  # a scanned stack: [layers, ...] of per-layer weights
+      new = draw_weight(spec, jax.random.fold_in(rng, i), value.shape, value.dtype,
+                        stacked, path[-1])
+      flat[path] = leaf.replace_boxed(new) if isinstance(leaf, nn.meta.AxisMetadata) else new
+    return flax.traverse_util.unflatten_dict(flat)
+
+  def special_ids(self) -> dict[str, int]:
+    return {"eos_id": self.eos_id, "pad_id": 0}
+
   def input_features(self) -> tuple[str, ...]:
     return ("ids", "labels", "weights")
 
@@ -226,7 +306,9 @@ class LanguageModel(BaseModel):
                         position_table_len=(self.trainable_pe_max_seq_len
                                             if self.trainable_position_emb else 0),
                         norms_per_sublayer=2 if self.norm_policy == "primer_hybrid" else 1,
-                        softmax_bias=self.softmax_has_bias, per_dim_scale=self.per_dim_scale)
+                        softmax_bias=self.softmax_has_bias, per_dim_scale=self.per_dim_scale,
+                        num_kv_heads=self.num_kv_heads, ffn_bias=self.ffn_has_bias,
+                        norm_bias=self.norm_type == "layernorm")
 
   def model_flops_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> float:
     batch, seq_len = specs["ids"].shape[:2]

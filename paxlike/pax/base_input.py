@@ -8,6 +8,7 @@ from typing import Any
 
 import fiddle as fdl
 
+from paxlike.errors import UserError
 from paxlike.inputs.base_input import BaseInput as _BaseInput
 from paxlike.pax._hparams import HParams
 
@@ -24,8 +25,10 @@ class LingvoInputAdaptor:
 
   `LingvoInputAdaptor.HParams(input=cfg, is_training=..., ...)` returns the
   inner input's config with the adaptor's fields set on it, so the run reads
-  the inner input directly. A config of the adaptor itself builds into the
-  inner input with those fields replaced.
+  the inner input directly. A config of the adaptor itself,
+  `pax_fiddle.Config(LingvoInputAdaptor, input=cfg, ...)`, is turned into the
+  same inner config where the run gathers its inputs (unwrap_config), and
+  builds into the inner input with those fields replaced.
   """
 
   def __new__(cls, input: _BaseInput, **fields: Any) -> _BaseInput:  # noqa: A002
@@ -34,12 +37,24 @@ class LingvoInputAdaptor:
   @staticmethod
   def HParams(input: fdl.Config, **fields: Any) -> fdl.Config:  # noqa: A002, N802
     """The inner input's config, with the adaptor's fields (is_training, ...) on it."""
+    if not isinstance(input, fdl.Buildable):
+      raise UserError(f"LingvoInputAdaptor: input is {type(input).__name__}, not the config "
+                      "of an input (e.g. input_generator.SyntheticLmData.HParams()).")
     cfg = copy.deepcopy(input)
     if "name" not in cfg.__arguments__:
       fields = _with_name(fields, fields.get("is_training", True))
     for key, value in fields.items():
       setattr(cfg, key, value)
     return cfg
+
+  @classmethod
+  def unwrap_config(cls, cfg: fdl.Config) -> fdl.Config:
+    """A `pax_fiddle.Config(LingvoInputAdaptor, input=..., ...)` as the inner input's config."""
+    fields = dict(cfg.__arguments__)
+    if "input" not in fields:
+      raise UserError("pax_fiddle.Config(LingvoInputAdaptor, ...) has no input; set input= "
+                      "to the config of the input it adapts.")
+    return cls.HParams(**fields)
 
 
 def _with_name(fields: dict[str, Any], is_training: bool) -> dict[str, Any]:

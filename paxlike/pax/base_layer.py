@@ -1,40 +1,48 @@
-"""praxis.base_layer: the names Pax experiment files take from it at import time."""
+"""praxis.base_layer: WeightInit, the initializer a Pax file sets as `params_init`.
+
+`model_p.params_init = WeightInit.Gaussian(0.006)` (Pax's GPT-3) or
+`lm_tpl.softmax_tpl.params_init = ...` start the LM's weights (kernels and
+tables) from that distribution; biases and norm scales keep their own, as in
+praxis. paxlike.models.language_model.draw_weight draws them.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
-from paxlike.errors import UserError
-
 
 @dataclasses.dataclass(frozen=True)
-class _Init:
+class WeightInitSpec:
+  """One initializer: `method` ('gaussian', 'uniform', 'xavier', 'constant') and `scale`."""
+
   method: str
   scale: float
 
-  def __post_init__(self) -> None:
-    raise UserError(f"base_layer.WeightInit.{self.method}({self.scale}): paxlike's layers "
-                    "choose their own initializers; drop the params_init edit from task().")
+  def as_tuple(self) -> tuple[str, float]:
+    return (self.method, float(self.scale))
+
+  def __repr__(self) -> str:
+    return f"WeightInit.{self.method.capitalize()}({self.scale})"
 
 
 class WeightInit:
-  """Pax's initializer specs; paxlike's layers do not take one, so using one is refused."""
+  """praxis's initializer constructors."""
 
   @staticmethod
-  def Gaussian(scale: float = 1.0) -> _Init:  # noqa: N802
-    return _Init("Gaussian", scale)
+  def Gaussian(scale: float = 1.0) -> WeightInitSpec:  # noqa: N802
+    return WeightInitSpec("gaussian", scale)
 
   @staticmethod
-  def Uniform(scale: float = 1.0) -> _Init:  # noqa: N802
-    return _Init("Uniform", scale)
+  def Uniform(scale: float = 1.0) -> WeightInitSpec:  # noqa: N802
+    return WeightInitSpec("uniform", scale)
 
   @staticmethod
-  def Xavier(scale: float = 1.0) -> _Init:  # noqa: N802
-    return _Init("Xavier", scale)
+  def Xavier(scale: float = 1.000001) -> WeightInitSpec:  # noqa: N802
+    return WeightInitSpec("xavier", scale)
 
   @staticmethod
-  def Constant(scale: float = 0.0) -> _Init:  # noqa: N802
-    return _Init("Constant", scale)
+  def Constant(scale: float = 0.0) -> WeightInitSpec:  # noqa: N802
+    return WeightInitSpec("constant", scale)
 
 
-__all__ = ["WeightInit"]
+__all__ = ["WeightInit", "WeightInitSpec"]

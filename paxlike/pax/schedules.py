@@ -1,37 +1,97 @@
-"""praxis.schedules: Pax's schedule configs, refused with what to write instead.
+"""praxis.schedules: the learning-rate multipliers of Pax's optimizer configs.
 
-paxlike's learner names its schedule (LR_SCHEDULE) and reads the LR_COS_* /
-LR_LRED_* attributes; `model_params.set_default_adam` sets Pax's default one.
+    lp.optimizer.learning_rate = 6e-4
+    lp.optimizer.lr_schedule = pax_fiddle.Config(
+        schedules.LinearRampupCosineDecay, warmup_steps=265, decay_start=266,
+        decay_end=108600, min_ratio=0.1, max=1.0)
+
+The rate at a step is `learning_rate x schedule.value_at(step)`, as in
+praxis, counting the first update as step 0. The fields and defaults are
+praxis's (`max` defaults to 0 there too, and must be set).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import optax
+
 from paxlike.errors import UserError
+from paxlike.learners import rampup_schedule
+from paxlike.pax.base_hyperparams import FiddleBaseParameterizable
 
 
-class _Refused:
-  def __init_subclass__(cls) -> None:
-    cls.HParams = classmethod(_refuse)
+class BaseSchedule(FiddleBaseParameterizable):
+  """A multiplier of the learning rate per step."""
+
+  def multiplier(self) -> optax.Schedule:
+    """The multiplier as an optax schedule of the step."""
+    raise NotImplementedError(f"{type(self).__name__} must define multiplier().")
+
+  def value_at(self, step: Any) -> jax.Array:
+    """The multiplier at `step` (praxis's method), float32."""
+    return jnp.asarray(self.multiplier()(step), jnp.float32)
 
 
-def _refuse(cls: type, **_: Any) -> None:
-  raise UserError(f"schedules.{cls.__name__}.HParams: paxlike's learner takes its schedule "
-                  "from LR_SCHEDULE ('linear_rampup_exponential_decay' or "
-                  "'linear_rampup_cosine_decay') and the LR_LRED_* / LR_COS_* attributes.")
+class Constant(BaseSchedule):
+  """The same multiplier at every step."""
+
+  value: float = 1.0
+
+  def multiplier(self) -> optax.Schedule:
+    return optax.constant_schedule(self.value)
 
 
-class LinearRampupExponentialDecay(_Refused):
-  pass
+class _LinearRampupDecay(BaseSchedule):
+  """Linear from 0 at step 0 to `max` at warmup_steps (none when 0), `max` until
+  decay_start, then a decay (KIND) to max x min_ratio at decay_end, constant after."""
+
+  warmup_steps: int = 0
+  decay_start: int = 0
+  decay_end: int = 0
+  min_ratio: float = 0.01
+  max: float = 0.0
+
+  KIND = ""
+
+  def __post_init__(self) -> None:
+    name = type(self).__name__
+    if not self.max > 0:
+      raise UserError(f"schedules.{name}: max={self.max!r} must be positive (praxis's default "
+                      "0 is unset); set max=1.0 for the learning rate itself at the peak.")
+    if not 0 <= self.warmup_steps <= self.decay_start < self.decay_end:
+      raise UserError(f"schedules.{name} needs 0 <= warmup_steps <= decay_start < decay_end, "
+                      f"got {self.warmup_steps}, {self.decay_start}, {self.decay_end}.")
+    if self.min_ratio < 0 or (self.min_ratio == 0 and self.KIND.endswith("exponential_decay")):
+      raise UserError(f"schedules.{name}: min_ratio={self.min_ratio!r} must be positive "
+                      "(or 0 for the cosine decay: an exponential one never reaches 0).")
+
+  def multiplier(self) -> optax.Schedule:
+    return rampup_schedule(self.KIND, self.max, self.warmup_steps, self.decay_start,
+                           self.decay_end, self.min_ratio)
 
 
-class LinearRampupCosineDecay(_Refused):
-  pass
+class LinearRampupExponentialDecay(_LinearRampupDecay):
+  """The ramp-up, then an exponential (geometric) decay from max to max x min_ratio."""
+
+  KIND = "linear_rampup_exponential_decay"
 
 
-class Constant(_Refused):
-  pass
+class LinearRampupCosineDecay(_LinearRampupDecay):
+  """The ramp-up, then half a cosine wave from max to max x min_ratio; every step
+  counts from start_step, before which the multiplier is 1."""
+
+  start_step: int = 0
+
+  KIND = "linear_rampup_cosine_decay"
+
+  def multiplier(self) -> optax.Schedule:
+    rest = super().multiplier()
+    if self.start_step <= 0:
+      return rest
+    return optax.join_schedules([optax.constant_schedule(1.0), rest], [self.start_step])
 
 
-__all__ = ["Constant", "LinearRampupCosineDecay", "LinearRampupExponentialDecay"]
+__all__ = ["BaseSchedule", "Constant", "LinearRampupCosineDecay", "LinearRampupExponentialDecay"]

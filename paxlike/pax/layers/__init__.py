@@ -1,17 +1,60 @@
-"""praxis.layers: the activation classes and the remat policy enum experiment files name."""
+"""praxis.layers: activations, the remat policy enum and the LM's layer templates.
+
+The layer classes are config targets of praxis's tree (`task_p.model.lm_tpl...`,
+paxlike.pax.config_tree); the activation classes are paxlike's own.
+"""
 
 from paxlike.layers.activations import (
-           GELU,
-           BaseActivation,
-           Identity,
-           ReLU,
-           Sigmoid,
-           SiLU,
-           Swish,
-           Tanh,
+    GELU,
+    BaseActivation,
+    Identity,
+    ReLU,
+    Sigmoid,
+    SiLU,
+    Swish,
+    Tanh,
 )
 from paxlike.layers.transformer import AutodiffCheckpointType
-from paxlike.pax.layers import activations
+from paxlike.pax.layers import (
+    activations,
+    attentions,
+    embedding_softmax,
+    gpu_fast_attention,
+    grouped_query_attention,
+    linears,
+    normalizations,
+    transformer_models,
+    transformers,
+)
+from paxlike.pax.praxis_layers import (
+    DotProductAttention,
+    Embedding,
+    FeedForward,
+    FullSoftmax,
+    GroupedQueryAttention,
+    LanguageModelType,
+    LayerNorm,
+    PipelinedTransformer,
+    PositionalEmbedding,
+    RmsNorm,
+    RotaryPositionalEmbedding,
+    SharedEmbeddingSoftmax,
+    StackedTransformer,
+    StackedTransformerRepeated,
+    TrainablePositionalEmbedding,
+    Transformer,
+    TransformerFeedForward,
+    TransformerLm,
+)
 
-__all__ = ["GELU", "AutodiffCheckpointType", "BaseActivation", "Identity", "ReLU", "SiLU",
-           "Sigmoid", "Swish", "Tanh", "activations"]
+__all__ = [
+    "GELU", "AutodiffCheckpointType", "BaseActivation", "DotProductAttention", "Embedding",
+    "FeedForward", "FullSoftmax", "GroupedQueryAttention", "Identity", "LanguageModelType",
+    "LayerNorm", "PipelinedTransformer", "PositionalEmbedding", "ReLU", "RmsNorm",
+    "RotaryPositionalEmbedding", "SiLU", "SharedEmbeddingSoftmax", "Sigmoid",
+    "StackedTransformer", "StackedTransformerRepeated", "Swish", "Tanh",
+    "TrainablePositionalEmbedding", "Transformer", "TransformerFeedForward", "TransformerLm",
+    "activations", "attentions", "embedding_softmax", "gpu_fast_attention",
+    "grouped_query_attention", "linears", "normalizations", "transformer_models",
+    "transformers",
+]

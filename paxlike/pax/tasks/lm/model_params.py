@@ -1,10 +1,11 @@
 """paxml.tasks.lm.model_params: Pax's LM templates and its optimizer helpers.
 
 The templates are paxlike's (paxlike.lm_experiments), with Pax's defaults.
-`set_default_adam` / `set_default_adafactor` set the learner on a task config
-as Pax's do (`task_p.train.learner`). The pipelined templates and
-ClassificationModelAdam exist so Pax's files import and register; running
-one is refused.
+`set_default_adam` / `set_default_adafactor` set `task_p.train.learner.optimizer`
+to the praxis optimizer configs Pax's set (paxlike.pax.optimizers, run by
+paxlike's learner), so later edits of `lp.optimizer.*` work as in Pax. The
+pipelined templates and ClassificationModelAdam exist so Pax's files import
+and register; running one is refused, as is maybe_setup_moe_params with experts.
 """
 
 from __future__ import annotations
@@ -18,39 +19,62 @@ from paxlike.lm_experiments import (
     TransformerLmSpmdAdafactor,
     TransformerLmSpmdAdam,
 )
-
-
-def _set_learner(task_p: Any, **fields: Any) -> None:
-  lp = task_p.train.learner
-  for name, value in fields.items():
-    setattr(lp, name, value)
+from paxlike.pax import optimizers, pax_fiddle, schedules
 
 
 def set_default_adam(task_p: Any, learning_rate: float, weight_decay: float, *,
                      warmup_steps: int = 4000, decay_start: int = 4001,
                      decay_end: int = 300000) -> None:
-  """Pax's default Adam on task_p.train.learner.
+  """Pax's default Adam on task_p.train.learner, as a praxis optimizer config.
 
-  Adam (beta1 0.9, beta2 0.99, epsilon 1e-6), gradient norm clipped to 5.0,
-  linear warmup then exponential decay to 0.1 x the rate at decay_end.
+  optimizers.Adam (beta1 0.9, beta2 0.99, praxis's epsilon 1e-6 and update
+  clip_threshold 1.0), gradient norm clipped to 5.0, linear warmup then
+  exponential decay to 0.1 x the rate at decay_end.
   """
-  _set_learner(
-      task_p, loss_name="total_loss", optimizer="adam", beta1=0.9, beta2=0.99, epsilon=1e-6,
-      weight_decay=weight_decay, clip_gradient_norm_to_value=5.0,
-      learning_rate=learning_rate, schedule="linear_rampup_exponential_decay",
-      warmup_steps=warmup_steps, decay_start=decay_start, decay_end=decay_end, min_ratio=0.1)
+  lp = task_p.train.learner
+  lp.loss_name = "total_loss"
+  lp.optimizer = pax_fiddle.Config(optimizers.Adam, beta1=0.9, beta2=0.99,
+                                   weight_decay=weight_decay, clip_gradient_norm_to_value=5.0)
+  lp.optimizer.learning_rate = learning_rate
+  lp.optimizer.lr_schedule = _exponential_decay(warmup_steps, decay_start, decay_end)
 
 
 def set_default_adafactor(task_p: Any, learning_rate: float, weight_decay: float, *,
                           warmup_steps: int = 4000, decay_start: int = 4001,
                           decay_end: int = 100000,
                           clip_gradient_norm_to_value: float = 5.0) -> None:
-  """Pax's default Adafactor on task_p.train.learner, with Pax's schedule and clipping."""
-  _set_learner(
-      task_p, loss_name="total_loss", optimizer="adafactor", beta1=0.9, beta2=0.99,
-      weight_decay=weight_decay, clip_gradient_norm_to_value=clip_gradient_norm_to_value,
-      learning_rate=learning_rate, schedule="linear_rampup_exponential_decay",
-      warmup_steps=warmup_steps, decay_start=decay_start, decay_end=decay_end, min_ratio=0.1)
+  """Pax's default Adafactor on task_p.train.learner, as a praxis optimizer config.
+
+  optimizers.ShardedAdafactor with Adam-like decay (beta1 0.9, decay_adam
+  0.99), the given gradient clipping, Pax's warmup and exponential decay.
+  """
+  lp = task_p.train.learner
+  lp.loss_name = "total_loss"
+  lp.optimizer = pax_fiddle.Config(
+      optimizers.ShardedAdafactor, decay_method="adam", beta1=0.9, decay_adam=0.99,
+      weight_decay=weight_decay, clip_gradient_norm_to_value=clip_gradient_norm_to_value)
+  lp.optimizer.learning_rate = learning_rate
+  lp.optimizer.lr_schedule = _exponential_decay(warmup_steps, decay_start, decay_end)
+
+
+def _exponential_decay(warmup_steps: int, decay_start: int, decay_end: int) -> Any:
+  return pax_fiddle.Config(schedules.LinearRampupExponentialDecay, warmup_steps=warmup_steps,
+                           decay_start=decay_start, decay_end=decay_end, min_ratio=0.1, max=1.0)
+
+
+def maybe_setup_moe_params(model_p: Any) -> None:
+  """Pax's switch of a stack's feed-forward layers to mixture-of-experts ones.
+
+  A stack without experts (num_experts unset or 0) is left as it is, as in
+  Pax; one with experts is refused, since paxlike has no MoE layers.
+  """
+  num_experts = getattr(model_p, "num_experts", 0)
+  block = getattr(model_p, "block", None)
+  if not num_experts and block is not None:
+    num_experts = getattr(block, "num_experts", 0)
+  if num_experts:
+    raise UserError(f"maybe_setup_moe_params: num_experts={num_experts!r} asks for "
+                    "mixture-of-experts layers; MoE is not modelled yet in paxlike.")
 
 
 class _NotRunnable:
@@ -111,5 +135,6 @@ class ClassificationModelAdam(_NotRunnable, BaseExperiment):
 __all__ = [
     "ClassificationModelAdam", "TransformerLmPmapAdam", "TransformerLmSpmdAdafactor",
     "TransformerLmSpmdAdam", "TransformerLmSpmdPipelineAdafactor",
-    "TransformerLmSpmdPipelineAdam", "set_default_adafactor", "set_default_adam",
+    "TransformerLmSpmdPipelineAdam", "maybe_setup_moe_params", "set_default_adafactor",
+    "set_default_adam",
 ]

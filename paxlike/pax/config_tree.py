@@ -1,0 +1,488 @@
+"""praxis's config tree over paxlike's LM: `task_p.model.lm_tpl...` edits, written back.
+
+A Pax experiment's task() edits the model through praxis's tree:
+
+    stacked_p = task_p.model.lm_tpl.stacked_transformer_tpl
+    if issubclass(fdl.get_callable(stacked_p), transformers.StackedTransformerRepeated):
+      stacked_p = stacked_p.block
+    layer_p = stacked_p.transformer_layer_params_tpl
+    layer_p.tr_atten_tpl = pax_fiddle.Config(layers.grouped_query_attention.GroupedQueryAttention)
+    layer_p.tr_atten_tpl.num_kv_heads = 8
+
+paxlike's LM templates give `task_p.model` as an LmConfig: the fiddle config
+of paxlike.models.language_model.LanguageModel that also answers `lm_tpl` and
+`params_init`. The first read of either makes the tree from the model's
+fields (nodes are paxlike.pax.praxis_layers classes with praxis's names);
+the user edits it as in Pax; `resolve(task_cfg)` (called once task()
+returns) reads the whole tree back onto LanguageModel's fields. An edit
+paxlike does not model (a field it cannot honour, a class it has no layer
+for, two norms that differ where paxlike has one) is refused in one line
+naming the path. Sharding hints (weight/activation split dims mappings) are
+reported as not applied: paxlike shards by its mesh rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import fiddle as fdl
+
+from paxlike.errors import UserError
+from paxlike.layers import activations
+from paxlike.layers.transformer import AutodiffCheckpointType, policy_name
+from paxlike.pax import praxis_layers as pl
+from paxlike.pax.base_layer import WeightInitSpec
+from paxlike.pax.pax_fiddle import Config
+
+PRAXIS_MODEL_FIELDS = ("lm_tpl", "params_init", "decoder_tpl", "report_strict_acc")
+_TREE = "_pax_tree"
+ACTIVATION_CLASSES = {"relu": activations.ReLU, "gelu": activations.GELU,
+                      "silu": activations.SiLU, "tanh": activations.Tanh,
+                      "sigmoid": activations.Sigmoid, "none": activations.Identity}
+
+
+class LmConfig(Config):
+  """The LM's fiddle config, with praxis's `lm_tpl` and `params_init` on it."""
+
+  def __getattr__(self, name: str) -> Any:
+    if name in PRAXIS_MODEL_FIELDS:
+      return _tree(self)[name]
+    return super().__getattr__(name)
+
+  def __setattr__(self, name: str, value: Any) -> None:
+    if name in PRAXIS_MODEL_FIELDS:
+      _tree(self)[name] = value
+      return
+    super().__setattr__(name, value)
+
+  def __build__(self, /, *args: Any, **kwargs: Any) -> Any:
+    # A caller that builds without resolve() first still gets the tree's edits.
+    tree = self.__dict__.get(_TREE)
+    if tree is not None:
+      kwargs.update(read_tree(tree)[0])
+    return super().__build__(*args, **kwargs)
+
+
+def _tree(cfg: LmConfig) -> dict[str, Any]:
+  tree = cfg.__dict__.get(_TREE)
+  if tree is None:
+    tree = {"lm_tpl": tree_of(cfg), "params_init": _spec(_field(cfg, "weight_init")),
+            "decoder_tpl": Config(pl.DecoderHParams, eos_id=_field(cfg, "eos_id")),
+            "report_strict_acc": False}
+    object.__setattr__(cfg, _TREE, tree)
+  return tree
+
+
+def _field(cfg: fdl.Buildable, name: str) -> Any:
+  return getattr(cfg, name)
+
+
+def _spec(value: tuple[str, float] | None) -> WeightInitSpec | None:
+  return None if value is None else WeightInitSpec(value[0], value[1])
+
+
+def _norm(m: fdl.Config) -> Config:
+  cls = pl.RmsNorm if m.norm_type == "rmsnorm" else pl.LayerNorm
+  return Config(cls, epsilon=m.layernorm_epsilon)
+
+
+def _hints() -> dict[str, Config]:
+  return {"weight_split_dims_mapping": Config(pl.SplitDimsMapping),
+          "activation_split_dims_mapping": Config(pl.SplitDimsMapping)}
+
+
+def tree_of(m: fdl.Config) -> Config:
+  """praxis's TransformerLm config equal to the LanguageModel config `m`."""
+  rope = m.rope_timescales
+  if m.num_kv_heads:
+    atten = Config(pl.GroupedQueryAttention, num_kv_heads=m.num_kv_heads,
+                   rope_min_max_timescales=list(rope) if rope else None,
+                   atten_logit_cap=m.atten_logit_cap, **_hints())
+  else:
+    atten = Config(pl.DotProductAttention, use_bias=m.use_bias,
+                   atten_logit_cap=m.atten_logit_cap,
+                   internal_enable_per_dim_scale=m.per_dim_scale, combine_qkv=m.combine_qkv,
+                   use_rotary_position_emb=rope is not None, **_hints())
+    if rope is not None:
+      atten.rotary_position_emb_tpl = Config(pl.RotaryPositionalEmbedding,
+                                             min_timescale=rope[0], max_timescale=rope[1])
+  ffn = Config(pl.TransformerFeedForward, hidden_dims=m.hidden_dims,
+               activation_tpl=Config(ACTIVATION_CLASSES[m.activation]),
+               use_gated_activation=m.use_gated_activation, has_bias=m.ffn_has_bias,
+               ln_tpl=_norm(m), **_hints())
+  layer = Config(pl.Transformer, norm_policy=m.norm_policy, ln_tpl=_norm(m), tr_atten_tpl=atten,
+                 tr_fflayer_tpl=ffn)
+  stack = Config(pl.StackedTransformer, num_layers=m.num_layers, model_dims=m.model_dims,
+                 hidden_dims=m.hidden_dims, num_heads=m.num_heads, dim_per_head=m.dim_per_head,
+                 dropout_prob=m.dropout_prob, packed_input=m.packed_input,
+                 transformer_layer_params_tpl=layer)
+  policy = AutodiffCheckpointType(policy_name(m.checkpoint_policy))
+  if m.use_repeated_layer:
+    stack.num_layers = 1
+    stacked = Config(pl.StackedTransformerRepeated, block=stack, x_times=m.num_layers,
+                     checkpoint_policy=policy)
+  else:
+    stack.checkpoint_policy = policy
+    stacked = stack
+  position = None
+  if m.trainable_position_emb:
+    position = Config(pl.TrainablePositionalEmbedding, embedding_dims=m.model_dims,
+                      max_seq_length=m.trainable_pe_max_seq_len,
+                      lookup_style=m.embedding_lookup_style)
+  elif m.use_position_emb:
+    position = Config(pl.PositionalEmbedding, embedding_dims=m.model_dims)
+  table = dict(num_classes=m.vocab_size, input_dims=m.model_dims,
+               lookup_style=m.embedding_lookup_style, **_hints())
+  softmax_fields = dict(table, feed_forward_tpl=Config(pl.FeedForward, has_bias=m.softmax_has_bias),
+                        soft_cap_logits=m.softmax_cap_logits,
+                        params_init=_spec(m.softmax_weight_init))
+  embedding = None
+  if m.separate_embedding:
+    embedding = Config(pl.Embedding, scale_sqrt_depth=m.scale_sqrt_depth, **table)
+    softmax = Config(pl.FullSoftmax, **softmax_fields)
+  else:
+    softmax = Config(pl.SharedEmbeddingSoftmax, scale_sqrt_depth=m.scale_sqrt_depth,
+                     **softmax_fields)
+  return Config(pl.TransformerLm, model_dims=m.model_dims, vocab_size=m.vocab_size,
+                packed_input=m.packed_input, model_type=pl.LanguageModelType.CAUSAL,
+                position_emb_tpl=position, separate_embedding_tpl=embedding,
+                softmax_tpl=softmax, stacked_transformer_tpl=stacked, final_ln_tpl=_norm(m))
+
+
+# ------------------------------------------------------------ read back
+
+
+class _Reader:
+  """Reads a tree node's fields by path; refuses what it cannot honour; collects notes."""
+
+  def __init__(self) -> None:
+    self.notes: list[str] = []
+    self.values: dict[str, tuple[str, Any]] = {}  # model field -> (path, value)
+
+  def node(self, cfg: Any, path: str, *classes: type) -> fdl.Buildable:
+    if not isinstance(cfg, fdl.Buildable):
+      raise UserError(f"{path} = {cfg!r}: paxlike reads a pax_fiddle.Config of "
+                      f"{' / '.join(c.__name__ for c in classes)} there.")
+    target = fdl.get_callable(cfg)
+    if not (isinstance(target, type) and issubclass(target, classes)):
+      raise UserError(f"{path} = pax_fiddle.Config({_name(target)}): paxlike's LM has no "
+                      f"such layer; it models {', '.join(c.__name__ for c in classes)} there.")
+    return cfg
+
+  def fields(self, cfg: fdl.Buildable, path: str, read: tuple[str, ...]) -> None:
+    """Refuses a field set on cfg that is not read and differs from praxis's default."""
+    target = fdl.get_callable(cfg)
+    defaults = {f.name: f.default for f in dataclasses.fields(target)}
+    for name, value in cfg.__arguments__.items():
+      if name in read or name == "name":
+        continue
+      if name in ("weight_split_dims_mapping", "activation_split_dims_mapping"):
+        if isinstance(value, fdl.Buildable) and value.__arguments__:
+          self.notes.append(f"{path}.{name} ({_show(value)}) is not applied: paxlike shards "
+                            "by its mesh rules (ICI_MESH_SHAPE and the logical axis rules).")
+        continue
+      if _same(value, defaults.get(name)):
+        continue
+      raise UserError(f"{path}.{name} = {_show(value)}: paxlike's LM does not model this "
+                      f"field of {target.__name__}; leave it at {_show(defaults.get(name))}.")
+
+  def set(self, field: str, path: str, value: Any) -> None:
+    """One model field from one path; two paths that give it different values conflict."""
+    if field in self.values and not _same(self.values[field][1], value):
+      first, old = self.values[field]
+      raise UserError(f"{path} = {_show(value)} differs from {first} = {_show(old)}; "
+                      f"paxlike's LM has one {field} for both.")
+    self.values.setdefault(field, (path, value))
+
+
+def _name(target: Any) -> str:
+  return getattr(target, "__name__", repr(target))
+
+
+def _show(value: Any) -> str:
+  if isinstance(value, fdl.Buildable):
+    return f"pax_fiddle.Config({_name(fdl.get_callable(value))}, ...)"
+  if isinstance(value, type):
+    return value.__name__
+  return repr(value)
+
+
+def _same(a: Any, b: Any) -> bool:
+  if isinstance(a, fdl.Buildable) or isinstance(b, fdl.Buildable):
+    return a is b
+  if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+  try:
+    return bool(a == b)
+  except Exception:  # noqa: BLE001  (values without a plain ==: not the same)
+    return False
+
+
+def _read_norm(r: _Reader, cfg: Any, path: str) -> None:
+  cfg = r.node(cfg, path, pl.LayerNorm, pl.RmsNorm)
+  if issubclass(fdl.get_callable(cfg), pl.RmsNorm):
+    r.fields(cfg, path, ("epsilon", "direct_scale", "intermediate_dtype", "dim"))
+    if not cfg.direct_scale:
+      raise UserError(f"{path}.direct_scale = False: paxlike's RmsNorm multiplies by its "
+                      "scale directly (praxis's default); leave it True.")
+    dtype = cfg.intermediate_dtype
+    if dtype is not None and getattr(dtype, "__name__", str(dtype)) != "float32":
+      raise UserError(f"{path}.intermediate_dtype = {dtype!r}: paxlike's RmsNorm computes in "
+                      "float32; set jnp.float32 or leave it None.")
+    r.set("norm_type", path, "rmsnorm")
+  else:
+    r.fields(cfg, path, ("epsilon", "dim"))
+    r.set("norm_type", path, "layernorm")
+  r.set("layernorm_epsilon", path + ".epsilon", cfg.epsilon)
+
+
+def _read_attention(r: _Reader, cfg: Any, path: str) -> None:
+  cfg = r.node(cfg, path, pl.DotProductAttention, pl.GroupedQueryAttention)
+  common = ("atten_logit_cap", "num_heads", "dim_per_head", "input_dim", "hidden_dim",
+            "atten_dropout_prob", "is_causal")
+  r.set("atten_logit_cap", path + ".atten_logit_cap", float(cfg.atten_logit_cap or 0.0))
+  if cfg.num_heads:
+    r.set("num_heads", path + ".num_heads", cfg.num_heads)
+  if cfg.dim_per_head:
+    r.set("dim_per_head", path + ".dim_per_head", cfg.dim_per_head)
+  if cfg.atten_dropout_prob:
+    r.set("dropout_prob", path + ".atten_dropout_prob", cfg.atten_dropout_prob)
+  if issubclass(fdl.get_callable(cfg), pl.GroupedQueryAttention):
+    r.fields(cfg, path, (*common, "num_kv_heads", "rope_min_max_timescales", "use_bias"))
+    if cfg.use_bias:
+      raise UserError(f"{path}.use_bias = True: paxlike's grouped-query attention has no "
+                      "projection biases.")
+    rope = cfg.rope_min_max_timescales
+    r.set("num_kv_heads", path + ".num_kv_heads", cfg.num_kv_heads)
+    r.set("rope_timescales", path + ".rope_min_max_timescales",
+          None if rope is None else (float(rope[0]), float(rope[1])))
+    r.set("per_dim_scale", path, False)
+    r.set("use_bias", path, False)
+    r.set("combine_qkv", path, False)
+    return
+  r.fields(cfg, path, (*common, "use_bias", "internal_enable_per_dim_scale", "combine_qkv",
+                       "use_rotary_position_emb", "rotary_position_emb_tpl", "dconv_qkv"))
+  if cfg.dconv_qkv:
+    raise UserError(f"{path}.dconv_qkv = True: paxlike's attention has no depthwise "
+                    "convolution of q/k/v (Primer's dconv); leave it False.")
+  rope = None
+  if cfg.use_rotary_position_emb:
+    rope = (1.0, 10_000.0)
+    if cfg.rotary_position_emb_tpl is not None:
+      rp = r.node(cfg.rotary_position_emb_tpl, path + ".rotary_position_emb_tpl",
+                  pl.RotaryPositionalEmbedding)
+      r.fields(rp, path + ".rotary_position_emb_tpl",
+               ("min_timescale", "max_timescale", "embedding_dims"))
+      rope = (float(rp.min_timescale), float(rp.max_timescale))
+  r.set("rope_timescales", path + ".use_rotary_position_emb", rope)
+  r.set("num_kv_heads", path, None)
+  r.set("use_bias", path + ".use_bias", bool(cfg.use_bias))
+  r.set("per_dim_scale", path + ".internal_enable_per_dim_scale",
+        bool(cfg.internal_enable_per_dim_scale))
+  r.set("combine_qkv", path + ".combine_qkv", bool(cfg.combine_qkv))
+
+
+def _read_ffn(r: _Reader, cfg: Any, path: str) -> None:
+  cfg = r.node(cfg, path, pl.TransformerFeedForward)
+  r.fields(cfg, path, ("activation_tpl", "use_gated_activation", "has_bias", "ln_tpl",
+                       "hidden_dims", "input_dims", "relu_dropout_prob",
+                       "residual_dropout_prob"))
+  act = cfg.activation_tpl
+  if not isinstance(act, fdl.Buildable):
+    raise UserError(f"{path}.activation_tpl = {act!r}: set pax_fiddle.Config(layers.GELU) "
+                    "or another activation class.")
+  name = activations.activation_name(fdl.get_callable(act), tuple(ACTIVATION_CLASSES),
+                                     path + ".activation_tpl")
+  if name == "gelu" and not act.approximate:
+    raise UserError(f"{path}.activation_tpl.approximate = False: paxlike's GELU is the tanh "
+                    "approximation; set approximate=True.")
+  r.set("activation", path + ".activation_tpl", name)
+  r.set("use_gated_activation", path + ".use_gated_activation",
+        bool(cfg.use_gated_activation))
+  r.set("ffn_has_bias", path + ".has_bias", bool(cfg.has_bias))
+  if cfg.hidden_dims:
+    r.set("hidden_dims", path + ".hidden_dims", cfg.hidden_dims)
+  for name in ("relu_dropout_prob", "residual_dropout_prob"):
+    if getattr(cfg, name):
+      r.set("dropout_prob", f"{path}.{name}", getattr(cfg, name))
+  _read_norm(r, cfg.ln_tpl, path + ".ln_tpl")
+
+
+def _read_layer(r: _Reader, cfg: Any, path: str) -> None:
+  cfg = r.node(cfg, path, pl.Transformer)
+  r.fields(cfg, path, ("norm_policy", "ln_tpl", "tr_atten_tpl", "tr_fflayer_tpl",
+                       "num_heads", "dim_per_head", "hidden_dims", "input_dims",
+                       "atten_dropout_prob", "residual_dropout_prob", "relu_dropout_prob"))
+  r.set("norm_policy", path + ".norm_policy", cfg.norm_policy)
+  _read_norm(r, cfg.ln_tpl, path + ".ln_tpl")
+  _read_attention(r, cfg.tr_atten_tpl, path + ".tr_atten_tpl")
+  _read_ffn(r, cfg.tr_fflayer_tpl, path + ".tr_fflayer_tpl")
+
+
+def _read_stack(r: _Reader, cfg: Any, path: str, repeats: int) -> None:
+  cfg = r.node(cfg, path, pl.StackedTransformer)
+  r.fields(cfg, path, ("num_layers", "model_dims", "hidden_dims", "num_heads", "dim_per_head",
+                       "dropout_prob", "atten_dropout_prob", "residual_dropout_prob",
+                       "relu_dropout_prob", "packed_input", "transformer_layer_params_tpl",
+                       "checkpoint_policy", "mask_self_attention"))
+  if not cfg.mask_self_attention:
+    raise UserError(f"{path}.mask_self_attention = False: paxlike's LM is causal; leave it "
+                    "True.")
+  r.set("num_layers", path + ".num_layers", cfg.num_layers * repeats)
+  r.set("model_dims", path + ".model_dims", cfg.model_dims)
+  r.set("hidden_dims", path + ".hidden_dims", cfg.hidden_dims)
+  r.set("num_heads", path + ".num_heads", cfg.num_heads)
+  if cfg.dim_per_head:
+    r.set("dim_per_head", path + ".dim_per_head", cfg.dim_per_head)
+  r.set("dropout_prob", path + ".dropout_prob", cfg.dropout_prob)
+  for name in ("atten_dropout_prob", "residual_dropout_prob", "relu_dropout_prob"):
+    if getattr(cfg, name) is not None:
+      r.set("dropout_prob", f"{path}.{name}", getattr(cfg, name))
+  if cfg.checkpoint_policy is not None:
+    r.set("checkpoint_policy", path + ".checkpoint_policy", policy_name(cfg.checkpoint_policy))
+  _read_layer(r, cfg.transformer_layer_params_tpl, path + ".transformer_layer_params_tpl")
+
+
+def _read_stacked(r: _Reader, cfg: Any, path: str) -> None:
+  cfg = r.node(cfg, path, pl.StackedTransformer, pl.StackedTransformerRepeated,
+               pl.PipelinedTransformer)
+  target = fdl.get_callable(cfg)
+  if issubclass(target, pl.PipelinedTransformer):
+    raise UserError(f"{path} = pax_fiddle.Config(PipelinedTransformer): paxlike does not "
+                    "pipeline yet (NUM_STAGES); use StackedTransformer(Repeated).")
+  if issubclass(target, pl.StackedTransformerRepeated):
+    r.fields(cfg, path, ("block", "x_times", "checkpoint_policy", "unroll_in_decode"))
+    r.set("use_repeated_layer", path, True)
+    if cfg.checkpoint_policy is not None:
+      r.set("checkpoint_policy", path + ".checkpoint_policy",
+            policy_name(cfg.checkpoint_policy))
+    _read_stack(r, cfg.block, path + ".block", int(cfg.x_times))
+    return
+  r.set("use_repeated_layer", path, False)
+  _read_stack(r, cfg, path, 1)
+
+
+def _read_tables(r: _Reader, lm: fdl.Buildable, path: str) -> None:
+  softmax = r.node(lm.softmax_tpl, path + ".softmax_tpl", pl.FullSoftmax)
+  tied = issubclass(fdl.get_callable(softmax), pl.SharedEmbeddingSoftmax)
+  spath = path + ".softmax_tpl"
+  r.fields(softmax, spath, ("num_classes", "input_dims", "scale_sqrt_depth", "lookup_style",
+                            "params_init", "feed_forward_tpl", "soft_cap_logits"))
+  if softmax.num_classes:
+    r.set("vocab_size", spath + ".num_classes", softmax.num_classes)
+  ff = r.node(softmax.feed_forward_tpl, spath + ".feed_forward_tpl", pl.FeedForward)
+  r.fields(ff, spath + ".feed_forward_tpl", ("has_bias", "input_dims", "output_dims"))
+  r.set("softmax_has_bias", spath + ".feed_forward_tpl.has_bias", bool(ff.has_bias))
+  r.set("softmax_cap_logits", spath + ".soft_cap_logits", float(softmax.soft_cap_logits or 0.0))
+  r.set("softmax_weight_init", spath + ".params_init", _init(softmax.params_init,
+                                                             spath + ".params_init"))
+  epath = path + ".separate_embedding_tpl"
+  if lm.separate_embedding_tpl is None:
+    if not tied:
+      raise UserError(f"{spath} = pax_fiddle.Config(FullSoftmax) without "
+                      f"{epath}: the LM would have no input table; set "
+                      "separate_embedding_tpl = pax_fiddle.Config(layers.Embedding).")
+    r.set("separate_embedding", epath, False)
+    embedder, epath = softmax, spath
+  else:
+    if tied:
+      raise UserError(f"{epath} is set while {spath} is the tied SharedEmbeddingSoftmax; "
+                      "use layers.FullSoftmax with a separate embedding.")
+    embedder = r.node(lm.separate_embedding_tpl, epath, pl.Embedding)
+    r.fields(embedder, epath, ("num_classes", "input_dims", "scale_sqrt_depth",
+                               "lookup_style", "params_init"))
+    if embedder.params_init is not None:
+      raise UserError(f"{epath}.params_init: paxlike starts the input table from "
+                      "model_p.params_init; set it there.")
+    r.set("separate_embedding", epath, True)
+  r.set("scale_sqrt_depth", epath + ".scale_sqrt_depth", bool(embedder.scale_sqrt_depth))
+  r.set("embedding_lookup_style", epath + ".lookup_style", embedder.lookup_style)
+
+
+def _read_position(r: _Reader, cfg: Any, path: str) -> None:
+  if cfg is None:
+    r.set("trainable_position_emb", path, False)
+    r.set("use_position_emb", path, False)
+    return
+  cfg = r.node(cfg, path, pl.PositionalEmbedding, pl.TrainablePositionalEmbedding)
+  if issubclass(fdl.get_callable(cfg), pl.RotaryPositionalEmbedding):
+    raise UserError(f"{path} = pax_fiddle.Config(RotaryPositionalEmbedding): praxis applies "
+                    "rotary positions in the attention; set position_emb_tpl = None and "
+                    "tr_atten_tpl.use_rotary_position_emb = True.")
+  if issubclass(fdl.get_callable(cfg), pl.TrainablePositionalEmbedding):
+    r.fields(cfg, path, ("embedding_dims", "max_seq_length", "lookup_style"))
+    r.set("trainable_position_emb", path, True)
+    r.set("trainable_pe_max_seq_len", path + ".max_seq_length", cfg.max_seq_length)
+    r.set("embedding_lookup_style", path + ".lookup_style", cfg.lookup_style)
+    r.set("use_position_emb", path, True)
+    return
+  r.fields(cfg, path, ("embedding_dims",))
+  r.set("trainable_position_emb", path, False)
+  r.set("use_position_emb", path, True)
+
+
+def _init(value: Any, path: str) -> tuple[str, float] | None:
+  if value is None:
+    return None
+  if not isinstance(value, WeightInitSpec):
+    raise UserError(f"{path} = {value!r}: set a base_layer.WeightInit (Gaussian, Uniform, "
+                    "Xavier or Constant).")
+  return value.as_tuple()
+
+
+def read_tree(tree: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+  """The LanguageModel fields the tree gives, and the notes (hints not applied)."""
+  r = _Reader()
+  path = "task_p.model.lm_tpl"
+  lm = r.node(tree["lm_tpl"], path, pl.TransformerLm)
+  r.fields(lm, path, ("model_dims", "vocab_size", "packed_input", "model_type",
+                      "position_emb_tpl", "separate_embedding_tpl", "softmax_tpl",
+                      "stacked_transformer_tpl", "final_ln_tpl", "ngrammer_tpl"))
+  if lm.model_type != pl.LanguageModelType.CAUSAL:
+    raise UserError(f"{path}.model_type = {lm.model_type!r}: paxlike's LM is causal "
+                    "(LanguageModelType.CAUSAL).")
+  if lm.ngrammer_tpl is not None:
+    raise UserError(f"{path}.ngrammer_tpl: paxlike's LM has no n-grammer layer.")
+  r.set("model_dims", path + ".model_dims", lm.model_dims)
+  r.set("vocab_size", path + ".vocab_size", lm.vocab_size)
+  r.set("packed_input", path + ".packed_input", bool(lm.packed_input))
+  _read_tables(r, lm, path)
+  _read_position(r, lm.position_emb_tpl, path + ".position_emb_tpl")
+  _read_stacked(r, lm.stacked_transformer_tpl, path + ".stacked_transformer_tpl")
+  _read_norm(r, lm.final_ln_tpl, path + ".final_ln_tpl")
+  r.set("weight_init", "task_p.model.params_init",
+        _init(tree["params_init"], "task_p.model.params_init"))
+  dpath = "task_p.model.decoder_tpl"
+  decoder = r.node(tree["decoder_tpl"], dpath, pl.DecoderHParams)
+  r.fields(decoder, dpath, ("seqlen", "eos_id"))
+  eos = decoder.eos_id
+  if isinstance(eos, list | tuple):
+    if len(eos) != 1:
+      raise UserError(f"{dpath}.eos_id = {eos!r}: paxlike's decoding ends on one id.")
+    eos = eos[0]
+  r.set("eos_id", dpath + ".eos_id", int(eos))
+  if tree["report_strict_acc"]:
+    r.notes.append("task_p.model.report_strict_acc = True: paxlike reports the per-token "
+                   "accuracy only, not praxis's strict (whole-sequence) accuracy.")
+  return {k: v for k, (_, v) in r.values.items()}, r.notes
+
+
+def resolve(task_cfg: Any) -> list[str]:
+  """Writes a task's praxis tree edits onto its LanguageModel config; returns the notes.
+
+  A task whose model config has no tree (task() never read lm_tpl or
+  params_init) is left as it is.
+  """
+  model = getattr(task_cfg, "model", None)
+  if not isinstance(model, LmConfig) or model.__dict__.get(_TREE) is None:
+    return []
+  values, notes = read_tree(model.__dict__[_TREE])
+  object.__setattr__(model, _TREE, None)
+  for name, value in values.items():
+    if not _same(getattr(model, name), value):
+      setattr(model, name, value)
+  return notes
+
+
+__all__ = ["LmConfig", "read_tree", "resolve", "tree_of"]

@@ -1,0 +1,12 @@
+"""praxis.layers.transformers: the layer-stack classes Pax files compare and configure."""
+
+from paxlike.pax.praxis_layers import (
+    PipelinedTransformer,
+    StackedTransformer,
+    StackedTransformerRepeated,
+    Transformer,
+    TransformerFeedForward,
+)
+
+__all__ = ["PipelinedTransformer", "StackedTransformer", "StackedTransformerRepeated",
+           "Transformer", "TransformerFeedForward"]

@@ -1,0 +1,361 @@
+"""praxis's LM layer classes as config targets: the nodes of `task_p.model.lm_tpl`.
+
+Pax's experiment files edit praxis's config tree (`lm_tpl.stacked_transformer_tpl
+.transformer_layer_params_tpl.tr_atten_tpl...`) and compare its callables
+(`fdl.get_callable(p) == transformers.PipelinedTransformer`). The classes here
+carry praxis's names and the fields (with praxis's defaults) that
+paxlike.pax.config_tree translates onto paxlike's own model; fiddle refuses
+any other field by name. None of them is ever built: paxlike builds its own
+layers from what the tree says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+from paxlike.errors import UserError
+from paxlike.layers import activations
+
+
+class _Template:
+  """A praxis layer as a config target only."""
+
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    """praxis's template fields that default to a config of a class (see pax_fiddle)."""
+    return {}
+
+  def __post_init__(self) -> None:
+    raise UserError(f"{type(self).__name__} is a praxis template that paxlike reads from "
+                    "task_p.model.lm_tpl; it is not built on its own.")
+
+
+class LanguageModelType(enum.Enum):
+  """praxis's transformer_models.LanguageModelType."""
+
+  CAUSAL = "causal"
+  PREFIX = "prefix"
+  BIDIRECTIONAL = "bidirectional"
+
+
+class SplitDimsMapping:
+  """praxis's weight_split_dims_mapping / activation_split_dims_mapping: any named axes."""
+
+  def __init__(self, **axes: Any) -> None:
+    raise UserError("split dims mappings are sharding hints paxlike reads from the tree; "
+                    "they are not built on their own.")
+
+
+# ------------------------------------------------------------------ norms
+
+
+@dataclasses.dataclass
+class LayerNorm(_Template):
+  dim: int = 0
+  epsilon: float = 1e-6
+  use_scale: bool = True
+  use_bias: bool = True
+  direct_scale: bool = False
+  name: str = ""
+
+
+@dataclasses.dataclass
+class RmsNorm(_Template):
+  dim: int = 0
+  epsilon: float = 1e-6
+  direct_scale: bool = True
+  intermediate_dtype: Any = None
+  name: str = ""
+
+
+# ------------------------------------------------- embeddings and softmax
+
+
+@dataclasses.dataclass
+class FeedForward(_Template):
+  """praxis's linears.FeedForward (the softmax's feed_forward_tpl)."""
+
+  input_dims: int = 0
+  output_dims: int = 0
+  has_bias: bool = True
+  name: str = ""
+
+
+@dataclasses.dataclass
+class _Table(_Template):
+  num_classes: int = 0
+  input_dims: int = 0
+  scale_sqrt_depth: bool = False
+  lookup_style: str = "index"
+  params_init: Any = None
+  weight_split_dims_mapping: Any = None
+  activation_split_dims_mapping: Any = None
+  name: str = ""
+
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    return {"weight_split_dims_mapping": SplitDimsMapping,
+            "activation_split_dims_mapping": SplitDimsMapping}
+
+
+@dataclasses.dataclass
+class Embedding(_Table):
+  """praxis's embedding_softmax.Embedding (a separate input table)."""
+
+
+@dataclasses.dataclass
+class FullSoftmax(_Table):
+  feed_forward_tpl: Any = None
+  soft_cap_logits: float | None = 0.0
+  label_smoothing_prob: float = 0.0
+  z_loss_weight: float = 0.0
+  bi_tempered_loss_tpl: Any = None
+
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    return {**super().sub_templates(), "feed_forward_tpl": FeedForward}
+
+
+@dataclasses.dataclass
+class SharedEmbeddingSoftmax(FullSoftmax):
+  """praxis's tied input table and softmax."""
+
+
+@dataclasses.dataclass
+class GShardSharedEmbeddingSoftmax(SharedEmbeddingSoftmax):
+  """praxis's GShard variant of the tied table (its sharding differs, not its math)."""
+
+
+@dataclasses.dataclass
+class PositionalEmbedding(_Template):
+  embedding_dims: int = 0
+  min_timescale: int = 1
+  max_timescale: int = 10_000
+  name: str = ""
+
+
+@dataclasses.dataclass
+class TrainablePositionalEmbedding(_Template):
+  embedding_dims: int = 0
+  max_seq_length: int = 10_240
+  lookup_style: str = "matmul"
+  params_init: Any = None
+  weight_split_dims_mapping: Any = None
+  name: str = ""
+
+
+@dataclasses.dataclass
+class RotaryPositionalEmbedding(PositionalEmbedding):
+  pass
+
+
+# ------------------------------------------------------------- attention
+
+
+@dataclasses.dataclass
+class _Attention(_Template):
+  input_dim: int = 0
+  hidden_dim: int = 0
+  num_heads: int = 0
+  dim_per_head: int | None = None
+  atten_dropout_prob: float = 0.0
+  atten_logit_cap: float = 0.0
+  weight_split_dims_mapping: Any = None
+  activation_split_dims_mapping: Any = None
+  params_init: Any = None
+  name: str = ""
+
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    return {"weight_split_dims_mapping": SplitDimsMapping,
+            "activation_split_dims_mapping": SplitDimsMapping}
+
+
+@dataclasses.dataclass
+class DotProductAttention(_Attention):
+  use_bias: bool = True
+  internal_enable_per_dim_scale: bool = True
+  internal_enable_query_scale: bool = True
+  combine_qkv: bool = False
+  dconv_qkv: bool = False
+  use_rotary_position_emb: bool = False
+  rotary_position_emb_tpl: Any = None
+  relative_bias_tpl: Any = None
+  output_proj_use_nhd_shape: bool = False
+  is_causal: bool = False  # praxis's GPU fused variants take it; paxlike's LM is causal
+
+
+@dataclasses.dataclass
+class GroupedQueryAttention(_Attention):
+  num_kv_heads: int = 1
+  rope_min_max_timescales: Any = None
+  use_bias: bool = False
+  is_causal: bool = False
+
+
+@dataclasses.dataclass
+class GpuTritonFusedDotProductAttention(DotProductAttention):
+  """praxis's Triton flash attention: paxlike picks its attention kernel per platform."""
+
+
+@dataclasses.dataclass
+class GpuCudnnFusedDotProductAttention(DotProductAttention):
+  """praxis's cuDNN flash attention: paxlike picks its attention kernel per platform."""
+
+
+@dataclasses.dataclass
+class GpuCudnnFusedGroupedQueryAttention(GroupedQueryAttention):
+  """praxis's cuDNN GQA: paxlike picks its attention kernel per platform."""
+
+
+@dataclasses.dataclass
+class GpuTritonFusedLayerNorm(LayerNorm):
+  """praxis's Triton LayerNorm: the same normalisation, XLA fuses paxlike's."""
+
+
+# -------------------------------------------------------- feed-forward
+
+
+@dataclasses.dataclass
+class TransformerFeedForward(_Template):
+  input_dims: int = 0
+  hidden_dims: int = 0
+  has_bias: bool = True
+  activation_tpl: Any = None
+  use_gated_activation: bool = False
+  ln_tpl: Any = None
+  residual_dropout_prob: float = 0.0
+  relu_dropout_prob: float = 0.0
+  norm_policy: str = "pre"
+  add_skip_connection: bool = True
+  weight_split_dims_mapping: Any = None
+  activation_split_dims_mapping: Any = None
+  params_init: Any = None
+  name: str = ""
+
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    return {"activation_tpl": activations.ReLU, "ln_tpl": LayerNorm,
+            "weight_split_dims_mapping": SplitDimsMapping,
+            "activation_split_dims_mapping": SplitDimsMapping}
+
+
+# ------------------------------------------------------- the layer stack
+
+
+@dataclasses.dataclass
+class Transformer(_Template):
+  input_dims: int = 0
+  hidden_dims: int = 0
+  num_heads: int | None = None
+  dim_per_head: int | None = None
+  norm_policy: str = "pre"
+  ln_tpl: Any = None
+  tr_atten_tpl: Any = None
+  cross_atten_tpl: Any = None  # None: a decoder-only layer (use_cross_attention False)
+  tr_fflayer_tpl: Any = None
+  dropout_tpl: Any = None
+  atten_dropout_prob: float = 0.0
+  residual_dropout_prob: float = 0.0
+  relu_dropout_prob: float = 0.0
+  use_cross_attention: bool = False
+  params_init: Any = None
+  name: str = ""
+
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    return {"ln_tpl": LayerNorm, "tr_atten_tpl": DotProductAttention,
+            "tr_fflayer_tpl": TransformerFeedForward}
+
+
+@dataclasses.dataclass
+class StackedTransformer(_Template):
+  num_layers: int = 0
+  model_dims: int = 0
+  hidden_dims: int = 0
+  num_heads: int = 0
+  dim_per_head: int | None = None
+  dropout_prob: float = 0.0
+  atten_dropout_prob: float | None = None
+  residual_dropout_prob: float | None = None
+  relu_dropout_prob: float | None = None
+  input_dropout_prob: float = 0.0
+  mask_self_attention: bool = True
+  packed_input: bool = False
+  use_cross_attention: bool = False
+  transformer_layer_params_tpl: Any = None
+  checkpoint_policy: Any = None
+  remat: bool = False
+  num_experts: int = 0
+  num_groups: int = 1
+  moe_layers: Any = None
+  params_init: Any = None
+  name: str = ""
+
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    return {"transformer_layer_params_tpl": Transformer}
+
+
+@dataclasses.dataclass
+class StackedTransformerRepeated(_Template):
+  block: Any = None
+  x_times: int = 0
+  checkpoint_policy: Any = None
+  unroll_in_decode: bool = True
+  params_init: Any = None
+  name: str = ""
+
+
+@dataclasses.dataclass
+class PipelinedTransformer(_Template):
+  pipeline_stage: Any = None
+  num_pipeline_stages: int | None = None
+  num_pipeline_microbatches: int | None = None
+  pipeline_microbatch_size: int | None = None
+  circular_repeat: int = 1
+  stream_io: bool = False
+  checkpoint_policy: Any = None
+  params_init: Any = None
+  name: str = ""
+
+
+# -------------------------------------------------------------- the LM
+
+
+@dataclasses.dataclass
+class DecoderHParams(_Template):
+  """praxis's decoder_tpl on the LM model: what decoding ends on and how long it runs.
+
+  paxlike decodes each row to the end of its input (MAX_SEQ_LEN, what Pax's
+  files set seqlen to), so seqlen is read only to be checked against that.
+  """
+
+  seqlen: int = 0
+  eos_id: int | list[int] = 1
+  max_decode_steps: int | None = None
+  fprop_for_prefix: bool = False
+  num_samples: int = 1
+
+
+@dataclasses.dataclass
+class TransformerLm(_Template):
+  model_dims: int = 0
+  vocab_size: int = 0
+  packed_input: bool = False
+  model_type: LanguageModelType = LanguageModelType.CAUSAL
+  position_emb_tpl: Any = None
+  separate_embedding_tpl: Any = None
+  softmax_tpl: Any = None
+  stacked_transformer_tpl: Any = None
+  final_ln_tpl: Any = None
+  ngrammer_tpl: Any = None
+  params_init: Any = None
+  name: str = ""
+
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    return {"position_emb_tpl": PositionalEmbedding, "softmax_tpl": SharedEmbeddingSoftmax,
+            "stacked_transformer_tpl": StackedTransformer, "final_ln_tpl": LayerNorm}
