@@ -104,3 +104,13 @@ def test_a_family_without_a_flops_formula_is_recorded_as_na(monkeypatch):
   assert rec["flops.model_per_step"] == (
       "n/a (LanguageModel has no model_flops_per_step formula)")
   assert int(rec["model.params"]) > 0
+
+
+def test_readme_dry_run_table_is_rendered_from_the_golden_records():
+  from paxlike import golden_table
+
+  shown = golden_table.in_readme(golden_table.README.read_text())
+  assert shown is not None, "README.md lost its dry-run table markers"
+  assert shown == golden_table.table(), (
+      "README.md's dry-run table differs from the golden records; run "
+      "`python -m paxlike.golden_table --write`")
