@@ -114,6 +114,12 @@ class BaseExperiment:
       shape = getattr(self, name)
       if shape is None:
         continue
+      if isinstance(shape, list | tuple) and len(shape) == 4:
+        raise UserError(
+            f"{name}={list(shape)} has four axes: Pax uses them for pipelines ([stage, "
+            "replica, data, mdl], NUM_STAGES) and expert parallelism ([replica, data, "
+            "data_expert, mdl], MoE), which paxlike does not run yet; its meshes are "
+            "[replica, data, mdl].")
       if (not isinstance(shape, list | tuple) or len(shape) != 3
           or not all(isinstance(d, int) and d > 0 for d in shape)):
         raise UserError(

@@ -102,6 +102,9 @@ flags.DEFINE_integer("profile_start_step", None, "The first traced step (default
                      "PROFILER_CAPTURE_STEP, else 3: after compilation and warm-up).")
 flags.DEFINE_string("target", "tpu_v5p", "--mode=dry_run: the device kind whose memory the "
                     "step must fit (tpu_v4, tpu_v5e, tpu_v5p, tpu_v6e, a100, h100, h200).")
+flags.DEFINE_float("device_memory_gib", None, "--mode=train: the memory a device may use; the "
+                   "compiled step is checked against it before step 1 and a step that needs "
+                   "more is refused (a GPU shared with others, or a budget to test against).")
 
 
 # --help lists main's flags in these groups (paxlike.flag_help; a flag in none is listed
@@ -119,7 +122,8 @@ HELP_GROUPS = (
         "export_format", "export_dir", "export_overwrite", "export_platforms")),
     ("Performance: MFU, PGLE, profiles, dry run", (
         "peak_tflops_per_device", "pgle", "pgle_profile_path", "pgle_profiling_runs",
-        "pgle_aggregation_percentile", "profile_steps", "profile_start_step", "target")),
+        "pgle_aggregation_percentile", "profile_steps", "profile_start_step", "target",
+        "device_memory_gib")),
     ("Multi-host", (
         "coordinator_address", "num_processes", "process_id", "distributed_timeout_s",
         "multiprocess_gpu")),
@@ -517,6 +521,10 @@ def _train_options(built: _Built, partitioner: Any, job_log_dir: str,
                                       and not argv_flags.pmap_use_tensorstore) else "tensorstore")
   options.init_from = init_from
   options.goodput, options.pgle = run_timer, flag_plan.pgle
+  if argv_flags.device_memory_gib is not None:
+    if argv_flags.device_memory_gib <= 0:
+      raise UserError(f"--device_memory_gib={argv_flags.device_memory_gib} must be positive.")
+    options.device_memory_bytes = int(argv_flags.device_memory_gib * (1 << 30))
   if argv_flags.mode == "train":
     options.peak_flops_per_device, peak_source = flops.resolve_peak(
         jax.local_devices(), model.compute_dtype(), argv_flags.peak_tflops_per_device)

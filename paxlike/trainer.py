@@ -20,7 +20,18 @@ import jax
 import numpy as np
 
 from paxlike import checkpoints as ckpt_lib
-from paxlike import faults, flops, goodput, initial, nonfinite, pgle, preemption, resume, summaries
+from paxlike import (
+    faults,
+    flops,
+    goodput,
+    initial,
+    memory,
+    nonfinite,
+    pgle,
+    preemption,
+    resume,
+    summaries,
+)
 from paxlike import log as logging
 from paxlike import profiler as prof_lib
 from paxlike import train_state as ts
@@ -51,6 +62,7 @@ class TrainOptions:
   init_from: initial.InitFrom | None = None  # with no checkpoint: start from these weights
   skip_nonfinite_steps: bool = False  # NaN/Inf loss or gradient: skip the update, don't stop
   profile: prof_lib.ProfilePlan | None = None  # trace these steps into job_log_dir/profile
+  device_memory_bytes: int | None = None  # --device_memory_gib: checked before step 1
 
 
 @dataclasses.dataclass
@@ -277,6 +289,14 @@ class _TrainRun:
     host_batch, input_state = self._next_batch()
     batch = self.partitioner.shard_batch(host_batch)
     self.t_mark, self.step_mark = None, step
+    if self.options.device_memory_bytes:
+      with self.gp.span("other"):
+        memory.preflight(self.step_fn, (self.state, batch, self.key),
+                         self.options.device_memory_bytes, self.last_saved)
+    with memory.out_of_memory_is_one_line(lambda: self.last_saved):
+      self._steps(step, last, batch, host_batch, input_state)
+
+  def _steps(self, step: int, last: int, batch: Any, host_batch: Any, input_state: Any) -> None:
     while step < last:
       metrics = self._step(step, batch)
       step += 1

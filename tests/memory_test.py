@@ -1,0 +1,42 @@
+"""--device_memory_gib: a step that cannot fit is refused before step 1, in one line."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import REPO_ROOT, TINY, describe, run_cli
+
+from paxlike import memory
+from paxlike.errors import UserError
+
+SMALL = ["--set", "NUM_TRAIN_STEPS=4", "--set", "CHECKPOINT_EVERY_N_STEPS=2",
+         "--set", "MODEL_DIMS=32", "--set", "MAX_SEQ_LEN=16", "--set", "PERCORE_BATCH_SIZE=2"]
+
+
+def test_a_budget_below_the_step_is_refused_before_step_1_and_keeps_the_job(tmp_path):
+  job = tmp_path / "job"
+  first = run_cli([f"--exp={TINY}", f"--job_log_dir={job}", *SMALL], REPO_ROOT)
+  assert first.returncode == 0, describe(first)
+  kept = sorted(p.name for p in (job / "checkpoints").iterdir())
+  more = [*SMALL, "--set", "NUM_TRAIN_STEPS=6"]
+  proc = run_cli([f"--exp={TINY}", f"--job_log_dir={job}", "--device_memory_gib=0.0001", *more],
+                 REPO_ROOT)
+  assert proc.returncode == 2, describe(proc)
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "GiB per device" in errors[0] and "0.00 GiB" in errors[0], errors
+  assert "checkpoint of step 4 is kept" in errors[0] and "Traceback" not in proc.stderr
+  assert "step 5" not in proc.stdout + proc.stderr  # refused before the first new step
+  assert sorted(p.name for p in (job / "checkpoints").iterdir()) == kept
+  # A budget that holds the step trains on from the kept checkpoint.
+  ok = run_cli([f"--exp={TINY}", f"--job_log_dir={job}", "--device_memory_gib=8", *more],
+               REPO_ROOT)
+  assert ok.returncode == 0, describe(ok)
+  assert "checkpoint_00000006" in {p.name for p in (job / "checkpoints").iterdir()}
+
+
+def test_an_out_of_memory_error_becomes_one_sentence_naming_the_kept_checkpoint():
+  with pytest.raises(UserError, match="ran out of device memory.*checkpoint of step 8 is kept"):
+    with memory.out_of_memory_is_one_line(lambda: 8):
+      raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 12 GiB.")
+  with pytest.raises(ValueError):  # other errors pass through unchanged
+    with memory.out_of_memory_is_one_line(lambda: 8):
+      raise ValueError("something else")
