@@ -1,13 +1,13 @@
-"""The README's dry-run table, rendered from the golden records (never typed by hand).
+"""The dry-run table of docs/dry_run.md, rendered from the golden records (never typed by hand).
 
     python -m paxlike.golden_table            # print the table
-    python -m paxlike.golden_table --write    # replace it in README.md
+    python -m paxlike.golden_table --write    # replace it in docs/dry_run.md
 
 Each pod-scale experiment's record holds its parameter count, its per-device
 parameter and optimizer bytes, and its compiled peak per device under each
 JAX release it was compiled with (`python -m paxlike.golden --compile-all
 --update`); a target fits when the larger recorded peak fits its usable
-memory. tests/golden_test.py checks that README.md holds this table.
+memory. tests/golden_test.py checks that docs/dry_run.md holds this table.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from pathlib import Path
 from paxlike.dry_run import GIB, TARGETS
 from paxlike.golden import COMPILED_PREFIX, RECORD_DIR, parse
 
-README = RECORD_DIR.parent.parent / "README.md"
+# The page that shows the table (once the README; the name stays for its callers).
+README = RECORD_DIR.parent.parent / "docs" / "dry_run.md"
 BEGIN = "<!-- dry-run table: python -m paxlike.golden_table --write -->"
 END = "<!-- end of dry-run table -->"
 
@@ -54,7 +55,7 @@ def table(record_dir: Path = RECORD_DIR) -> str:
 
 
 def in_readme(text: str) -> str | None:
-  """The table between the README's markers, or None without them."""
+  """The table between the page's markers, or None without them."""
   match = re.search(re.escape(BEGIN) + r"\n(.*?)" + re.escape(END), text, re.S)
   return match.group(1) if match else None
 
@@ -71,7 +72,7 @@ def write(readme: Path = README) -> None:
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m paxlike.golden_table",
                                    description=__doc__.split("\n")[0])
-  parser.add_argument("--write", action="store_true", help="replace the table in README.md")
+  parser.add_argument("--write", action="store_true", help="replace the table in docs/dry_run.md")
   args = parser.parse_args(argv)
   if args.write:
     write()

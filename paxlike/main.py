@@ -21,7 +21,7 @@ from absl import app, flags, logging  # noqa: E402
 from paxlike.errors import UserError  # noqa: E402
 
 FLAGS = flags.FLAGS
-MODES = ("train", "eval", "decode", "infer", "export", "dry_run")
+MODES = ("train", "eval", "decode", "infer", "export", "dry_run", "tune")
 EXPORT_FORMATS = ("hf", "stablehlo", "savedmodel")  # paxlike.export.EXPORTERS
 
 flags.DEFINE_string("exp", None, "Experiment: module.Class (looked up in that module; "
@@ -201,7 +201,10 @@ def run(argv_flags: flags.FlagValues) -> int:
   _use_job_vocabulary(exp, job_log_dir)
   if argv_flags.mode == "dry_run":
     return _dry_run(exp, job_log_dir, argv_flags.target)
+  layout = _tuned_layout(exp, job_log_dir) if argv_flags.mode == "train" else None
   run_timer, flag_plan = _start_backend(exp, job_log_dir, argv_flags)
+  if argv_flags.mode == "tune":
+    return _tune(exp, job_log_dir, argv_flags)
   partitioner, mesh_desc = _partitioner(exp)
   built = _build(exp, argv_flags, job_log_dir)
   created = not os.path.exists(job_log_dir)
@@ -212,11 +215,40 @@ def run(argv_flags: flags.FlagValues) -> int:
     _unclaim_job_log_dir(job_log_dir, lock, created)  # a refused run leaves no directory
     raise
   _write_run_records(exp, built, job_log_dir, argv_flags, partitioner, mesh_desc, flag_plan)
+  if layout is not None:
+    from paxlike import xla_flags
+
+    xla_flags.update_run_env(job_log_dir, {"layout": layout})
   options = _train_options(built, partitioner, job_log_dir, argv_flags, init_from, run_timer,
                            flag_plan, profile_plan)
   if argv_flags.mode != "train":
     return _run_on_restored(built, partitioner, job_log_dir, argv_flags, options, export_job)
   return _train(built, partitioner, job_log_dir, options)
+
+
+def _tuned_layout(exp: Any, job_log_dir: str) -> dict[str, Any] | None:
+  """A train run in a tuned job takes the winning layout for the knobs the user left free."""
+  from paxlike import tune
+
+  layout = tune.apply_winner(exp, job_log_dir)
+  if layout:
+    log_line = ", ".join(f"{k}={v!r}" for k, v in layout["applied"].items()) or "nothing"
+    print(f"layout from --mode=tune: {log_line} ({layout['why']})", file=sys.stderr)
+  return layout
+
+
+def _tune(exp: Any, job_log_dir: str, argv_flags: flags.FlagValues) -> int:
+  """--mode=tune: compile and time the candidate layouts; the table goes to job_log_dir/tune."""
+  from paxlike import tune
+
+  if exp.ICI_MESH_SHAPE is None:
+    raise UserError(f"--mode=tune compiles SPMD steps; {type(exp).__name__} sets no "
+                    "ICI_MESH_SHAPE (a pmap experiment): set one, e.g. [1, 1, 1].")
+  if argv_flags.device_memory_gib is not None and argv_flags.device_memory_gib <= 0:
+    raise UserError(f"--device_memory_gib={argv_flags.device_memory_gib} must be positive.")
+  tune.tune(exp, _set_flags(argv_flags.set), job_log_dir, argv_flags.device_memory_gib,
+            lambda e: _partitioner(e)[0])
+  return 0
 
 
 def _list_experiments(module: str | None) -> int:

@@ -1,0 +1,247 @@
+"""--mode=tune: the fastest step layout that fits this machine's devices, measured.
+
+Which step layout is fastest (a scanned or unrolled layer stack, which remat
+policy, the batch in microbatches) depends on the model, the batch and the
+device, and no rule predicts it (../shared/GPU_FACTS.md: the scan wins for
+FlanT5Base, loses for the 1B LM). So each candidate is compiled for this
+machine's devices; its compiled peak per device is compared with the
+device's usable memory (--device_memory_gib, else what the accelerator
+reports; a CPU has no limit); the ones that fit are timed over a few steps,
+in a shuffled order, and their median step time kept. The table is printed
+and written to job_log_dir/tune/ (tune.json, tune.txt).
+
+Only the knobs neither the user's own classes nor --set chose are varied; a
+later `--mode=train` in that job_log_dir takes the winner's values for those
+knobs (apply_winner) and run_env.json says which layout ran and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from paxlike import log as logging
+from paxlike.errors import UserError
+
+TUNED = ("USE_REPEATED_LAYER", "CHECKPOINT_POLICY", "NUM_MICROBATCHES")
+# The policies tried: from saving nothing (least memory) to saving everything (no remat).
+POLICIES = ("SAVE_NOTHING", "SAVE_DOT_WITH_NO_BATCH_DIM", "SAVE_CONTEXT_AND_OUT_PROJ",
+            "SAVE_EVERYTHING")
+MICROBATCHES = (2, 4)  # tried for a layout that does not fit whole
+WARMUP_STEPS, TIMED_STEPS = 2, 5
+GIB = 1 << 30
+TUNE_DIR = "tune"
+RESULT = "tune.json"
+
+
+@dataclasses.dataclass
+class Candidate:
+  overrides: dict[str, Any]
+  peak_bytes: int | None = None
+  fits: bool | None = None
+  step_seconds: float | None = None
+  mfu: float | None = None
+  error: str | None = None
+
+  def label(self) -> str:
+    o = self.overrides
+    parts = []
+    if "USE_REPEATED_LAYER" in o:
+      parts.append("scanned" if o["USE_REPEATED_LAYER"] else "unrolled")
+    if "CHECKPOINT_POLICY" in o:
+      parts.append(o["CHECKPOINT_POLICY"])
+    if o.get("NUM_MICROBATCHES", 1) > 1:
+      parts.append(f"{o['NUM_MICROBATCHES']} microbatches")
+    return ", ".join(parts) or "as configured"
+
+
+def user_set(exp: Any, name: str) -> bool:
+  """Whether --set or a class of the user's own (not paxlike's, not shipped) sets name."""
+  if name in exp.__dict__.get("_overrides", {}):
+    return True
+  for klass in type(exp).__mro__:
+    module = klass.__module__ or ""
+    if name in vars(klass) and not module.startswith(("paxlike.", "experiments.")):
+      return True
+  return False
+
+
+def candidates(exp: Any) -> list[Candidate]:
+  """The layouts to try: both stacks x every policy, for the knobs the user left free."""
+  layouts = [None] if user_set(exp, "USE_REPEATED_LAYER") else [True, False]
+  policies = [None] if user_set(exp, "CHECKPOINT_POLICY") else list(POLICIES)
+  out = []
+  for repeated in layouts:
+    for policy in policies:
+      o = {}
+      if repeated is not None:
+        o["USE_REPEATED_LAYER"] = repeated
+      if policy is not None:
+        o["CHECKPOINT_POLICY"] = policy
+      out.append(Candidate(o))
+  return out
+
+
+def device_budget(budget_gib: float | None) -> int | None:
+  """Usable bytes per device: the flag, else the accelerator's limit, else None (a CPU)."""
+  import jax
+
+  if budget_gib is not None:
+    return int(budget_gib * GIB)
+  stats = getattr(jax.local_devices()[0], "memory_stats", lambda: None)()
+  return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
+def _program(exp_cls: type, overrides: list[str], extra: dict[str, Any],
+             make_partitioner: Callable[[Any], Any]) -> tuple[Any, Any, Any]:
+  """The train program of the experiment with extra knobs set, and its input."""
+  import jax
+
+  from paxlike import config, experiment, trainer
+
+  exp = experiment.instantiate(exp_cls, list(overrides))
+  for name, value in extra.items():
+    setattr(exp, name, value)
+  configs = experiment.build_checked(exp)
+  task = config.build(configs.task)
+  train_cfgs = [c for c in configs.datasets if getattr(c, "is_training", True)]
+  if not train_cfgs:
+    raise UserError(f"{exp_cls.__name__}.datasets() has no input with is_training=True.")
+  train_input = config.build(train_cfgs[0])
+  train_input.bind_host(jax.process_count(), jax.process_index())
+  partitioner = make_partitioner(exp)
+  return trainer.build_train_program(task, train_input, partitioner), train_input, exp
+
+
+def _measure(c: Candidate, exp_cls: type, overrides: list[str], budget: int | None,
+             make_partitioner: Callable[[Any], Any], peak_flops: float | None,
+             num_devices: int, time_it: bool) -> None:
+  import jax
+
+  from paxlike import memory
+
+  program, train_input, _ = _program(exp_cls, overrides, c.overrides, make_partitioner)
+  batch = program.partitioner.shard_batch(train_input.get_next())
+  key = jax.random.key(0)
+  abstract_state = program.partitioner.abstract_state(program.abstract)
+  compiled = program.step_fn.lower(abstract_state, batch, key).compile()
+  c.peak_bytes = memory.step_peak_bytes(compiled)
+  c.fits = budget is None or c.peak_bytes <= budget
+  if not (c.fits and time_it):
+    return
+  state = program.init_state(0)
+  times = []
+  for i in range(WARMUP_STEPS + TIMED_STEPS):  # the executable just compiled: no second compile
+    t0 = time.perf_counter()
+    state, metrics = compiled(state, batch, key)
+    jax.block_until_ready(metrics)
+    if i >= WARMUP_STEPS:
+      times.append(time.perf_counter() - t0)
+  c.step_seconds = statistics.median(times)
+  flops = program.task.model.model_flops_per_step(program.global_specs)
+  if peak_flops:
+    c.mfu = flops / (c.step_seconds * peak_flops * num_devices)
+
+
+def tune(exp: Any, overrides: list[str], job_log_dir: str, budget_gib: float | None,
+         make_partitioner: Callable[[Any], Any], time_it: bool = True) -> list[Candidate]:
+  """Compiles (and, where they fit, times) every candidate; writes job_log_dir/tune/."""
+  import jax
+
+  from paxlike import flops
+
+  exp_cls = type(exp)
+  budget = device_budget(budget_gib)
+  cands = candidates(exp)
+  program, _, _ = _program(exp_cls, overrides, {}, make_partitioner)
+  peak, _ = flops.resolve_peak(jax.local_devices(), program.task.model.compute_dtype(), None)
+  num_devices = jax.device_count()
+  order = list(range(len(cands)))
+  random.Random(0).shuffle(order)  # no candidate always runs first (warm caches, clocks)
+  extra: list[Candidate] = []
+  for i in order:
+    c = cands[i]
+    _try(c, exp_cls, overrides, budget, make_partitioner, peak, num_devices, time_it)
+    if c.fits is False and not user_set(exp, "NUM_MICROBATCHES"):
+      for k in MICROBATCHES:
+        m = Candidate({**c.overrides, "NUM_MICROBATCHES": k})
+        _try(m, exp_cls, overrides, budget, make_partitioner, peak, num_devices, time_it)
+        extra.append(m)
+        if m.fits:
+          break
+  cands += extra
+  _write(job_log_dir, cands, budget, time_it)
+  return cands
+
+
+def _try(c: Candidate, *args: Any) -> None:
+  try:
+    _measure(c, *args)
+  except UserError as e:  # a layout this experiment cannot take (microbatches that do not divide)
+    c.error = str(e)
+
+
+def winner(cands: list[Candidate]) -> Candidate | None:
+  timed = [c for c in cands if c.fits and c.step_seconds is not None]
+  return min(timed, key=lambda c: c.step_seconds) if timed else None
+
+
+def table(cands: list[Candidate], budget: int | None) -> str:
+  best = winner(cands)
+  rows = ["| layout | GiB / device | fits | step s | MFU |", "|---|---|---|---|---|"]
+  for c in cands:
+    gib = f"{c.peak_bytes / GIB:.4g}" if c.peak_bytes is not None else "-"
+    fits = "-" if c.fits is None else ("yes" if c.fits else "no")
+    if c.error:
+      fits = f"refused: {c.error}"
+    step = f"{c.step_seconds:.4f}" if c.step_seconds is not None else "-"
+    mfu = f"{100 * c.mfu:.2f}%" if c.mfu is not None else "-"
+    mark = " (chosen)" if c is best else ""
+    rows.append(f"| {c.label()}{mark} | {gib} | {fits} | {step} | {mfu} |")
+  limit = f"{budget / GIB:.4g} GiB usable per device" if budget else "no memory limit known"
+  return "\n".join(rows) + f"\n\n{limit}\n"
+
+
+def _write(job_log_dir: str, cands: list[Candidate], budget: int | None, timed: bool) -> None:
+  out = os.path.join(job_log_dir, TUNE_DIR)
+  os.makedirs(out, exist_ok=True)
+  best = winner(cands)
+  record = {"budget_bytes": budget, "timed": timed,
+            "candidates": [dataclasses.asdict(c) for c in cands],
+            "winner": dataclasses.asdict(best) if best else None}
+  with open(os.path.join(out, RESULT), "w") as f:
+    json.dump(record, f, indent=1)
+  text = table(cands, budget)
+  with open(os.path.join(out, "tune.txt"), "w") as f:
+    f.write(text)
+  print(text, end="")
+  if best:
+    logging.info("tune: fastest layout that fits: %s (%.4f s a step); --mode=train in %s "
+                 "takes it", best.label(), best.step_seconds, job_log_dir)
+
+
+def apply_winner(exp: Any, job_log_dir: str) -> dict[str, Any] | None:
+  """Sets the tune winner's knobs the user did not set; returns what ran and why (or None)."""
+  path = os.path.join(job_log_dir, TUNE_DIR, RESULT)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    best = json.load(f).get("winner")
+  if not best:
+    return None
+  applied, kept = {}, {}
+  for name, value in best["overrides"].items():
+    if user_set(exp, name):
+      kept[name] = getattr(exp, name)
+    else:
+      setattr(exp, name, value)
+      applied[name] = value
+  why = (f"the fastest layout that fits in {os.path.join(TUNE_DIR, RESULT)} "
+         f"({best['step_seconds']:.4f} s a step)")
+  return {"applied": applied, "kept_as_set": kept, "why": why}

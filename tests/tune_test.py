@@ -1,0 +1,73 @@
+"""--mode=tune: compiled memory and measured time per layout; the winner trains next."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import REPO_ROOT, TINY, describe, run_cli
+
+from paxlike import experiment, mesh, registry, tune
+from paxlike.partitioning import SpmdPartitioner
+
+SMALL = ["MODEL_DIMS=32", "MAX_SEQ_LEN=16", "PERCORE_BATCH_SIZE=2", "USE_REPEATED_LAYER=True"]
+
+
+def _sets(values):
+  return [a for v in values for a in ("--set", v)]
+
+
+def _exp(overrides):
+  return experiment.instantiate(registry.get(TINY), overrides)
+
+
+def _partitioner(exp):
+  import jax
+
+  return SpmdPartitioner(mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE, jax.devices()[:1]),
+                         rules=mesh.logical_axis_rules(exp.TRAINING_OPTIMIZED_SHARDING))
+
+
+def test_tune_picks_the_fastest_layout_that_fits_and_the_next_train_takes_it(tmp_path):
+  job = tmp_path / "job"
+  proc = run_cli([f"--exp={TINY}", f"--job_log_dir={job}", "--mode=tune", *_sets(SMALL)],
+                 REPO_ROOT, timeout=600)
+  assert proc.returncode == 0, describe(proc)
+  record = json.loads((job / "tune" / "tune.json").read_text())
+  rows = record["candidates"]
+  assert len(rows) >= 4 and all(r["peak_bytes"] > 0 and r["step_seconds"] > 0 for r in rows)
+  # USE_REPEATED_LAYER came from --set: it is kept; the policies are what varies.
+  assert all(set(r["overrides"]) == {"CHECKPOINT_POLICY"} for r in rows)
+  fastest = min(rows, key=lambda r: r["step_seconds"])
+  assert record["winner"]["overrides"] == fastest["overrides"]
+  assert "(chosen)" in (job / "tune" / "tune.txt").read_text()
+
+  train = run_cli([f"--exp={TINY}", f"--job_log_dir={job}",
+                   *_sets([*SMALL, "NUM_TRAIN_STEPS=2"])], REPO_ROOT)
+  assert train.returncode == 0, describe(train)
+  layout = json.loads((job / "run_env.json").read_text())["layout"]
+  assert layout["applied"] == fastest["overrides"] and "tune" in layout["why"]
+
+  # A budget between the smallest and the largest layout rules out the larger ones.
+  peaks = sorted(r["peak_bytes"] for r in rows)
+  assert peaks[0] < peaks[-1], peaks
+  budget_gib = (peaks[0] + peaks[-1]) / 2 / tune.GIB
+  cands = tune.tune(_exp(SMALL), SMALL, str(tmp_path / "b"), budget_gib, _partitioner)
+  too_big = [c for c in cands if c.fits is False]
+  assert too_big, [(c.label(), c.peak_bytes) for c in cands]
+  best = tune.winner(cands)
+  assert best is not None and best.fits and best not in too_big
+  assert best.step_seconds == min(c.step_seconds for c in cands if c.fits and c.step_seconds)
+  # A knob the user sets is kept when the winner is applied.
+  mine = _exp([*SMALL, "CHECKPOINT_POLICY=SAVE_NOTHING"])
+  layout = tune.apply_winner(mine, str(tmp_path / "b"))
+  assert layout["kept_as_set"] == {"CHECKPOINT_POLICY": "SAVE_NOTHING"}
+  assert mine.CHECKPOINT_POLICY == "SAVE_NOTHING"
+
+
+@pytest.mark.parametrize("flag", ["--device_memory_gib=0"])
+def test_a_bad_budget_is_one_line(tmp_path, flag):
+  proc = run_cli([f"--exp={TINY}", f"--job_log_dir={tmp_path / 'j'}", "--mode=tune", flag],
+                 REPO_ROOT)
+  assert proc.returncode == 2 and "must be positive" in proc.stderr, describe(proc)
+  assert not (tmp_path / "j").exists()
