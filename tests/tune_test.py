@@ -7,8 +7,7 @@ import json
 import pytest
 from conftest import REPO_ROOT, TINY, describe, run_cli
 
-from paxlike import experiment, mesh, registry, tune
-from paxlike.partitioning import SpmdPartitioner
+from paxlike import experiment, registry, tune
 
 SMALL = ["MODEL_DIMS=32", "MAX_SEQ_LEN=16", "PERCORE_BATCH_SIZE=2", "USE_REPEATED_LAYER=True"]
 
@@ -19,13 +18,6 @@ def _sets(values):
 
 def _exp(overrides):
   return experiment.instantiate(registry.get(TINY), overrides)
-
-
-def _partitioner(exp):
-  import jax
-
-  return SpmdPartitioner(mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE, jax.devices()[:1]),
-                         rules=mesh.logical_axis_rules(exp.TRAINING_OPTIMIZED_SHARDING))
 
 
 def test_tune_picks_the_fastest_layout_that_fits_and_the_next_train_takes_it(tmp_path):
@@ -52,15 +44,20 @@ def test_tune_picks_the_fastest_layout_that_fits_and_the_next_train_takes_it(tmp
   peaks = sorted(r["peak_bytes"] for r in rows)
   assert peaks[0] < peaks[-1], peaks
   budget_gib = (peaks[0] + peaks[-1]) / 2 / tune.GIB
-  cands = tune.tune(_exp(SMALL), SMALL, str(tmp_path / "b"), budget_gib, _partitioner)
-  too_big = [c for c in cands if c.fits is False]
-  assert too_big, [(c.label(), c.peak_bytes) for c in cands]
-  best = tune.winner(cands)
-  assert best is not None and best.fits and best not in too_big
-  assert best.step_seconds == min(c.step_seconds for c in cands if c.fits and c.step_seconds)
+  tight = tmp_path / "tight"
+  proc = run_cli([f"--exp={TINY}", f"--job_log_dir={tight}", "--mode=tune",
+                  f"--device_memory_gib={budget_gib!r}", *_sets(SMALL)], REPO_ROOT, timeout=600)
+  assert proc.returncode == 0, describe(proc)
+  record = json.loads((tight / "tune" / "tune.json").read_text())
+  too_big = [c for c in record["candidates"] if c["fits"] is False]
+  assert too_big, record["candidates"]
+  best = record["winner"]
+  assert best is not None and best["fits"] and best not in too_big
+  assert best["step_seconds"] == min(c["step_seconds"] for c in record["candidates"]
+                                     if c["fits"] and c["step_seconds"])
   # A knob the user sets is kept when the winner is applied.
   mine = _exp([*SMALL, "CHECKPOINT_POLICY=SAVE_NOTHING"])
-  layout = tune.apply_winner(mine, str(tmp_path / "b"))
+  layout = tune.apply_winner(mine, str(tight))
   assert layout["kept_as_set"] == {"CHECKPOINT_POLICY": "SAVE_NOTHING"}
   assert mine.CHECKPOINT_POLICY == "SAVE_NOTHING"
 
