@@ -110,7 +110,7 @@ def test_readme_dry_run_table_is_rendered_from_the_golden_records():
   from paxlike import golden_table
 
   shown = golden_table.in_readme(golden_table.README.read_text())
-  assert shown is not None, "README.md lost its dry-run table markers"
+  assert shown is not None, f"{golden_table.README.name} lost its dry-run table markers"
   assert shown == golden_table.table(), (
-      "README.md's dry-run table differs from the golden records; run "
+      f"{golden_table.README.name}'s dry-run table differs from the golden records; run "
       "`python -m paxlike.golden_table --write`")
