@@ -28,6 +28,7 @@ parity, above is slower.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -195,7 +196,8 @@ def _fmt(x: float | None, spec: str) -> str:
   return "n/a" if x is None else format(x, spec)
 
 
-def markdown(report: dict[str, Any]) -> str:
+def table_rows(report: dict[str, Any]) -> list[str]:
+  """The report's markdown table (docs/mfu.md shows it as rendered here, never retyped)."""
   rows = ["| size | experiment | params | devices | dtype | paxlike tokens/s | reference "
           "tokens/s | ratio (step time) | paxlike MFU | reference MFU |",
           "|---|---|---|---|---|---|---|---|---|---|"]
@@ -206,10 +208,16 @@ def markdown(report: dict[str, Any]) -> str:
         f"{_fmt(r['ref_tokens_per_sec'], ',.0f')} | {_fmt(r['ratio'], '.3f')} | "
         f"{_fmt(r['paxlike_mfu'] and 100 * r['paxlike_mfu'], '.2f')}% | "
         f"{_fmt(r['ref_mfu'] and 100 * r['ref_mfu'], '.2f')}% |")
+  return rows
+
+
+def markdown(report: dict[str, Any]) -> str:
+  rows = table_rows(report)
+  release = f"; JAX {report['jax']}" if report.get("jax") else ""
   peaks = ", ".join(f"{k}: {v['tflops']:.4g} TFLOP/s ({v['source']})"
                     for k, v in report["peaks"].items())
   return "\n".join([
-      f"# MFU suite: {report['device_kind']} ({report['machine']})", "",
+      f"# MFU suite: {report['device_kind']} ({report['machine']}{release})", "",
       f"{report['steps']} timed steps per side, alternating; ratio = paxlike step time / "
       "reference step time (1.0 = parity).", "",
       f"Peak per device: {peaks}.", "",
@@ -293,7 +301,8 @@ def run_suite(args: argparse.Namespace, runner=run_train_step, calibrator=calibr
           f"(reference {_fmt(record['ref_mfu'] and 100 * record['ref_mfu'], '.2f')}%)",
           flush=True)
   return {"device_kind": args.device_kind, "machine": f"{platform.machine()}, "
-          f"{os.cpu_count()} cores", "steps": args.steps, "peaks": peaks, "results": results}
+          f"{os.cpu_count()} cores", "jax": importlib.metadata.version("jax"),
+          "steps": args.steps, "peaks": peaks, "results": results}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -102,3 +102,17 @@ def test_list_prints_the_plan_and_runs_nothing():
   assert proc.returncode == 0, describe(proc)
   assert proc.stdout.strip() == ("flan_t5_base_1gpu: FlanT5Base on 1 device(s), --set "
                                  "ICI_MESH_SHAPE=[1,1,1] PERCORE_BATCH_SIZE=32 DROPOUT_PROB=0.0")
+
+
+def test_the_docs_mfu_table_is_the_committed_reports():
+  """docs/mfu.md shows benchmarks/results/mfu/report.json as the suite renders it."""
+  import json
+
+  from conftest import REPO_ROOT
+
+  from benchmarks import mfu_suite
+
+  report = json.loads((REPO_ROOT / "benchmarks/results/mfu/report.json").read_text())
+  rows = mfu_suite.table_rows(report)
+  docs = (REPO_ROOT / "docs/mfu.md").read_text()
+  assert "\n".join(rows) in docs, "re-render docs/mfu.md's table from the suite's report"
