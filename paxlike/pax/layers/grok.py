@@ -1,22 +1,16 @@
-"""praxis.layers.grok: Grok's mixture-of-experts LM builder, importable and refused when called.
-
-A Pax file that uses it imports and registers; calling it (in task()) is
-refused in one line, since paxlike has no mixture-of-experts layers yet.
-"""
+"""praxis.layers.grok: Grok's mixture-of-experts LM builder, importable and refused when called."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from paxlike.errors import UserError
+from paxlike.pax.layers.glam import refuse_moe
 
 
 def GrokUniTransformerLmHParams(**kwargs: Any) -> Any:  # noqa: N802  (praxis's name)
   """praxis's Grok decoder-only LM config; refused: MoE is not modelled yet."""
   del kwargs
-  raise UserError("grok.GrokUniTransformerLmHParams builds a Grok mixture-of-experts LM; MoE "
-                  "is not modelled yet in paxlike, so use a dense template "
-                  "(model_params.TransformerLmSpmdAdafactor / c4.TransformerLmSpmdAdam).")
+  refuse_moe("grok.GrokUniTransformerLmHParams", "Grok")
 
 
 __all__ = ["GrokUniTransformerLmHParams"]
