@@ -143,6 +143,7 @@ def analyse(exp: Any) -> dict[str, Any]:
   from jax.sharding import Mesh
 
   from paxlike import config, experiment, flops
+  from paxlike import memory as memory_lib
   from paxlike import mesh as mesh_lib
   from paxlike import train_state as ts
   from paxlike.partitioning import SpmdPartitioner
@@ -185,12 +186,7 @@ def analyse(exp: Any) -> dict[str, Any]:
   compiled = lowered.compile()
   t_compile = time.perf_counter() - t0
 
-  mem = compiled.memory_analysis()
-  memory = {k: int(getattr(mem, f"{k}_size_in_bytes", 0) or 0)
-            for k in ("argument", "output", "alias", "temp", "generated_code")}
-  # Live at the peak: inputs, outputs not aliased to a donated input, and scratch.
-  memory["peak"] = (memory["argument"] + memory["output"] - memory["alias"] + memory["temp"]
-                    + memory["generated_code"])
+  memory = memory_lib.step_memory(compiled)
   hw = flops.hardware_flops(step_fn, (state, batch, key), n, compiled=compiled)
   model_flops = task.model.model_flops_per_step(specs)
   return {

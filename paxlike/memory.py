@@ -25,13 +25,22 @@ REMEDIES = ("CHECKPOINT_POLICY='SAVE_NOTHING' (recompute activations in the back
 _OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
 
 
-def step_peak_bytes(compiled: Any) -> int:
-  """Bytes a compiled step holds at its peak on one device (the dry run's peak)."""
+def step_memory(compiled: Any) -> dict[str, int]:
+  """A compiled step's memory analysis per device, bytes, with the peak it implies.
+
+  Live at the peak: inputs, outputs not aliased to a donated input, scratch, code.
+  """
   mem = compiled.memory_analysis()
   size = {k: int(getattr(mem, f"{k}_size_in_bytes", 0) or 0)
           for k in ("argument", "output", "alias", "temp", "generated_code")}
-  return (size["argument"] + size["output"] - size["alias"] + size["temp"]
-          + size["generated_code"])
+  size["peak"] = (size["argument"] + size["output"] - size["alias"] + size["temp"]
+                  + size["generated_code"])
+  return size
+
+
+def step_peak_bytes(compiled: Any) -> int:
+  """Bytes a compiled step holds at its peak on one device (the dry run's peak)."""
+  return step_memory(compiled)["peak"]
 
 
 def _advice(last_saved: int | None) -> str:

@@ -18,6 +18,7 @@ knobs (apply_winner) and run_env.json says which layout ran and why.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -120,7 +121,7 @@ def _program(exp_cls: type, overrides: list[str], extra: dict[str, Any],
 
 
 def _measure(c: Candidate, exp_cls: type, overrides: list[str], budget: int | None,
-             make_partitioner: Callable[[Any], Any], peak_flops: float | None,
+             make_partitioner: Callable[[Any], Any], peak_flops: Callable[[str], float | None],
              num_devices: int, time_it: bool) -> None:
   import jax
 
@@ -145,8 +146,9 @@ def _measure(c: Candidate, exp_cls: type, overrides: list[str], budget: int | No
       times.append(time.perf_counter() - t0)
   c.step_seconds = statistics.median(times)
   flops = program.task.model.model_flops_per_step(program.global_specs)
-  if peak_flops:
-    c.mfu = flops / (c.step_seconds * peak_flops * num_devices)
+  peak = peak_flops(program.task.model.compute_dtype())
+  if peak:
+    c.mfu = flops / (c.step_seconds * peak * num_devices)
 
 
 def tune(exp: Any, overrides: list[str], job_log_dir: str, budget_gib: float | None,
@@ -159,8 +161,8 @@ def tune(exp: Any, overrides: list[str], job_log_dir: str, budget_gib: float | N
   exp_cls = type(exp)
   budget = device_budget(budget_gib)
   cands = candidates(exp)
-  program, _, _ = _program(exp_cls, overrides, {}, make_partitioner)
-  peak, _ = flops.resolve_peak(jax.local_devices(), program.task.model.compute_dtype(), None)
+  # The device peak per compute dtype, resolved (on a CPU: calibrated) once, when first needed.
+  peak = functools.cache(lambda dtype: flops.resolve_peak(jax.local_devices(), dtype, None)[0])
   num_devices = jax.device_count()
   order = list(range(len(cands)))
   random.Random(0).shuffle(order)  # no candidate always runs first (warm caches, clocks)

@@ -67,15 +67,11 @@ class LmConfig(Config):
 def _tree(cfg: LmConfig) -> dict[str, Any]:
   tree = cfg.__dict__.get(_TREE)
   if tree is None:
-    tree = {"lm_tpl": tree_of(cfg), "params_init": _spec(_field(cfg, "weight_init")),
-            "decoder_tpl": Config(pl.DecoderHParams, eos_id=_field(cfg, "eos_id")),
+    tree = {"lm_tpl": tree_of(cfg), "params_init": _spec(cfg.weight_init),
+            "decoder_tpl": Config(pl.DecoderHParams, eos_id=cfg.eos_id),
             "report_strict_acc": False}
     object.__setattr__(cfg, _TREE, tree)
   return tree
-
-
-def _field(cfg: fdl.Buildable, name: str) -> Any:
-  return getattr(cfg, name)
 
 
 def _spec(value: tuple[str, float] | None) -> WeightInitSpec | None:
