@@ -147,7 +147,9 @@ def test_help_exits_0_and_lists_every_flag_in_its_group(tmp_path, flag):
   assert set(grouped) == defined
   for title, _ in main.HELP_GROUPS:
     assert f"\n{title}:\n" in proc.stdout
-  assert "--mode (one of train|eval|decode|infer|export|dry_run; default train)" in proc.stdout
+  modes = "|".join(main.FLAGS["mode"].parser.enum_values)
+  assert {"train", "eval", "decode", "infer", "export", "dry_run", "tune"} <= set(modes.split("|"))
+  assert f"--mode (one of {modes}; default train)" in proc.stdout
   assert "--coordinator_address (Pax's --server_addr)" in proc.stdout
 
 
