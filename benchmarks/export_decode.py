@@ -73,7 +73,7 @@ def build(exp_name: str, overrides: Sequence[str]) -> dict[str, Any]:
     partitioner = PmapPartitioner()
   else:
     partitioner = SpmdPartitioner(mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE),
-                                  rules=mesh.logical_axis_rules(exp.TRAINING_OPTIMIZED_SHARDING))
+                                  rules=mesh.rules_for(exp))
   task = config.build(exp.task())
   inputs = [config.build(c) for c in exp.datasets()]
   decode_inputs = [config.build(c) for c in exp.decode_datasets()]

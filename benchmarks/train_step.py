@@ -83,7 +83,7 @@ def build(exp_name: str, overrides: Sequence[str], skip_nonfinite: bool = False)
   else:
     partitioner = SpmdPartitioner(
         mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE),
-        rules=mesh.logical_axis_rules(getattr(exp, "TRAINING_OPTIMIZED_SHARDING", False)))
+        rules=mesh.rules_for(exp))
   task = config.build(exp.task())
   inputs = [config.build(c) for c in exp.datasets()]
   for inp in inputs:

@@ -152,9 +152,9 @@ def analyse(exp: Any) -> dict[str, Any]:
   shape, n = mesh_size(exp)
   devices = jax.devices()[:n]
   # One process stands in for every slice/host: DCN folds into the mesh axes.
-  device_mesh = Mesh(np.asarray(devices).reshape(shape), mesh_lib.MESH_AXES)
+  device_mesh = Mesh(np.asarray(devices).reshape(shape), mesh_lib.axes_for(shape))
   partitioner = SpmdPartitioner(
-      device_mesh, rules=mesh_lib.logical_axis_rules(exp.TRAINING_OPTIMIZED_SHARDING))
+      device_mesh, rules=mesh_lib.rules_for(exp))
   task = config.build(experiment.task_config(exp))  # with --set a.b=V applied
   train_cfgs = [c for c in experiment.call_user(exp, "datasets")
                 if getattr(c, "is_training", True)]
@@ -164,6 +164,7 @@ def analyse(exp: Any) -> dict[str, Any]:
   global_batch = next(iter(specs.values())).shape[0]
   partitioner.check_global_batch(global_batch)
   check_microbatches(global_batch, task.train.num_microbatches, batch_shards(partitioner))
+  task.model.check_batch(global_batch // task.train.num_microbatches)
 
   tx = task.learner.transform()
   t0 = time.perf_counter()
@@ -190,7 +191,7 @@ def analyse(exp: Any) -> dict[str, Any]:
   hw = flops.hardware_flops(step_fn, (state, batch, key), n, compiled=compiled)
   model_flops = task.model.model_flops_per_step(specs)
   return {
-      "mesh": dict(zip(mesh_lib.MESH_AXES, shape, strict=True)),
+      "mesh": dict(zip(mesh_lib.axes_for(shape), shape, strict=True)),
       "ici_mesh_shape": list(exp.ICI_MESH_SHAPE),
       "dcn_mesh_shape": list(exp.DCN_MESH_SHAPE) if exp.DCN_MESH_SHAPE else None,
       "num_devices": n,
@@ -268,8 +269,13 @@ def format_table(report: dict[str, Any], target: str) -> str:
   return "\n".join(lines)
 
 
-def run(exp: Any, job_log_dir: str, target: str) -> int:
-  """The dry-run command: arranges the devices, analyses, writes dry_run.json, prints."""
+def run(exp: Any, job_log_dir: str, target: str, layouts: bool = False,
+        overrides: list[str] | tuple[str, ...] = ()) -> int:
+  """The dry-run command: arranges the devices, analyses, writes dry_run.json, prints.
+
+  layouts: also compile every candidate layout of --mode=tune (the run's --set
+  values are `overrides`) and write their memory table to job_log_dir/dry_run/.
+  """
   if target not in TARGETS:
     raise UserError(f"--target={target} is not one of {', '.join(TARGETS)}.")
   _, n = mesh_size(exp)
@@ -286,4 +292,18 @@ def run(exp: Any, job_log_dir: str, target: str) -> int:
     f.write("\n")
   print(format_table(report, target))
   print(f"report: {os.path.join(job_log_dir, 'dry_run.json')}")
+  _layouts(exp, job_log_dir, report["fits"][target]["usable_bytes"], layouts, overrides)
   return 0
+
+
+def _layouts(exp: Any, job_log_dir: str, budget: int, wanted: bool,
+             overrides: list[str] | tuple[str, ...]) -> None:
+  """--dry_run_layouts: --mode=tune's candidate layouts, each compiled as above; untimed."""
+  from paxlike import tune
+
+  if not wanted:
+    print("layouts: --dry_run_layouts also compiles the other step layouts (scanned or "
+          "unrolled, each remat policy) and tables their memory per device")
+    return
+  tune.untimed_table(exp, list(overrides), job_log_dir, budget,
+                     lambda e: analyse(e)["compiled_memory_per_device"]["peak"])

@@ -110,24 +110,37 @@ class BaseExperiment:
 
   def validate(self) -> None:
     """Raises UserError when the hyperparameters do not fit together."""
+    axes = self.mesh_axes()
+    names = "[stage, replica, data, mdl]" if axes == 4 else "[replica, data, mdl]"
     for name in ("ICI_MESH_SHAPE", "DCN_MESH_SHAPE"):
       shape = getattr(self, name)
       if shape is None:
         continue
-      if isinstance(shape, list | tuple) and len(shape) == 4:
+      if isinstance(shape, list | tuple) and len(shape) == 4 and axes == 3:
         raise UserError(
             f"{name}={list(shape)} has four axes: Pax uses them for pipelines ([stage, "
-            "replica, data, mdl], NUM_STAGES) and expert parallelism ([replica, data, "
-            "data_expert, mdl], MoE), which paxlike does not run yet; its meshes are "
+            "replica, data, mdl]: a TransformerLmSpmdPipelineAdafactor / Adam experiment "
+            "with NUM_STAGES) and expert parallelism ([replica, data, data_expert, mdl], "
+            "MoE, which paxlike does not run yet); this experiment's meshes are "
             "[replica, data, mdl].")
-      if (not isinstance(shape, list | tuple) or len(shape) != 3
+      if (not isinstance(shape, list | tuple) or len(shape) != axes
           or not all(isinstance(d, int) and d > 0 for d in shape)):
         raise UserError(
-            f"{name} must be a list of three positive ints [replica, data, mdl], "
-            f"got {shape!r}.")
+            f"{name} must be a list of {'four' if axes == 4 else 'three'} positive ints "
+            f"{names}, got {shape!r}.")
+    if axes == 4 and self.ICI_MESH_SHAPE is not None:
+      stages = self.ICI_MESH_SHAPE[0] * (self.DCN_MESH_SHAPE or [1])[0]
+      if stages != getattr(self, "NUM_STAGES", None):
+        raise UserError(
+            f"the mesh's stage axis (ICI_MESH_SHAPE[0] x DCN_MESH_SHAPE[0] = {stages}) is not "
+            f"NUM_STAGES={getattr(self, 'NUM_STAGES', None)}; make them equal.")
     if self.ICI_MESH_SHAPE is None and self.DCN_MESH_SHAPE is not None:
       raise UserError("DCN_MESH_SHAPE is set but ICI_MESH_SHAPE is None; set ICI_MESH_SHAPE "
                       "for an SPMD run or clear DCN_MESH_SHAPE for pmap.")
+
+  def mesh_axes(self) -> int:
+    """How many axes this experiment's meshes have: 3, or 4 for a pipeline."""
+    return 3
 
   @property
   def overrides(self) -> dict[str, Any]:
@@ -348,9 +361,6 @@ PAX_RENAMED = {
 
 # Pax hyperparameters paxlike does not model yet, with what Pax uses them for.
 PAX_UNMODELED = {
-    "NUM_STAGES": "the number of pipeline stages of a 4-axis [stages, replica, data, mdl] mesh",
-    "MICROBATCH_SIZE": "the size of a pipeline's microbatches",
-    "CIRCULAR_REPEAT": "circular pipelining (layers repeated over the stages)",
     "NUM_EXPERTS": "mixture-of-experts feed-forward layers",
     "NUM_GROUPS": "the routing groups of mixture-of-experts layers",
     "USE_FP8": "FP8 matmuls",
@@ -405,7 +415,15 @@ def hparams_read(exp: BaseExperiment) -> set[str]:
   return set(exp.__dict__.get("_hparam_reads", ()))
 
 
+# Pipeline hyperparameters: read by the pipelined templates only.
+PAX_PIPELINE = ("NUM_STAGES", "MICROBATCH_SIZE", "CIRCULAR_REPEAT", "STREAM_IO",
+                "PIPELINE_BROADCAST_INPUTS", "EMB_W_DATA_DIMS", "MESH_AXIS_NAMES")
+
+
 def _describe_unread(name: str, known: list[str]) -> str:
+  if name in PAX_PIPELINE:
+    return ("only a pipelined experiment reads it: subclass TransformerLmSpmdPipelineAdafactor "
+            "or TransformerLmSpmdPipelineAdam (a 4-axis [stage, replica, data, mdl] mesh)")
   if name in PAX_RENAMED:
     return f"paxlike calls it {PAX_RENAMED[name]} (Pax's name)"
   if name in PAX_UNMODELED:
@@ -470,7 +488,7 @@ def unread_hparams(exp: BaseExperiment) -> list[str]:
 
 def _inactive_reason(exp: BaseExperiment, name: str) -> str | None:
   """Where the experiment's source reads `name` on a branch this run did not take, or None."""
-  if name in PAX_RENAMED or name in PAX_UNMODELED:
+  if name in PAX_RENAMED or name in PAX_UNMODELED or name in PAX_PIPELINE:
     return None
   classes = [k for k in type(exp).__mro__ if k is not object]
   return knob_branches.inactive_reason(name, classes, lambda n: _untracked_get(exp, n))

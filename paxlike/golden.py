@@ -136,7 +136,7 @@ def _mesh_axis_sizes(exp: Any) -> tuple[dict[str, int], bool]:
   if exp.ICI_MESH_SHAPE is None:
     return dict(zip(mesh_lib.MESH_AXES, (1, PMAP_DEVICES, 1), strict=True)), False
   shape, _ = mesh_size(exp)
-  return dict(zip(mesh_lib.MESH_AXES, shape, strict=True)), True
+  return dict(zip(mesh_lib.axes_for(shape), shape, strict=True)), True
 
 
 def _bytes_per_device(abstract: Any, logical: Any, rules: Any, axes: dict[str, int]
@@ -197,7 +197,7 @@ def compute(key: str) -> dict[str, str]:
   rec["mesh.kind"] = "spmd" if spmd else f"pmap (recorded on {PMAP_DEVICES} devices)"
   rec["mesh.shape"] = repr(axes)
   rec["mesh.num_devices"] = repr(n)
-  rules = mesh_lib.logical_axis_rules(exp.TRAINING_OPTIMIZED_SHARDING) if spmd else None
+  rules = mesh_lib.rules_for(exp) if spmd else None
   if spmd:
     for name, mesh_axes in rules:
       rec[f"mesh.rule.{name}"] = repr(mesh_axes)

@@ -196,6 +196,107 @@ class TransformerLmSpmdAdafactor(TransformerLmSpmdAdam):
   LR_LRED_DECAY_END = 100000  # Pax's DECAY_END for Adafactor
 
 
+class TransformerLmSpmdPipelineAdafactor(TransformerLmSpmdAdafactor):
+  """Pax's model_params.TransformerLmSpmdPipelineAdafactor: the LM pipelined over a
+  4-axis [stage, replica, data, mdl] mesh (paxlike.layers.pipeline).
+
+  NUM_LAYERS / (NUM_STAGES x CIRCULAR_REPEAT) layers per stage; the global
+  batch runs in NUM_MICROBATCHES pieces, or pieces of MICROBATCH_SIZE rows
+  (set one; praxis derives the other from the batch); CIRCULAR_REPEAT > 1
+  passes every microbatch R times over the stages, each time through other
+  layers. STREAM_IO shards the pipeline's input/output buffer over the stages
+  instead of keeping it on every stage. EMB_W_DATA_DIMS: the mesh axes the
+  embedding/softmax table's embed dim is split over. On a pipelined
+  experiment NUM_MICROBATCHES is the pipeline's (as in Pax's files);
+  gradient accumulation is GRADIENT_ACCUMULATION_STEPS.
+  """
+
+  NUM_LAYERS = 10
+  HIDDEN_DIMS = None  # 4 x MODEL_DIMS
+  USE_REPEATED_LAYER = False  # Pax: the pipeline already loops over stages
+  CHECKPOINT_EVERY_N_STEPS = 5000
+  SUMMARY_INTERVAL_STEPS = 100
+  CHECKPOINT_MAX_TO_KEEP = 10
+
+  NUM_STAGES: int | None = None
+  CIRCULAR_REPEAT = 1
+  PIPELINE_BROADCAST_INPUTS = False
+  NUM_MICROBATCHES: int | None = None  # one of the two must be set
+  MICROBATCH_SIZE: int | None = None
+  GRADIENT_ACCUMULATION_STEPS = 1
+  ICI_MESH_SHAPE = None  # a subclass sets [NUM_STAGES, replica, data, mdl]
+  DCN_MESH_SHAPE = [1, 1, 1, 1]
+  MESH_AXIS_NAMES = ["stage", "replica", "data", "mdl"]
+  EMB_W_DATA_DIMS: Any = "data"
+  STREAM_IO = False
+
+  def validate(self) -> None:
+    super().validate()
+    s, r = self.NUM_STAGES, self.CIRCULAR_REPEAT
+    if s is None or not isinstance(s, int) or s < 1:
+      raise UserError(f"NUM_STAGES={s!r}: a {type(self).__name__} experiment needs the number "
+                      "of pipeline stages, a positive int.")
+    if not isinstance(r, int) or r < 1:
+      raise UserError(f"CIRCULAR_REPEAT must be a positive int, got {r!r}.")
+    if self.NUM_LAYERS % (s * r):
+      raise UserError(f"NUM_LAYERS={self.NUM_LAYERS} is not a multiple of NUM_STAGES x "
+                      f"CIRCULAR_REPEAT = {s} x {r} = {s * r}: every stage needs the same "
+                      "number of layers.")
+    m, size = self.NUM_MICROBATCHES, self.MICROBATCH_SIZE
+    if m is None and size is None:
+      raise UserError("NUM_MICROBATCHES and MICROBATCH_SIZE are both None; a pipeline needs "
+                      "one of them (the other follows from the batch).")
+    for name, value in (("NUM_MICROBATCHES", m), ("MICROBATCH_SIZE", size),
+                        ("GRADIENT_ACCUMULATION_STEPS", self.GRADIENT_ACCUMULATION_STEPS)):
+      if value is not None and (not isinstance(value, int) or value < 1):
+        raise UserError(f"{name} must be a positive int, got {value!r}.")
+    if r > 1 and m is not None and m < s:
+      raise UserError(f"NUM_MICROBATCHES={m} is fewer than NUM_STAGES={s}: the circular "
+                      f"schedule (CIRCULAR_REPEAT={r}) needs at least one microbatch per stage.")
+    if list(self.MESH_AXIS_NAMES) != ["stage", "replica", "data", "mdl"]:
+      raise UserError(f"MESH_AXIS_NAMES={list(self.MESH_AXIS_NAMES)}: paxlike's pipeline "
+                      "meshes are ['stage', 'replica', 'data', 'mdl'].")
+    if self.PIPELINE_BROADCAST_INPUTS:
+      raise UserError("PIPELINE_BROADCAST_INPUTS=True: paxlike feeds the microbatches to the "
+                      "first stage only (praxis's default); drop it.")
+    names = ("replica", "data", "mdl")
+    dims = self.EMB_W_DATA_DIMS
+    dims = [dims] if isinstance(dims, str) or dims is None else list(dims)
+    if any(d not in names for d in dims if d is not None):
+      raise UserError(f"EMB_W_DATA_DIMS={self.EMB_W_DATA_DIMS!r} names an axis that is not "
+                      f"one of {list(names)}.")
+
+  def mesh_axes(self) -> int:
+    return 4
+
+  def accumulation_steps(self) -> int:
+    return self.GRADIENT_ACCUMULATION_STEPS
+
+  def emb_w_data_dims(self) -> Any:
+    dims = self.EMB_W_DATA_DIMS
+    return tuple(dims) if isinstance(dims, list | tuple) else dims
+
+  def model(self) -> fdl.Config[LanguageModel]:
+    cfg = super().model()
+    cfg.num_stages = self.NUM_STAGES
+    cfg.circular_repeat = self.CIRCULAR_REPEAT
+    cfg.num_microbatches = self.NUM_MICROBATCHES
+    cfg.microbatch_size = self.MICROBATCH_SIZE
+    cfg.stream_io = self.STREAM_IO
+    return cfg
+
+
+class TransformerLmSpmdPipelineAdam(TransformerLmSpmdPipelineAdafactor):
+  """Pax's model_params.TransformerLmSpmdPipelineAdam: the pipelined LM with Adam."""
+
+  OPTIMIZER = "adam"
+  NUM_LAYERS = 32
+  NUM_HEADS = 16
+  MODEL_DIMS = 1024
+  FPROP_DTYPE = jnp.float32
+  LEARNING_RATE = 1e-3
+
+
 class TransformerLmPmapAdam(TransformerLmSpmdAdam):
   """Pax's model_params.TransformerLmPmapAdam: data parallel (no mesh), Adam.
 

@@ -102,6 +102,9 @@ flags.DEFINE_integer("profile_start_step", None, "The first traced step (default
                      "PROFILER_CAPTURE_STEP, else 3: after compilation and warm-up).")
 flags.DEFINE_string("target", "tpu_v5p", "--mode=dry_run: the device kind whose memory the "
                     "step must fit (tpu_v4, tpu_v5e, tpu_v5p, tpu_v6e, a100, h100, h200).")
+flags.DEFINE_bool("dry_run_layouts", False, "--mode=dry_run: also compile every layout "
+                  "--mode=tune would try (scanned or unrolled, each remat policy) and table "
+                  "their memory per device and whether it fits --target, untimed; slower.")
 flags.DEFINE_float("device_memory_gib", None, "--mode=train: the memory a device may use; the "
                    "compiled step is checked against it before step 1 and a step that needs "
                    "more is refused (a GPU shared with others, or a budget to test against).")
@@ -123,7 +126,7 @@ HELP_GROUPS = (
     ("Performance: MFU, PGLE, profiles, dry run", (
         "peak_tflops_per_device", "pgle", "pgle_profile_path", "pgle_profiling_runs",
         "pgle_aggregation_percentile", "profile_steps", "profile_start_step", "target",
-        "device_memory_gib")),
+        "dry_run_layouts", "device_memory_gib")),
     ("Multi-host", (
         "coordinator_address", "num_processes", "process_id", "distributed_timeout_s",
         "multiprocess_gpu")),
@@ -200,9 +203,11 @@ def run(argv_flags: flags.FlagValues) -> int:
   job_log_dir = _job_log_dir_path(argv_flags.job_log_dir)
   _use_job_vocabulary(exp, job_log_dir)
   if argv_flags.mode == "dry_run":
-    return _dry_run(exp, job_log_dir, argv_flags.target)
+    return _dry_run(exp, job_log_dir, argv_flags)
   layout = _tuned_layout(exp, job_log_dir) if argv_flags.mode == "train" else None
-  run_timer, flag_plan = _start_backend(exp, job_log_dir, argv_flags)
+  run_timer, flag_plan = _start_backend(
+      exp, job_log_dir, argv_flags, profiling=profile_plan is not None
+      and argv_flags.mode == "train")
   if argv_flags.mode == "tune":
     return _tune(exp, job_log_dir, argv_flags)
   partitioner, mesh_desc = _partitioner(exp)
@@ -328,15 +333,17 @@ def _use_job_vocabulary(exp: Any, job_log_dir: str) -> None:
     exp.VOCABULARY = spec
 
 
-def _dry_run(exp: Any, job_log_dir: str, target: str) -> int:
+def _dry_run(exp: Any, job_log_dir: str, argv_flags: flags.FlagValues) -> int:
   from paxlike import dry_run, experiment
 
   dry_run.ensure_fake_devices(dry_run.mesh_size(exp)[1])  # may restart this process
   experiment.build_checked(exp)
-  return dry_run.run(exp, _prepare_job_log_dir(job_log_dir), target)
+  return dry_run.run(exp, _prepare_job_log_dir(job_log_dir), argv_flags.target,
+                     layouts=argv_flags.dry_run_layouts, overrides=_set_flags(argv_flags.set))
 
 
-def _start_backend(exp: Any, job_log_dir: str, argv_flags: flags.FlagValues) -> tuple[Any, Any]:
+def _start_backend(exp: Any, job_log_dir: str, argv_flags: flags.FlagValues,
+                   profiling: bool = False) -> tuple[Any, Any]:
   """XLA flags (before any backend starts), the distributed runtime, logging, attention.
 
   Returns:
@@ -347,7 +354,8 @@ def _start_backend(exp: Any, job_log_dir: str, argv_flags: flags.FlagValues) -> 
   run_timer = goodput.Recorder(start=goodput.process_start_time())
   flag_plan = xla_flags.configure(  # before anything starts a JAX backend
       exp, argv_flags.pgle, job_log_dir, argv_flags.pgle_profile_path,
-      argv_flags.pgle_profiling_runs, argv_flags.pgle_aggregation_percentile)
+      argv_flags.pgle_profiling_runs, argv_flags.pgle_aggregation_percentile,
+      profiling=profiling)  # a traced GPU run names ops: no command buffers
   distributed.initialize(argv_flags.coordinator_address, argv_flags.num_processes,
                          argv_flags.process_id, argv_flags.distributed_timeout_s)
   import jax
@@ -376,7 +384,7 @@ def _partitioner(exp: Any) -> tuple[Any, dict[str, int]]:
     return PmapPartitioner(), {"pmap": jax.local_device_count(), "processes": jax.process_count()}
   device_mesh = mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE)
   partitioner = SpmdPartitioner(
-      device_mesh, rules=mesh.logical_axis_rules(exp.TRAINING_OPTIMIZED_SHARDING))
+      device_mesh, rules=mesh.rules_for(exp))
   return partitioner, dict(device_mesh.shape)
 
 

@@ -1,8 +1,9 @@
 """Device meshes from ICI/DCN shapes, and the logical-axis rules.
 
-Mesh axes are Pax's ('replica', 'data', 'mdl'). The batch is sharded over
+Mesh axes are Pax's ('replica', 'data', 'mdl'), and ('stage', 'replica',
+'data', 'mdl') for a pipeline (NUM_STAGES). The batch is sharded over
 replica x data; weights over data (their embed dim) and mdl (their heads /
-hidden / vocab dims).
+hidden / vocab dims), a pipeline's layer weights over stage too.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from jax.sharding import Mesh
 from paxlike.errors import UserError
 
 MESH_AXES = ("replica", "data", "mdl")
+PIPELINE_MESH_AXES = ("stage", *MESH_AXES)
 BATCH_AXES = ("replica", "data")
 
 # Logical axis name -> mesh axis (or axes, or None for replicated).
@@ -29,7 +31,12 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("kv", None),
     ("qkv", None),
     ("vocab", "mdl"),
+    ("table_embed", "data"),  # the embedding/softmax table's embed dim (EMB_W_DATA_DIMS)
     ("layers", None),
+    ("stage", "stage"),
+    ("circular_repeat", None),
+    # A pipelined model's embedding and softmax: data-parallel over every core.
+    ("pipeline_batch", ("stage", *BATCH_AXES)),
     ("relpos_buckets", None),
     ("activation_embed", None),
     ("activation_mlp", "mdl"),
@@ -48,13 +55,28 @@ def logical_axis_rules(training_optimized: bool = False):
   return TRAINING_OPTIMIZED_RULES if training_optimized else LOGICAL_AXIS_RULES
 
 
+def rules_for(exp: object):
+  """The experiment's rules: TRAINING_OPTIMIZED_SHARDING's, with a pipelined
+  experiment's EMB_W_DATA_DIMS on the tables' embed dim."""
+  rules = logical_axis_rules(bool(getattr(exp, "TRAINING_OPTIMIZED_SHARDING", False)))
+  emb = getattr(exp, "emb_w_data_dims", None)
+  if emb is None:
+    return rules
+  return tuple((name, emb() if name == "table_embed" else axes) for name, axes in rules)
+
+
+def axes_for(shape: Sequence[int]) -> tuple[str, ...]:
+  """The mesh axis names of a 3-axis or (pipelined) 4-axis mesh shape."""
+  return PIPELINE_MESH_AXES if len(shape) == len(PIPELINE_MESH_AXES) else MESH_AXES
+
+
 def _product(shape: Sequence[int] | None) -> int:
   return int(np.prod(shape)) if shape else 1
 
 
 def build(ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int] | None = None,
           devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """Builds the ('replica', 'data', 'mdl') mesh.
+  """Builds the ('replica', 'data', 'mdl') mesh, or ('stage', ...) for four axes.
 
   Args:
     ici_mesh_shape: mesh within a slice / host group.
@@ -67,9 +89,10 @@ def build(ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int] | None = 
   devices = list(jax.devices() if devices is None else devices)
   ici = list(ici_mesh_shape)
   dcn = list(dcn_mesh_shape) if dcn_mesh_shape else [1] * len(ici)
-  if len(ici) != len(MESH_AXES) or len(dcn) != len(MESH_AXES):
-    raise UserError(f"ICI_MESH_SHAPE and DCN_MESH_SHAPE need {len(MESH_AXES)} entries "
-                    f"{MESH_AXES}, got {ici} and {dcn}.")
+  axes = axes_for(ici)
+  if len(ici) != len(axes) or len(dcn) != len(axes):
+    raise UserError(f"ICI_MESH_SHAPE and DCN_MESH_SHAPE need {len(axes)} entries "
+                    f"{axes}, got {ici} and {dcn}.")
   want = _product(ici) * _product(dcn)
   if want != len(devices):
     raise UserError(
@@ -92,7 +115,7 @@ def build(ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int] | None = 
     except (ValueError, NotImplementedError, AssertionError):
       # Shapes the physical topology cannot tile: fall back to device order.
       device_array = np.asarray(devices).reshape(ici)
-  return Mesh(device_array, MESH_AXES)
+  return Mesh(device_array, axes)
 
 
 def batch_divisor(mesh: Mesh) -> int:

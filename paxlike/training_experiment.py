@@ -154,7 +154,12 @@ class AdamTraining(BaseExperiment):
             summary_interval_steps=self.SUMMARY_INTERVAL_STEPS,
             eval_interval_steps=self.EVAL_INTERVAL_STEPS, seed=self.TRAINING_SEED,
             target_log_pplx=self.TARGET_LOG_PPLX,
-            num_microbatches=self.NUM_MICROBATCHES))
+            num_microbatches=self.accumulation_steps()))
+
+  def accumulation_steps(self) -> int:
+    """The batch's gradient-accumulation slices: NUM_MICROBATCHES (a pipelined LM
+    reads it as the pipeline's and accumulates GRADIENT_ACCUMULATION_STEPS)."""
+    return self.NUM_MICROBATCHES
 
   def per_host_batch_size(self) -> int:
     """PERCORE_BATCH_SIZE x this host's device count, by Pax's rule for fractions."""

@@ -11,7 +11,12 @@ import jax.numpy as jnp
 
 from paxlike import experiment_registry
 from paxlike.layers.activations import GELU, ReLU
-from paxlike.lm_experiments import SyntheticDataset, TransformerLmPmapAdam, TransformerLmSpmdAdam
+from paxlike.lm_experiments import (
+    SyntheticDataset,
+    TransformerLmPmapAdam,
+    TransformerLmSpmdAdam,
+    TransformerLmSpmdPipelineAdafactor,
+)
 
 
 class LmCloudSpmd(TransformerLmSpmdAdam, SyntheticDataset):
@@ -151,6 +156,107 @@ class LmCloudSpmdTiny(LmCloudSpmd):
   SUMMARY_INTERVAL_STEPS = 25
   EVAL_INTERVAL_STEPS = 0
   ICI_MESH_SHAPE = [1, 1, 1]
+  TRAINING_OPTIMIZED_SHARDING = False
+
+
+class LmCloudSpmdPipeline(TransformerLmSpmdPipelineAdafactor, SyntheticDataset):
+  """Base of the pipelined lm_cloud family (not registered): Pax's
+  LmCloudSpmdPipeline, whose task() calls set_default_adam."""
+
+  NUM_LAYERS = 10
+  MODEL_DIMS = 2048
+  HIDDEN_DIMS = None  # 4 x MODEL_DIMS
+  ACTIVATION = "gelu"
+  ACTIVATION_CLS = GELU
+  USE_GATED_ACTIVATION = False
+  CHECKPOINT_POLICY = "SAVE_NOTHING"
+  OPTIMIZER = "adam"
+  MICROBATCH_SIZE = None
+  NUM_STAGES = None
+
+
+@experiment_registry.register
+class LmCloudSpmdPipeline9B(LmCloudSpmdPipeline):
+  """9B parameters in 16 stages of 3 layers, 4-way data parallel; global batch 512."""
+
+  MICROBATCH_SIZE = 4
+  PERCORE_BATCH_SIZE = 8
+  NUM_STAGES = 16
+  NUM_LAYERS = 48
+  MODEL_DIMS = 4096
+  FPROP_DTYPE = jnp.float32
+  ICI_MESH_SHAPE = [16, 4, 1, 1]
+
+
+@experiment_registry.register
+class LmCloudSpmdPipeline175B(LmCloudSpmdPipeline):
+  """175B parameters: 8 stages over DCN (8 hosts), 16-way model parallel; global batch 96."""
+
+  MICROBATCH_SIZE = 2
+  PERCORE_BATCH_SIZE = 0.75
+  NUM_STAGES = 8
+  NUM_LAYERS = 96
+  MODEL_DIMS = 12288
+  NUM_HEADS = 96
+  DIMS_PER_HEAD = 128
+  MAX_SEQ_LEN = 2048
+  FPROP_DTYPE = jnp.bfloat16
+  ICI_MESH_SHAPE = [1, 1, 1, 16]
+  DCN_MESH_SHAPE = [8, 1, 1, 1]
+
+
+@experiment_registry.register
+class LmCloudSpmdPipelineMultislice2B(LmCloudSpmdPipeline):
+  """2B parameters: 2 stages over DCN (2 slices), 4-way replicas; global batch 128."""
+
+  MICROBATCH_SIZE = 4
+  PERCORE_BATCH_SIZE = 16
+  NUM_STAGES = 2
+  NUM_LAYERS = 18
+  MODEL_DIMS = 3072
+  ICI_MESH_SHAPE = [1, 4, 1, 1]
+  DCN_MESH_SHAPE = [2, 1, 1, 1]
+  EMB_W_DATA_DIMS = ("replica", "data")
+  STREAM_IO = True
+
+
+@experiment_registry.register
+class LmCloudSpmdPipelineMultislice2BCircular(LmCloudSpmdPipelineMultislice2B):
+  """The 2B pipeline with each microbatch passing 3 times over the 2 stages."""
+
+  MICROBATCH_SIZE = 8
+  CIRCULAR_REPEAT = 3
+
+
+@experiment_registry.register
+class LmCloudSpmdPipelineTiny(LmCloudSpmdPipeline):
+  """A CPU-sized pipeline: 2 stages of 2 layers on 2 devices (set
+  XLA_FLAGS=--xla_force_host_platform_device_count=2 on a CPU), 4 microbatches."""
+
+  NUM_STAGES = 2
+  NUM_MICROBATCHES = 4
+  NUM_LAYERS = 4
+  MODEL_DIMS = 64
+  NUM_HEADS = 4
+  DIMS_PER_HEAD = None
+  VOCAB_SIZE = 256
+  MAX_SEQ_LEN = 64
+  PERCORE_BATCH_SIZE = 8
+  FPROP_DTYPE = jnp.float32
+  COMBINE_QKV = False
+  ATTEN_LOGIT_CAP = 0.0
+  SOFTMAX_CAP_LOGITS = 0.0
+  CLIP_GRADIENT_NORM_TO_VALUE = 1.0
+  LEARNING_RATE = 3e-3
+  LR_SCHEDULE = "linear_rampup_cosine_decay"
+  LR_COS_WARMUP = 20
+  LR_COS_DECAY_START = 20
+  LR_COS_DECAY_END = 300
+  NUM_TRAIN_STEPS = 300
+  CHECKPOINT_EVERY_N_STEPS = 100
+  SUMMARY_INTERVAL_STEPS = 25
+  EVAL_INTERVAL_STEPS = 0
+  ICI_MESH_SHAPE = [2, 1, 1, 1]
   TRAINING_OPTIMIZED_SHARDING = False
 
 

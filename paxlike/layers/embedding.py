@@ -70,7 +70,7 @@ def _table(module: nn.Module, name: str, rows: int, real_rows: int, dims: int) -
     table = nn.initializers.normal(stddev=dims ** -0.5)(key, shape, dtype)
     return table.at[real_rows:].set(0.0) if rows > real_rows else table
 
-  return module.param(name, nn.with_logical_partitioning(init, ("vocab", "embed")),
+  return module.param(name, nn.with_logical_partitioning(init, ("vocab", "table_embed")),
                       (rows, dims), jnp.float32)
 
 
@@ -141,6 +141,6 @@ class TrainablePositionalEmbedding(nn.Module):
   @nn.compact
   def __call__(self, positions: jax.Array) -> jax.Array:
     table = self.param("embedding", nn.with_logical_partitioning(
-        nn.initializers.normal(stddev=self.dims ** -0.5), (None, "embed")),
+        nn.initializers.normal(stddev=self.dims ** -0.5), (None, "table_embed")),
         (self.max_seq_len, self.dims), jnp.float32)
     return jnp.take(table, positions, axis=0).astype(self.dtype)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from paxlike.errors import UserError
+from paxlike.layers import pipeline
 from paxlike.layers.attention import DotProductAttention
 from paxlike.layers.linear import FeedForward, LayerNorm, dropout_active
 from paxlike.layers.llama import RmsNorm
@@ -143,6 +145,13 @@ class StackedTransformer(nn.Module):
 
   layer_kwargs: further TransformerLayer fields (norm_policy, use_bias, ...),
   as a tuple of (name, value) pairs so the module stays hashable.
+
+  num_stages (Pax's NUM_STAGES; None: no pipeline) pipelines the stack over
+  the mesh's 'stage' axis (paxlike.layers.pipeline): its weights are one
+  parameter `pipeline` of [circular_repeat, stages, ...] leaves, each stage's
+  layers_per_stage layers scanned or unrolled by use_repeated_layer, and the
+  batch runs in num_microbatches (or microbatch_size) pieces. Decoding runs
+  the same weights unpipelined (paxlike.layers.pipeline.restack).
   """
 
   num_layers: int
@@ -155,6 +164,64 @@ class StackedTransformer(nn.Module):
   checkpoint_policy: str = "SAVE_NOTHING"
   dtype: Dtype = jnp.float32
   layer_kwargs: tuple[tuple[str, Any], ...] = ()
+  num_stages: int | None = None
+  circular_repeat: int = 1
+  num_microbatches: int | None = None
+  microbatch_size: int | None = None
+  stream_io: bool = False
+
+  def layout(self) -> pipeline.Layout:
+    return pipeline.Layout(self.num_layers, self.use_repeated_layer, self.num_stages,
+                           self.circular_repeat)
+
+  def _pipelined(self, x: jax.Array, segment_ids: jax.Array | None,
+                 positions: jax.Array | None) -> jax.Array:
+    layout = self.layout()
+    s, r = layout.num_stages, layout.circular_repeat
+    # One stage's layers, applied as a function of its weights; the pipeline's
+    # iteration is rematerialised as a whole, so the stage itself saves everything.
+    stage = StackedTransformer(
+        num_layers=layout.layers_per_stage, num_heads=self.num_heads,
+        dim_per_head=self.dim_per_head, hidden_dims=self.hidden_dims,
+        activation=self.activation, combine_qkv=self.combine_qkv,
+        use_repeated_layer=self.use_repeated_layer, checkpoint_policy="SAVE_EVERYTHING",
+        dtype=self.dtype, layer_kwargs=self.layer_kwargs, parent=None)
+
+    def init(rng: jax.Array) -> Any:
+      sample = jnp.zeros((1, *x.shape[1:]), x.dtype)
+      one = lambda k: stage.init({"params": k}, sample)["params"]  # noqa: E731
+      tree = jax.vmap(one)(jax.random.split(rng, r * s))
+
+      def lead(leaf: Any) -> Any:
+        boxed = isinstance(leaf, nn.meta.AxisMetadata)
+        value = leaf.value if boxed else leaf  # .value: unbox() would constrain its old names
+        value = value.reshape(r, s, *value.shape[1:])
+        if boxed:
+          return leaf.replace(value=value,
+                              names=(pipeline.REPEAT_AXIS, pipeline.STAGE_AXIS, *leaf.names))
+        return value
+
+      return jax.tree.map(lead, tree, is_leaf=lambda v: isinstance(v, nn.meta.AxisMetadata))
+
+    weights = self.param(pipeline.PIPELINE_PARAM, init)
+    rate = dict(self.layer_kwargs).get("dropout_rate", 0.0)
+    rng = self.make_rng("dropout") if dropout_active(self, rate) else None
+
+    def stage_fn(w: Any, h: jax.Array, seg: Any, pos: Any, key: Any) -> jax.Array:
+      rngs = {} if key is None else {"dropout": key}
+      return stage.apply({"params": w}, h, None, None, seg, pos, rngs=rngs)
+
+    if self.is_initializing():
+      return x  # the weights are made; init needs no schedule (its sample has one row)
+    m, _ = pipeline.microbatch_sizes(x.shape[0], self.num_microbatches, self.microbatch_size)
+    if m < 1 or x.shape[0] % m:
+      m = math.gcd(x.shape[0], max(m, 1))  # a batch the train-time check did not see (eval)
+    pipeline.check_batch(x.shape[0], s, m, None, r)
+    return pipeline.run(
+        stage_fn, weights, x, num_stages=s, num_microbatches=m, circular_repeat=r,
+        policy=remat_policy(self.checkpoint_policy),
+        remat=policy_name(self.checkpoint_policy) != "SAVE_EVERYTHING",
+        stream_io=self.stream_io, segment_ids=segment_ids, positions=positions, rng=rng)
 
   @nn.compact
   def __call__(self, x: jax.Array, cache_mode: str | None = None,
@@ -165,6 +232,11 @@ class StackedTransformer(nn.Module):
 
     positions [batch|1, length]: each token's position, for rotary attention.
     """
+    if self.num_stages is not None:
+      if cache_mode is not None:
+        raise UserError("a pipelined stack decodes through its unpipelined model "
+                        "(LanguageModel.unpipelined); it has no KV cache of its own.")
+      return self._pipelined(x, segment_ids, positions)
     policy = remat_policy(self.checkpoint_policy)
     layer_cls = TransformerLayer
     if policy_name(self.checkpoint_policy) != "SAVE_EVERYTHING" and cache_mode is None:

@@ -82,6 +82,11 @@ class BaseModel(nn.Module):
     del rng
     return params
 
+  def check_batch(self, rows: int) -> None:
+    """Raises UserError when one step's slice of `rows` rows does not fit the model
+    (a pipeline's microbatches); most models take any batch."""
+    del rows
+
   def input_features(self) -> tuple[str, ...]:
     raise NotImplementedError
 

@@ -12,12 +12,13 @@ import numpy as np
 
 from paxlike import decoding, flops
 from paxlike.errors import UserError
+from paxlike.layers import pipeline
 from paxlike.layers.embedding import (
-    Embedding,
-    SharedEmbeddingSoftmax,
-    TrainablePositionalEmbedding,
-    padded_vocab,
-    sinusoidal_at,
+  Embedding,
+  SharedEmbeddingSoftmax,
+  TrainablePositionalEmbedding,
+  padded_vocab,
+  sinusoidal_at,
 )
 from paxlike.layers.transformer import StackedTransformer, make_norm
 from paxlike.models.base import BaseModel
@@ -32,13 +33,14 @@ WEIGHT_INITS = ("gaussian", "uniform", "xavier", "constant")
 
 
 def draw_weight(spec: tuple[str, float], key: jax.Array, shape: tuple[int, ...], dtype: Any,
-                stacked: bool, name: str) -> jax.Array:
+                lead: int, name: str) -> jax.Array:
   """A weight drawn as praxis's WeightInit (method, scale) draws it.
 
   gaussian: N(0, 1) x scale; uniform: U(-scale, scale); constant: scale;
   xavier: U(-l, l), l = scale x sqrt(6 / (fan_in + fan_out)), fan_in the
   input dims (the first, or heads x dims per head of the attention output's
-  kernel) and fan_out the rest, per layer of a stack.
+  kernel) and fan_out the rest, per layer of a stack (whose `lead` leading
+  dims index the layers).
   """
   method, scale = spec[0].lower(), float(spec[1])
   if method == "gaussian":
@@ -49,11 +51,25 @@ def draw_weight(spec: tuple[str, float], key: jax.Array, shape: tuple[int, ...],
     return jnp.full(shape, scale, dtype)
   if method != "xavier":
     raise UserError(f"params_init method {spec[0]!r} is not one of {list(WEIGHT_INITS)}.")
-  dims = shape[1:] if stacked else shape
+  dims = shape[lead:]
   n_in = 2 if name == "post" else 1
   fan_in, fan_out = int(np.prod(dims[:n_in])), int(np.prod(dims[n_in:]))
   limit = scale * (6.0 / (fan_in + fan_out)) ** 0.5
   return jax.random.uniform(key, shape, dtype, -limit, limit)
+
+
+def restack_tree(tree: Any, num_layers: int, layout: pipeline.Layout) -> Any:
+  """Every `transformer` subtree of tree (params, or optimizer slots mirroring them)
+  restacked to `layout`; leaves boxed or not, numpy or jax."""
+  if not isinstance(tree, dict):
+    return tree
+  out = {}
+  for key, value in tree.items():
+    if key == "transformer" and isinstance(value, dict):
+      out[key] = pipeline.restack(value, num_layers, layout)
+    else:
+      out[key] = restack_tree(value, num_layers, layout)
+  return out
 
 
 def _pair(value: Any) -> tuple[float, float] | None:
@@ -154,6 +170,12 @@ class LanguageModel(BaseModel):
   weight_init: tuple[str, float] | None = None
   softmax_weight_init: tuple[str, float] | None = None
   eos_id: int = 1  # the id decoding ends a row on (praxis's decoder_tpl.eos_id)
+  # Pax's pipeline (NUM_STAGES; None: none): see StackedTransformer.
+  num_stages: int | None = None
+  circular_repeat: int = 1
+  num_microbatches: int | None = None  # the pipeline's; or microbatch_size
+  microbatch_size: int | None = None
+  stream_io: bool = False
 
   def setup(self) -> None:
     rows = padded_vocab(self.vocab_size, self.vocab_pad_multiple)
@@ -181,7 +203,9 @@ class LanguageModel(BaseModel):
         hidden_dims=self.hidden_dims, activation=self.activation,
         combine_qkv=self.combine_qkv, use_repeated_layer=self.use_repeated_layer,
         checkpoint_policy=self.checkpoint_policy, dtype=self.fprop_dtype,
-        layer_kwargs=layer_kwargs)
+        layer_kwargs=layer_kwargs, num_stages=self.num_stages,
+        circular_repeat=self.circular_repeat, num_microbatches=self.num_microbatches,
+        microbatch_size=self.microbatch_size, stream_io=self.stream_io)
     self.final_norm = make_norm(self.norm_type, self.layernorm_epsilon, self.fprop_dtype)
 
   def __call__(self, ids: jax.Array, cache_mode: str | None = None,
@@ -206,9 +230,12 @@ class LanguageModel(BaseModel):
     x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
     positions = segment_pos if self.rope_timescales is not None else None
     x = self.transformer(x, cache_mode, index, segment_ids, positions)
+    # Outside a pipeline the softmax runs data-parallel over every core, stages included.
+    batch_axis = "batch" if self.num_stages is None else "pipeline_batch"
+    x = nn.with_logical_constraint(x, (batch_axis, "length", "activation_embed"))
     x = self.final_norm(x)
     logits = self.softmax.logits(x)
-    return nn.with_logical_constraint(logits, ("batch", "length", "activation_vocab"))
+    return nn.with_logical_constraint(logits, (batch_axis, "length", "activation_vocab"))
 
   def fprop(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Returns (mean weighted loss, metrics)."""
@@ -271,6 +298,29 @@ class LanguageModel(BaseModel):
 
   # -------------------------------------------------------- plain methods
 
+  def layout(self) -> pipeline.Layout:
+    return pipeline.Layout(self.num_layers, self.use_repeated_layer, self.num_stages,
+                           self.circular_repeat)
+
+  def check_batch(self, rows: int) -> None:
+    if self.num_stages is not None:
+      pipeline.check_batch(rows, self.num_stages, self.num_microbatches, self.microbatch_size,
+                           self.circular_repeat)
+
+  def unpipelined(self) -> LanguageModel:
+    """The same model without a pipeline (its layers scanned), for decoding; its
+    parameters are these restacked (restack_params)."""
+    if self.num_stages is None:
+      return self
+    return self.clone(num_stages=None, circular_repeat=1, num_microbatches=None,
+                      microbatch_size=None, stream_io=False, use_repeated_layer=True,
+                      parent=None)
+
+  def restack_params(self, params: Any, source: LanguageModel | None = None) -> Any:
+    """params (of any layer layout, or of `source`'s) with this model's layer layout."""
+    del source  # the stored layout is read off the tree itself
+    return restack_tree(params, self.num_layers, self.layout())
+
   def initial_params(self, params: Any, rng: jax.Array) -> Any:
     """praxis's params_init: the weights redrawn with it (see draw_weight)."""
     if self.weight_init is None and self.softmax_weight_init is None:
@@ -283,9 +333,10 @@ class LanguageModel(BaseModel):
       if spec is None or path[-1] not in WEIGHT_NAMES:
         continue
       value = nn.unbox(leaf)
-      stacked = "repeat" in path  # a scanned stack: [layers, ...] of per-layer weights
+      # Leading layer dims: [layers] of a scanned stack, [repeats, stages] of a pipeline.
+      lead = ("repeat" in path) + 2 * (pipeline.PIPELINE_PARAM in path)
       new = draw_weight(spec, jax.random.fold_in(rng, i), value.shape, value.dtype,
-                        stacked, path[-1])
+                        lead, path[-1])
       flat[path] = leaf.replace_boxed(new) if isinstance(leaf, nn.meta.AxisMetadata) else new
     return flax.traverse_util.unflatten_dict(flat)
 

@@ -15,9 +15,11 @@ from typing import Any
 from paxlike.errors import UserError
 from paxlike.experiment import BaseExperiment
 from paxlike.lm_experiments import (
-    TransformerLmPmapAdam,
-    TransformerLmSpmdAdafactor,
-    TransformerLmSpmdAdam,
+  TransformerLmPmapAdam,
+  TransformerLmSpmdAdafactor,
+  TransformerLmSpmdAdam,
+  TransformerLmSpmdPipelineAdafactor,
+  TransformerLmSpmdPipelineAdam,
 )
 from paxlike.pax import optimizers, pax_fiddle, schedules
 
@@ -85,32 +87,6 @@ class _NotRunnable:
   def validate(self) -> None:
     raise UserError(f"{type(self).__name__} is {self.WHY}, which paxlike does not run yet; "
                     "use a TransformerLmSpmdAdafactor / TransformerLmSpmdAdam experiment.")
-
-
-class TransformerLmSpmdPipelineAdafactor(_NotRunnable, TransformerLmSpmdAdafactor):
-  """Pax's pipelined SPMD LM template (importable; running it is refused)."""
-
-  WHY = ("a pipelined Transformer (NUM_STAGES, MICROBATCH_SIZE, CIRCULAR_REPEAT and a "
-         "4-axis [stage, replica, data, mdl] mesh)")
-  NUM_STAGES = None
-  CIRCULAR_REPEAT = 1
-  PIPELINE_BROADCAST_INPUTS = False
-  NUM_MICROBATCHES = None
-  MICROBATCH_SIZE = None
-  DCN_MESH_SHAPE = [1, 1, 1, 1]
-  EMB_W_DATA_DIMS = "data"
-  STREAM_IO = False
-
-
-class TransformerLmSpmdPipelineAdam(TransformerLmSpmdPipelineAdafactor):
-  """Pax's pipelined SPMD LM template with Adam (importable; running it is refused)."""
-
-  OPTIMIZER = "adam"
-  NUM_LAYERS = 32
-  NUM_HEADS = 16
-  MODEL_DIMS = 1024
-  FPROP_DTYPE = TransformerLmSpmdAdam.FPROP_DTYPE
-  LEARNING_RATE = 1e-3
 
 
 class ClassificationModelAdam(_NotRunnable, BaseExperiment):

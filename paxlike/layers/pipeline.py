@@ -1,0 +1,296 @@
+"""Pipeline parallelism inside one SPMD program (Pax's PipelinedTransformer).
+
+The layers are stacked [circular_repeat, stages, ...] (per stage, the
+layers_per_stage layers scanned as `repeat` [L, ...] or unrolled as
+`x_layers_j`), the stage axis sharded over the mesh's 'stage' axis. Every
+iteration, each stage runs its layers (jax.vmap over stages, one program) on
+the activation it holds, then the activations shift one stage on (jnp.roll
+over the stage axis: a collective permute between stage devices).
+
+Schedule (GPipe when circular_repeat R = 1, circular otherwise): with S
+stages and M microbatches, stage s at iteration t works on k = t - s, that is
+microbatch k mod M in its pass k // M over the stages; a microbatch leaves the
+last stage into an io buffer of M slots, where stage 0 picks it up again for
+its next pass (so the circular schedule needs M >= S). M x R + S - 1
+iterations in all, of which S - 1 are each stage's bubble. The backward pass
+is autodiff of the loop: all forwards, then all backwards.
+
+Logical layer l = (r x S + s) x L + j lives in repeat r, stage s, slot j:
+to_layers / from_layers convert any layout (scanned, unrolled, pipelined with
+any S and R) to the logical list and back, which is how a checkpoint moves
+between layouts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from paxlike.errors import UserError
+
+STAGE_AXIS = "stage"  # the logical (and mesh) axis of the stage dimension
+REPEAT_AXIS = "circular_repeat"  # the logical axis of the circular repeats (not sharded)
+PIPELINE_PARAM = "pipeline"  # the stack's parameter holding [R, S, ...] stage weights
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """How a stack of num_layers layers is stored.
+
+  num_stages None: not pipelined (scanned `repeat` [N, ...] with
+  use_repeated_layer, else `x_layers_i`); otherwise [R, S, ...] under
+  `pipeline`, each stage's layers scanned or unrolled by use_repeated_layer.
+  """
+
+  num_layers: int
+  use_repeated_layer: bool
+  num_stages: int | None = None
+  circular_repeat: int = 1
+
+  @property
+  def layers_per_stage(self) -> int:
+    if self.num_stages is None:
+      return self.num_layers
+    return self.num_layers // (self.num_stages * self.circular_repeat)
+
+  def describe(self) -> str:
+    inner = "scanned" if self.use_repeated_layer else "unrolled"
+    if self.num_stages is None:
+      return f"{self.num_layers} layers, {inner}"
+    text = f"{self.num_stages} stages x {self.layers_per_stage} layers ({inner})"
+    if self.circular_repeat > 1:
+      text += f", circular repeat {self.circular_repeat}"
+    return text
+
+
+def bubble_fraction(num_stages: int, num_microbatches: int, circular_repeat: int = 1) -> float:
+  """The share of each stage's iterations spent idle: (S-1) / (M x R + S - 1)."""
+  s, m, r = num_stages, num_microbatches, circular_repeat
+  return (s - 1) / (m * r + s - 1)
+
+
+def iterations(num_stages: int, num_microbatches: int, circular_repeat: int = 1) -> int:
+  return num_microbatches * circular_repeat + num_stages - 1
+
+
+def microbatch_sizes(batch: int, num_microbatches: int | None,
+                     microbatch_size: int | None) -> tuple[int, int]:
+  """(M, microbatch size) from one of them, by praxis's rule: the other is batch / it."""
+  if num_microbatches is None:
+    return batch // microbatch_size, microbatch_size
+  return num_microbatches, batch // num_microbatches
+
+
+def check_batch(rows: int, num_stages: int, num_microbatches: int | None,
+                microbatch_size: int | None, circular_repeat: int) -> None:
+  """One line when the microbatches do not split a step's `rows` rows (Pax's names)."""
+  m, size = num_microbatches, microbatch_size
+  if m is not None and rows % m:
+    raise UserError(f"NUM_MICROBATCHES={m} does not divide the batch of {rows} rows.")
+  if size is not None and rows % size:
+    raise UserError(f"MICROBATCH_SIZE={size} does not divide the batch of {rows} rows.")
+  if m is not None and size is not None and m * size != rows:
+    raise UserError(f"NUM_MICROBATCHES x MICROBATCH_SIZE = {m} x {size} = {m * size} is not "
+                    f"the batch of {rows} rows; set only one of them.")
+  count = m if m is not None else rows // size
+  if circular_repeat > 1 and count < num_stages:
+    raise UserError(f"the batch of {rows} rows makes {count} microbatches, fewer than "
+                    f"NUM_STAGES={num_stages}: the circular schedule (CIRCULAR_REPEAT="
+                    f"{circular_repeat}) needs at least one microbatch per stage.")
+
+
+# ------------------------------------------------------------ the schedule
+
+
+def split(x: jax.Array, m: int) -> jax.Array:
+  """[B, ...] -> [M, B/M, ...]; microbatch i holds rows i, i + M, ... so that the
+  rows of every microbatch stay spread over the batch's data shards."""
+  return jnp.swapaxes(x.reshape(x.shape[0] // m, m, *x.shape[1:]), 0, 1)
+
+
+def merge(x: jax.Array) -> jax.Array:
+  """split's inverse: [M, B/M, ...] -> [B, ...]."""
+  return jnp.swapaxes(x, 0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
+  """nn.with_logical_constraint, leaving replicated any dim its mesh axes do not divide
+  (a microbatch of fewer rows than batch shards, say)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x
+  spec = nn.logical_to_mesh_axes(names)
+  if spec is None:
+    return x
+  kept = []
+  for dim, axes in zip(x.shape, spec, strict=True):
+    group = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    size = int(np.prod([mesh.shape[a] for a in group])) if group else 1
+    kept.append(axes if size and dim % size == 0 else None)
+  return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(*kept))
+
+
+def _select_repeat(leaf: jax.Array, rep: jax.Array) -> jax.Array:
+  """[R, S, ...] weights -> [S, ...]: stage s's weights of repeat rep[s].
+
+  A chain of selects, local to each stage's devices (a gather over the sharded
+  stage axis could make XLA move weights between stages).
+  """
+  out = leaf[0]
+  for r in range(1, leaf.shape[0]):
+    pick = (rep == r).reshape((-1,) + (1,) * (out.ndim - 1))
+    out = jnp.where(pick, leaf[r], out)
+  return out
+
+
+def run(stage_fn: Any, weights: Any, x: jax.Array, *, num_stages: int, num_microbatches: int,
+        circular_repeat: int, policy: Any, remat: bool, stream_io: bool,
+        segment_ids: jax.Array | None = None, positions: jax.Array | None = None,
+        rng: jax.Array | None = None) -> jax.Array:
+  """Runs x [B, T, D] through the pipeline; returns [B, T, D].
+
+  stage_fn(weights_s, h [mb, T, D], segment_ids_s, positions_s, rng_s) -> h:
+  one stage's layers; weights: a tree of [R, S, ...] leaves.
+  """
+  s_count, m, r_count = num_stages, num_microbatches, circular_repeat
+  xs = split(x, m)  # [M, mb, T, D]
+  io_axes = (STAGE_AXIS if stream_io else None, "batch", "length", "activation_embed")
+  io = constrain(xs, io_axes)
+  seg = None if segment_ids is None else split(segment_ids, m)
+  pos_shared = positions is not None and positions.shape[0] == 1
+  pos = None if positions is None or pos_shared else split(positions, m)
+  stages = jnp.arange(s_count)
+
+  def one_iteration(state, io, t):
+    k = t - stages  # [S]: each stage's place in the schedule
+    mb_index = jnp.remainder(k, m)
+    state = state.at[0].set(jax.lax.dynamic_index_in_dim(io, jnp.remainder(t, m), 0, False))
+    state = constrain(state, (STAGE_AXIS, "batch", "length", "activation_embed"))
+    rep = jnp.clip(k // m, 0, r_count - 1)
+    w = jax.tree.map(lambda leaf: _select_repeat(leaf, rep), weights)
+    seg_s = None if seg is None else jnp.take(seg, mb_index, axis=0)
+    if pos is not None:
+      pos_s = jnp.take(pos, mb_index, axis=0)
+    elif pos_shared:
+      pos_s = jnp.broadcast_to(positions[None], (s_count, *positions.shape))
+    else:
+      pos_s = None
+    rngs = None if rng is None else jax.random.split(jax.random.fold_in(rng, t), s_count)
+    out = jax.vmap(stage_fn, spmd_axis_name=STAGE_AXIS)(w, state, seg_s, pos_s, rngs)
+    last_k = t - (s_count - 1)
+    valid = (last_k >= 0) & (last_k < m * r_count)
+    slot = jnp.remainder(last_k, m)
+    kept = jax.lax.dynamic_index_in_dim(io, slot, 0, False)
+    io = jax.lax.dynamic_update_index_in_dim(io, jnp.where(valid, out[-1], kept), slot, 0)
+    io = constrain(io, io_axes)
+    return jnp.roll(out, 1, axis=0), io  # stage s + 1 takes what stage s made
+
+  if remat:
+    one_iteration = jax.checkpoint(one_iteration, policy=policy, prevent_cse=False)
+
+  def body(carry, t):
+    state, io = carry
+    return one_iteration(state, io, t), None
+
+  state = jnp.zeros((s_count, *xs.shape[1:]), xs.dtype)
+  (_, io), _ = jax.lax.scan(body, (state, io), jnp.arange(iterations(s_count, m, r_count)))
+  return merge(io)
+
+
+# --------------------------------------------------------- layout changes
+
+_UNROLLED = re.compile(r"x_layers_(\d+)$")
+
+
+def _is_box(x: Any) -> bool:
+  return isinstance(x, nn.meta.AxisMetadata)
+
+
+def _value(x: Any) -> Any:
+  return x.unbox() if _is_box(x) else x
+
+
+def to_layers(stack: dict[str, Any], layout: Layout) -> list[dict[str, Any]]:
+  """The per-layer trees, in logical order, of a stack module's subtree.
+
+  stack: the module's subtree (params, or an optimizer slot mirroring them)
+  as a dict: {'repeat': ...}, {'x_layers_0': ..., ...} or {'pipeline': ...}.
+  Leaves are arrays (numpy or jax); only leading layer dims are taken apart.
+  """
+  n = layout.num_layers
+  if layout.num_stages is None:
+    if layout.use_repeated_layer:
+      tree = stack["repeat"]
+      return [jax.tree.map(lambda a, i=i: a[i], tree) for i in range(n)]
+    return [stack[f"x_layers_{i}"] for i in range(n)]
+  s, r, per = layout.num_stages, layout.circular_repeat, layout.layers_per_stage
+  tree = stack[PIPELINE_PARAM]
+  out = []
+  for i in range(n):
+    rep, rest = divmod(i, s * per)
+    stage, j = divmod(rest, per)
+    if layout.use_repeated_layer:
+      out.append(jax.tree.map(lambda a, rep=rep, stage=stage, j=j: a[rep, stage, j],
+                              tree["repeat"]))
+    else:
+      out.append(jax.tree.map(lambda a, rep=rep, stage=stage: a[rep, stage],
+                              tree[f"x_layers_{j}"]))
+  del r
+  return out
+
+
+def _stack(trees: list[Any], xp: Any) -> Any:
+  return jax.tree.map(lambda *leaves: xp.stack(leaves), *trees)
+
+
+def from_layers(layers: list[dict[str, Any]], layout: Layout) -> dict[str, Any]:
+  """to_layers' inverse: the stack's subtree in `layout` (numpy or jax leaves)."""
+  leaves = jax.tree.leaves(layers[0])
+  xp = jnp if leaves and isinstance(leaves[0], jax.Array) else np
+  if len(layers) != layout.num_layers:
+    raise ValueError(f"{len(layers)} layers for a layout of {layout.num_layers}")
+  if layout.num_stages is None:
+    if layout.use_repeated_layer:
+      return {"repeat": _stack(layers, xp)}
+    return {f"x_layers_{i}": t for i, t in enumerate(layers)}
+  s, r, per = layout.num_stages, layout.circular_repeat, layout.layers_per_stage
+
+  def grid(j: int) -> Any:  # [R, S] of slot j's layers
+    return _stack([_stack([layers[(rep * s + st) * per + j] for st in range(s)], xp)
+                   for rep in range(r)], xp)
+
+  if layout.use_repeated_layer:
+    # [R, S, L, ...]: slot j's grid stacked on a third axis.
+    per_slot = [grid(j) for j in range(per)]
+    return {PIPELINE_PARAM: {"repeat": jax.tree.map(lambda *a: xp.stack(a, axis=2),
+                                                     *per_slot)}}
+  return {PIPELINE_PARAM: {f"x_layers_{j}": grid(j) for j in range(per)}}
+
+
+def layout_of(stack: dict[str, Any], num_layers: int) -> Layout:
+  """The layout a stored stack subtree has (its keys and leading dims)."""
+  if PIPELINE_PARAM in stack:
+    inner = stack[PIPELINE_PARAM]
+    repeated = "repeat" in inner
+    leaf = _value(jax.tree.leaves(inner, is_leaf=_is_box)[0])
+    r, s = int(leaf.shape[0]), int(leaf.shape[1])
+    return Layout(num_layers, repeated, s, r)
+  if "repeat" in stack:
+    return Layout(num_layers, True)
+  if any(_UNROLLED.match(k) for k in stack):
+    return Layout(num_layers, False)
+  raise ValueError(f"not a layer stack: keys {sorted(stack)}")
+
+
+def restack(stack: dict[str, Any], num_layers: int, target: Layout) -> dict[str, Any]:
+  """A stack subtree (any layout) in the target layout; unchanged when already there."""
+  source = layout_of(stack, num_layers)
+  if source == target:
+    return stack
+  return from_layers(to_layers(stack, source), target)
