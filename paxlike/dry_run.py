@@ -215,6 +215,8 @@ def analyse(exp: Any) -> dict[str, Any]:
           "hardware_over_model": (hw.total / model_flops) if hw and model_flops else None,
       },
       "seconds": {"trace_and_lower": t_lower, "compile": t_compile},
+      "pipeline": flops.pipeline_schedule(task.model,
+                                          global_batch // task.train.num_microbatches),
   }
 
 
@@ -241,7 +243,7 @@ def format_table(report: dict[str, Any], target: str) -> str:
   t = report["fits"][target]
   rows = [
       ("experiment", report["experiment"]),
-      ("mesh (replica, data, mdl)", f"{list(report['mesh'].values())} = "
+      (f"mesh ({', '.join(report['mesh'])})", f"{list(report['mesh'].values())} = "
        f"{report['num_devices']} devices (ICI {report['ici_mesh_shape']}, "
        f"DCN {report['dcn_mesh_shape']})"),
       ("global batch x features", f"{report['global_batch']} x "
@@ -262,11 +264,30 @@ def format_table(report: dict[str, Any], target: str) -> str:
       (f"fits {target}", f"{'YES' if t['fits'] else 'NO'}: {100 * t['used_fraction']:.0f}% of "
        f"{_gib(t['usable_bytes'])} usable on {t['device']}"),
   ]
+  after_peak = [k for k, _ in rows].index("compiled: peak / device") + 1
+  rows[after_peak:after_peak] = _pipeline_rows(report)
   width = max(len(k) for k, _ in rows)
   lines = [f"{k:<{width}}  {v}" for k, v in rows]
   others = [name for name, f in report["fits"].items() if f["fits"]]
   lines.append(f"{'fits on':<{width}}  {', '.join(others) if others else 'none of the targets'}")
   return "\n".join(lines)
+
+
+def _pipeline_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+  """The table's pipeline lines: the schedule and its bubble (nothing without a pipeline)."""
+  p = report.get("pipeline")
+  if not p:
+    return []
+  name = "GPipe" if p["schedule"] == "gpipe" else f"circular, repeat {p['circular_repeat']}"
+  return [
+      ("pipeline schedule", f"{name}: {p['stages']} stages x {p['layers_per_stage']} layers, "
+       f"{p['microbatches']} microbatches of {p['microbatch_size']} rows"
+       f"{', stream_io' if p['stream_io'] else ''}"),
+      ("pipeline iterations / bubble", f"{p['iterations']} / {100 * p['bubble_fraction']:.1f}% "
+       "of each stage's iterations idle ((S-1)/(M x R + S-1)); MFU counts model FLOPs only"),
+      ("pipeline in-flight memory", "included in the compiled peak above (every iteration's "
+       "stage inputs, saved for the backward pass, and the io buffer of all microbatches)"),
+  ]
 
 
 def run(exp: Any, job_log_dir: str, target: str, layouts: bool = False,
@@ -292,11 +313,11 @@ def run(exp: Any, job_log_dir: str, target: str, layouts: bool = False,
     f.write("\n")
   print(format_table(report, target))
   print(f"report: {os.path.join(job_log_dir, 'dry_run.json')}")
-  _layouts(exp, job_log_dir, report["fits"][target]["usable_bytes"], layouts, overrides)
+  _layouts(exp, job_log_dir, report, target, layouts, overrides)
   return 0
 
 
-def _layouts(exp: Any, job_log_dir: str, budget: int, wanted: bool,
+def _layouts(exp: Any, job_log_dir: str, report: dict[str, Any], target: str, wanted: bool,
              overrides: list[str] | tuple[str, ...]) -> None:
   """--dry_run_layouts: --mode=tune's candidate layouts, each compiled as above; untimed."""
   from paxlike import tune
@@ -305,5 +326,6 @@ def _layouts(exp: Any, job_log_dir: str, budget: int, wanted: bool,
     print("layouts: --dry_run_layouts also compiles the other step layouts (scanned or "
           "unrolled, each remat policy) and tables their memory per device")
     return
-  tune.untimed_table(exp, list(overrides), job_log_dir, budget,
-                     lambda e: analyse(e)["compiled_memory_per_device"]["peak"])
+  tune.untimed_table(exp, list(overrides), job_log_dir, report["fits"][target]["usable_bytes"],
+                     lambda e: analyse(e)["compiled_memory_per_device"]["peak"],
+                     configured_peak=report["compiled_memory_per_device"]["peak"])

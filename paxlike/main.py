@@ -495,6 +495,10 @@ def _preflight(exp: Any, built: _Built, job_log_dir: str,
         task, built.train_input, job_log_dir, mode, argv_flags.restore_checkpoint_dir,
         argv_flags.restore_checkpoint_step, argv_flags.restore_fallback,
         will_save=argv_flags.enable_checkpoint_saving, init_from=init_from)
+  if mode == "train":  # a pipeline's microbatches, before anything is written
+    rows, slices = built.train_input.get_global_batch_size(), task.train.num_microbatches
+    if rows % slices == 0:  # else the trainer's accumulation check says so
+      task.model.check_batch(rows // slices)
   if mode in ("export", "infer") and source.step is None and not init_from:
     what = "to export" if mode == "export" else "to predict with"
     raise UserError(f"{job_log_dir} has no checkpoint {what}; train first, or pass "
@@ -568,10 +572,18 @@ def _train_options(built: _Built, partitioner: Any, job_log_dir: str,
   if argv_flags.mode == "train":
     options.peak_flops_per_device, peak_source = flops.resolve_peak(
         jax.local_devices(), model.compute_dtype(), argv_flags.peak_tflops_per_device)
+    # A pipeline's schedule and bubble: in run_env.json and the log (MFU includes the bubble).
+    pipeline = flops.pipeline_schedule(model, built.train_input.get_global_batch_size()
+                                       // built.task.train.num_microbatches)
+    if pipeline is not None:
+      from paxlike import log
+
+      log.info("%s", flops.describe_pipeline(pipeline))
     if jax.process_index() == 0:
       xla_flags.update_run_env(job_log_dir, {"peak_flops_per_device":
                                              options.peak_flops_per_device,
-                                             "peak_flops_source": peak_source})
+                                             "peak_flops_source": peak_source,
+                                             **({"pipeline": pipeline} if pipeline else {})})
   options.evaluator = evaluator.Evaluator(
       model, partitioner, built.eval_inputs, built.decode_inputs,
       job_log_dir, enable_summary_writer=argv_flags.enable_summary_writer,
@@ -586,7 +598,7 @@ def _train_options(built: _Built, partitioner: Any, job_log_dir: str,
 def _run_on_restored(built: _Built, partitioner: Any, job_log_dir: str,
                      argv_flags: flags.FlagValues, options: Any, export_job: Any) -> int:
   """eval, decode, infer or export on the restored (or INIT_FROM) state."""
-  from paxlike import evaluator
+  from paxlike import decoding, evaluator
   from paxlike import export as export_lib
 
   mode = argv_flags.mode
@@ -595,7 +607,8 @@ def _run_on_restored(built: _Built, partitioner: Any, job_log_dir: str,
       argv_flags.restore_checkpoint_dir, init_from=options.init_from)
   if mode == "export":
     exporter, export_plan, export_dir = export_job
-    params = partitioner.to_saveable(state).params
+    params = decoding.decoding_model(  # a pipelined model exports its unpipelined twin
+        built.task.model, partitioner.to_saveable(state).params)[1]
     export_lib.publish(export_dir, lambda d: exporter.write(export_plan, params, step, d),
                        argv_flags.export_overwrite)
     print(f"exported step {step} as {exporter.name} to {export_dir}")

@@ -19,6 +19,12 @@ lines would count them twice); on a CPU, the XLA runtime's thunk events
 (they carry an `hlo_op` argument). Names are classified by substrings, see
 CATEGORIES; on a CPU, fusions whose HLO holds a dot count as GEMMs when
 the compiled step's HLO text is given.
+
+On a GPU, XLA runs fusions inside CUDA graphs (command buffers), and a trace
+shows a graph as one `command_buffer_N` event, not the ops inside it; so a
+run with profile steps turns command buffers off (paxlike.xla_flags
+.profile_flags, recorded in run_env.json). Where the user's own XLA flags
+keep them on, the summary says so.
 """
 
 from __future__ import annotations
@@ -162,6 +168,10 @@ class StepProfiler:
       json.dump(self.summary, f, indent=2)
     for line in format_summary(self.summary):
       logging.info("profile: %s", line)
+    if graphs := command_buffers(self.summary):
+      logging.warning("profile: %d of the top ops are CUDA graphs (%s), not ops: run with "
+                      "--xla_gpu_enable_command_buffer= (empty) in XLA_FLAGS to see inside "
+                      "them", len(graphs), ", ".join(graphs[:3]))
 
 
 def latest_trace(profile_dir: str) -> str | None:
@@ -316,6 +326,11 @@ def summarize(trace: dict[str, Any], dot_fusions: set[str] = frozenset(), top: i
   for k in ranked:
     k["ms_per_step"] = round(k.pop("ms") / n, 4)
   return {"steps": steps, "mean": mean, "top_ops": ranked, "num_device_events": len(ops)}
+
+
+def command_buffers(summary: dict[str, Any]) -> list[str]:
+  """The summary's top ops that are whole CUDA graphs (command_buffer_N), not ops."""
+  return [k["name"] for k in summary.get("top_ops", []) if "command_buffer" in k["name"]]
 
 
 def format_summary(summary: dict[str, Any]) -> list[str]:

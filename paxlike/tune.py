@@ -13,6 +13,11 @@ and written to job_log_dir/tune/ (tune.json, tune.txt).
 Only the knobs neither the user's own classes nor --set chose are varied; a
 later `--mode=train` in that job_log_dir takes the winner's values for those
 knobs (apply_winner) and run_env.json says which layout ran and why.
+
+`--mode=dry_run --dry_run_layouts` sweeps the same candidates without
+timing them (`untimed_table`): each is compiled as the dry run compiles its
+step (on the CPU, for the experiment's mesh) and its memory per device
+compared with the dry run's target; the table goes to job_log_dir/dry_run/.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ WARMUP_STEPS, TIMED_STEPS = 2, 5
 GIB = 1 << 30
 TUNE_DIR = "tune"
 RESULT = "tune.json"
+DRY_RUN_DIR = "dry_run"  # the dry run's table of layouts: layouts.json, layouts.txt
+DRY_RUN_TABLE = "layouts"
 
 
 @dataclasses.dataclass
@@ -99,6 +106,16 @@ def device_budget(budget_gib: float | None) -> int | None:
   return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
 
 
+def variant(exp_cls: type, overrides: list[str], extra: dict[str, Any]) -> Any:
+  """A new instance of the experiment with its --set overrides and extra knobs set."""
+  from paxlike import experiment
+
+  exp = experiment.instantiate(exp_cls, list(overrides))
+  for name, value in extra.items():
+    setattr(exp, name, value)
+  return exp
+
+
 def _program(exp_cls: type, overrides: list[str], extra: dict[str, Any],
              make_partitioner: Callable[[Any], Any]) -> tuple[Any, Any, Any]:
   """The train program of the experiment with extra knobs set, and its input."""
@@ -106,9 +123,7 @@ def _program(exp_cls: type, overrides: list[str], extra: dict[str, Any],
 
   from paxlike import config, experiment, trainer
 
-  exp = experiment.instantiate(exp_cls, list(overrides))
-  for name, value in extra.items():
-    setattr(exp, name, value)
+  exp = variant(exp_cls, overrides, extra)
   configs = experiment.build_checked(exp)
   task = config.build(configs.task)
   train_cfgs = [c for c in configs.datasets if getattr(c, "is_training", True)]
@@ -160,31 +175,68 @@ def tune(exp: Any, overrides: list[str], job_log_dir: str, budget_gib: float | N
 
   exp_cls = type(exp)
   budget = device_budget(budget_gib)
-  cands = candidates(exp)
   # The device peak per compute dtype, resolved (on a CPU: calibrated) once, when first needed.
   peak = functools.cache(lambda dtype: flops.resolve_peak(jax.local_devices(), dtype, None)[0])
   num_devices = jax.device_count()
+  cands = sweep(exp, functools.partial(
+      _measure, exp_cls=exp_cls, overrides=overrides, budget=budget,
+      make_partitioner=make_partitioner, peak_flops=peak, num_devices=num_devices,
+      time_it=time_it))
+  _write(os.path.join(job_log_dir, TUNE_DIR), TUNE_DIR, cands, budget, time_it)
+  return cands
+
+
+def untimed_table(exp: Any, overrides: list[str], job_log_dir: str, budget: int,
+                  peak_bytes: Callable[[Any], int],
+                  configured_peak: int | None = None) -> list[Candidate]:
+  """The dry run's table: every candidate's memory per device and whether it fits; no timing.
+
+  Args:
+    exp: the experiment (its candidates are the knobs its user left free).
+    overrides: the run's --set values; each candidate is a new instance with them.
+    job_log_dir: the table goes to job_log_dir/dry_run/layouts.{json,txt}.
+    budget: usable bytes per device (the dry run's target).
+    peak_bytes: compiles an experiment's train step and returns its peak bytes per device.
+    configured_peak: the peak of exp's own layout, compiled already: the candidate
+      with exp's own values is not compiled again.
+  """
+  def measure(c: Candidate) -> None:
+    same = all(getattr(exp, k) == v for k, v in c.overrides.items())
+    if same and configured_peak is not None:
+      c.peak_bytes = configured_peak
+    else:
+      c.peak_bytes = peak_bytes(variant(type(exp), overrides, c.overrides))
+    c.fits = c.peak_bytes <= budget
+
+  cands = sweep(exp, measure)
+  _write(os.path.join(job_log_dir, DRY_RUN_DIR), DRY_RUN_TABLE, cands, budget, False)
+  return cands
+
+
+def sweep(exp: Any, measure: Callable[[Candidate], None]) -> list[Candidate]:
+  """Measures every candidate, in a shuffled order; one that does not fit is retried in
+  microbatches (unless the user set NUM_MICROBATCHES). Returns the candidates, retries last.
+  """
+  cands = candidates(exp)
   order = list(range(len(cands)))
   random.Random(0).shuffle(order)  # no candidate always runs first (warm caches, clocks)
   extra: list[Candidate] = []
   for i in order:
     c = cands[i]
-    _try(c, exp_cls, overrides, budget, make_partitioner, peak, num_devices, time_it)
+    _try(c, measure)
     if c.fits is False and not user_set(exp, "NUM_MICROBATCHES"):
       for k in MICROBATCHES:
         m = Candidate({**c.overrides, "NUM_MICROBATCHES": k})
-        _try(m, exp_cls, overrides, budget, make_partitioner, peak, num_devices, time_it)
+        _try(m, measure)
         extra.append(m)
         if m.fits:
           break
-  cands += extra
-  _write(job_log_dir, cands, budget, time_it)
-  return cands
+  return cands + extra
 
 
-def _try(c: Candidate, *args: Any) -> None:
+def _try(c: Candidate, measure: Callable[[Candidate], None]) -> None:
   try:
-    _measure(c, *args)
+    measure(c)
   except UserError as e:  # a layout this experiment cannot take (microbatches that do not divide)
     c.error = str(e)
 
@@ -194,9 +246,11 @@ def winner(cands: list[Candidate]) -> Candidate | None:
   return min(timed, key=lambda c: c.step_seconds) if timed else None
 
 
-def table(cands: list[Candidate], budget: int | None) -> str:
+def table(cands: list[Candidate], budget: int | None, timed: bool = True) -> str:
+  """The markdown table: layout, GiB / device, fits (and step s, MFU when timed)."""
   best = winner(cands)
-  rows = ["| layout | GiB / device | fits | step s | MFU |", "|---|---|---|---|---|"]
+  columns = ["layout", "GiB / device", "fits"] + (["step s", "MFU"] if timed else [])
+  rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
   for c in cands:
     gib = f"{c.peak_bytes / GIB:.4g}" if c.peak_bytes is not None else "-"
     fits = "-" if c.fits is None else ("yes" if c.fits else "no")
@@ -205,27 +259,29 @@ def table(cands: list[Candidate], budget: int | None) -> str:
     step = f"{c.step_seconds:.4f}" if c.step_seconds is not None else "-"
     mfu = f"{100 * c.mfu:.2f}%" if c.mfu is not None else "-"
     mark = " (chosen)" if c is best else ""
-    rows.append(f"| {c.label()}{mark} | {gib} | {fits} | {step} | {mfu} |")
+    cells = [f"{c.label()}{mark}", gib, fits] + ([step, mfu] if timed else [])
+    rows.append("| " + " | ".join(cells) + " |")
   limit = f"{budget / GIB:.4g} GiB usable per device" if budget else "no memory limit known"
   return "\n".join(rows) + f"\n\n{limit}\n"
 
 
-def _write(job_log_dir: str, cands: list[Candidate], budget: int | None, timed: bool) -> None:
-  out = os.path.join(job_log_dir, TUNE_DIR)
+def _write(out: str, name: str, cands: list[Candidate], budget: int | None,
+           timed: bool) -> None:
+  """out/<name>.json (every candidate, the winner) and out/<name>.txt (the table, printed)."""
   os.makedirs(out, exist_ok=True)
   best = winner(cands)
   record = {"budget_bytes": budget, "timed": timed,
             "candidates": [dataclasses.asdict(c) for c in cands],
             "winner": dataclasses.asdict(best) if best else None}
-  with open(os.path.join(out, RESULT), "w") as f:
+  with open(os.path.join(out, f"{name}.json"), "w") as f:
     json.dump(record, f, indent=1)
-  text = table(cands, budget)
-  with open(os.path.join(out, "tune.txt"), "w") as f:
+  text = table(cands, budget, timed)
+  with open(os.path.join(out, f"{name}.txt"), "w") as f:
     f.write(text)
   print(text, end="")
   if best:
     logging.info("tune: fastest layout that fits: %s (%.4f s a step); --mode=train in %s "
-                 "takes it", best.label(), best.step_seconds, job_log_dir)
+                 "takes it", best.label(), best.step_seconds, os.path.dirname(out))
 
 
 def apply_winner(exp: Any, job_log_dir: str) -> dict[str, Any] | None:

@@ -7,6 +7,8 @@ then merges, one value per flag, in rising precedence:
 
     platform preset  <  experiment XLA_FLAGS_OVERRIDES  <  --pgle mode  <  user's environment
 
+and a profiled run (--profile_steps) on a GPU turns command buffers off
+where neither the experiment nor the user set them (see `profile_flags`).
 Flags the user already exported win: paxlike never overrides a flag the
 user wrote. The merged flags are written back sorted by name, so the same
 inputs always give the same string.
@@ -34,9 +36,10 @@ from paxlike.errors import UserError
 # collectives into large ones. Thresholds are the middle of what MaxText,
 # AXLearn and JAX-Toolbox recipes use: all-reduce 1 GiB (gradients),
 # all-gather 512 MiB and reduce-scatter 128 MiB (FSDP weights, per layer).
-# Command buffers (CUDA graphs) keep XLA's default: --pgle=collect turns
-# them off, as JAX's auto-PGLE does for its profiling compile, because the
-# profiler cannot time the kernels inside a graph.
+# Command buffers (CUDA graphs) keep XLA's default: --pgle=collect and
+# --profile_steps turn them off (JAX's auto-PGLE does the same for its
+# profiling compile), because the profiler cannot time the kernels inside a
+# graph: a trace names `command_buffer_N`, not the ops it ran.
 GPU_PRESET: dict[str, str] = {
     "xla_gpu_enable_latency_hiding_scheduler": "true",
     "xla_gpu_enable_highest_priority_async_stream": "true",
@@ -76,6 +79,13 @@ TPU_MULTISLICE: dict[str, str] = {
 # The CPU backend has no collective scheduling to tune for these programs:
 # no preset, only what the experiment and the user add.
 CPU_PRESET: dict[str, str] = {}
+
+# A profiled GPU run: XLA's empty list of command buffer kinds, no CUDA graphs.
+COMMAND_BUFFER_FLAG = "xla_gpu_enable_command_buffer"
+PROFILE_GPU_FLAGS: dict[str, str] = {COMMAND_BUFFER_FLAG: ""}
+PROFILE_NOTE = ("--profile_steps: this run traces steps, so it runs without CUDA graphs "
+                f"(--{COMMAND_BUFFER_FLAG}=) and the profile names the ops inside them; its "
+                "step times may differ slightly from a run without profiling")
 
 # Which environment variable carries the compiler's flags on each platform.
 FLAGS_VAR = {"cpu": "XLA_FLAGS", "gpu": "XLA_FLAGS", "tpu": "LIBTPU_INIT_ARGS"}
@@ -201,6 +211,18 @@ def preset(platform_name: str, multislice: bool) -> tuple[dict[str, str], dict[s
   return dict(CPU_PRESET), {}
 
 
+def profile_flags(platform_name: str, profiling: bool) -> dict[str, str]:
+  """The flags a run that traces steps (--profile_steps) adds on platform_name.
+
+  On a GPU ('gpu', 'cuda', 'rocm'): command buffers off. XLA runs fusions
+  inside CUDA graphs, and a trace of a graph shows one `command_buffer_N`
+  event instead of the kernels in it. Elsewhere: none.
+  """
+  if profiling and _PLATFORM_ALIASES.get(platform_name, platform_name) == "gpu":
+    return dict(PROFILE_GPU_FLAGS)
+  return {}
+
+
 @dataclasses.dataclass
 class Resolution:
   """What configure() decided; `record()` is what run_env.json keeps."""
@@ -213,6 +235,7 @@ class Resolution:
   env: dict[str, str]  # every variable configure() set, with its final value
   pgle: pgle.PglePlan
   late: bool = False  # the backend had started already: the flags came too late
+  notes: list[str] = dataclasses.field(default_factory=list)  # why a flag is what it is
 
   def record(self) -> dict[str, Any]:
     return {
@@ -224,6 +247,7 @@ class Resolution:
         "env_set": dict(sorted(self.env.items())),
         "pgle": self.pgle.record(),
         "flags_set_after_backend_start": self.late,
+        "xla_flag_notes": list(self.notes),
     }
 
   def summary(self) -> str:
@@ -238,8 +262,12 @@ class Resolution:
 
 def resolve(exp: Any, platform_name: str, platform_rule: str = "given",
             pgle_plan: pgle.PglePlan | None = None,
-            environ: Mapping[str, str] | None = None) -> Resolution:
-  """Merges preset < experiment < PGLE < user environment; touches nothing."""
+            environ: Mapping[str, str] | None = None, profiling: bool = False) -> Resolution:
+  """Merges preset < experiment < PGLE < user environment; touches nothing.
+
+  profiling: the run traces steps (--profile_steps); on a GPU its command
+  buffers are turned off unless the experiment or the user set that flag.
+  """
   environ = os.environ if environ is None else environ
   flags_var = FLAGS_VAR.get(platform_name, "XLA_FLAGS")
   dcn = getattr(exp, "DCN_MESH_SHAPE", None) or []
@@ -259,14 +287,26 @@ def resolve(exp: Any, platform_name: str, platform_rule: str = "given",
         sources[name] = source
 
   apply(base, "preset")
-  apply(experiment_flags(exp, platform_name), "experiment", removable=True)
+  exp_flags = experiment_flags(exp, platform_name)
+  apply(exp_flags, "experiment", removable=True)
+  profiled = profile_flags(platform_name, profiling)
+  apply({k: v for k, v in profiled.items() if k not in exp_flags}, "profile")
   apply(plan.xla_flags, "pgle")
   apply(parse_flags(environ.get(flags_var, "")), "user")
+  notes = []
+  for name in profiled:
+    if sources.get(name) in ("profile", "pgle"):
+      notes.append(PROFILE_NOTE)
+    else:  # the experiment's or the user's own value is kept
+      value = f"--{name}" if flags.get(name) is None else f"--{name}={flags[name]}"
+      notes.append(f"--profile_steps: kept {value} (set by the {sources.get(name, 'user')}); "
+                   "if it leaves CUDA graphs on, the profile names command_buffer_N, not ops")
 
   env = {flags_var: format_flags(flags)}
   for var, value in {**extra_env, **plan.env}.items():
     env[var] = environ.get(var, value)  # a variable the user exported wins
-  return Resolution(platform_name, platform_rule, flags_var, flags, sources, env, plan)
+  return Resolution(platform_name, platform_rule, flags_var, flags, sources, env, plan,
+                    notes=notes)
 
 
 def _product(shape: Any) -> int:
@@ -278,11 +318,13 @@ def _product(shape: Any) -> int:
 
 def configure(exp: Any, pgle_mode: str = "off", job_log_dir: str | None = None,
               pgle_profile_path: str | None = None, pgle_profiling_runs: int | None = None,
-              pgle_aggregation_percentile: int | None = None) -> Resolution:
+              pgle_aggregation_percentile: int | None = None,
+              profiling: bool = False) -> Resolution:
   """Detects the platform, merges flags, sets the environment and JAX's PGLE config.
 
   Call before anything starts a JAX backend (jax.devices(), distributed
-  initialisation, the first jit). Logs one line with everything resolved.
+  initialisation, the first jit). Logs one line with everything resolved,
+  and one per note (a profiled GPU run's command buffers).
 
   Raises:
     UserError: a bad --pgle setting, a missing profile for --pgle=use, or
@@ -296,7 +338,7 @@ def configure(exp: Any, pgle_mode: str = "off", job_log_dir: str | None = None,
       aggregation_percentile=(pgle_aggregation_percentile
                               if pgle_aggregation_percentile is not None
                               else getattr(exp, "PGLE_AGGREGATION_PERCENTILE", None)))
-  res = resolve(exp, platform_name, rule, plan)
+  res = resolve(exp, platform_name, rule, plan, profiling=profiling)
   res.late = backend_started()
   if res.late:
     logging.warning("XLA flags were set after a JAX backend started in this process; "
@@ -304,6 +346,8 @@ def configure(exp: Any, pgle_mode: str = "off", job_log_dir: str | None = None,
   os.environ.update(res.env)
   plan.apply_jax_config()
   logging.info("%s", res.summary())
+  for note in res.notes:
+    logging.info("%s", note)
   return res
 
 

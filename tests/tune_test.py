@@ -68,3 +68,31 @@ def test_a_bad_budget_is_one_line(tmp_path, flag):
                  REPO_ROOT)
   assert proc.returncode == 2 and "must be positive" in proc.stderr, describe(proc)
   assert not (tmp_path / "j").exists()
+
+
+def test_dry_run_layouts_tables_each_layouts_memory_and_fit_without_timings(tmp_path):
+  job = tmp_path / "job"
+  # CHECKPOINT_POLICY from --set: two candidates, scanned (the configured one, compiled
+  # once) and unrolled.
+  sets = [*SMALL[:-1], "CHECKPOINT_POLICY=SAVE_NOTHING"]
+  proc = run_cli([f"--exp={TINY}", f"--job_log_dir={job}", "--mode=dry_run",
+                  "--dry_run_layouts", "--target=tpu_v5e", *_sets(sets)], REPO_ROOT)
+  assert proc.returncode == 0, describe(proc)
+  text = (job / "dry_run" / "layouts.txt").read_text()
+  lines = text.splitlines()
+  assert lines[0] == "| layout | GiB / device | fits |", text
+  assert [line.split(" | ")[0] for line in lines[2:4]] == ["| scanned", "| unrolled"], text
+  assert all(line.endswith(" | yes |") for line in lines[2:4]), text
+  assert "step s" not in text and "MFU" not in text and "(chosen)" not in text
+  assert text in proc.stdout and "16 GiB usable per device" in text
+  record = json.loads((job / "dry_run" / "layouts.json").read_text())
+  rows = record["candidates"]
+  assert [r["overrides"] for r in rows] == [{"USE_REPEATED_LAYER": True},
+                                            {"USE_REPEATED_LAYER": False}]
+  assert all(r["peak_bytes"] > 0 and r["fits"] is True and r["step_seconds"] is None
+             for r in rows), rows
+  # The configured (scanned) layout's row is the dry run's own compiled peak.
+  report = json.loads((job / "dry_run.json").read_text())
+  assert rows[0]["peak_bytes"] == report["compiled_memory_per_device"]["peak"]
+  assert record["timed"] is False and record["winner"] is None
+  assert "--dry_run_layouts" not in proc.stdout  # the hint is for runs without the flag

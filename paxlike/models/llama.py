@@ -29,7 +29,6 @@ import numpy as np
 
 from paxlike import decoding, flops
 from paxlike.errors import UserError
-from paxlike.layers.linear import Linear
 from paxlike.layers.llama import (
     EMBED_AXES,
     EXTEND,
@@ -37,6 +36,7 @@ from paxlike.layers.llama import (
     PREFILL,
     LlamaDecoderLayer,
     RmsNorm,
+    VocabHead,
     rope_inv_freq,
 )
 from paxlike.models.base import BaseModel
@@ -78,7 +78,7 @@ class LlamaModel(BaseModel):
         (self.vocab_size, self.model_dims), jnp.float32)
     self.norm = RmsNorm(self.norm_epsilon, self.fprop_dtype)
     if not self.tie_embeddings:
-      self.lm_head = Linear((self.vocab_size,), ("embed", "vocab"), self.fprop_dtype)
+      self.lm_head = VocabHead(self.vocab_size, self.fprop_dtype)
 
   def _layers(self, x: jax.Array, inputs: dict[str, Any], mode: str) -> jax.Array:
     kwargs = dict(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
