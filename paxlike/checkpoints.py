@@ -153,7 +153,8 @@ def checkpoint_dir(job_log_dir: str) -> str:
   return os.path.join(job_log_dir, "checkpoints")
 
 
-def _path_name(path: tuple[Any, ...]) -> str:
+def path_name(path: tuple[Any, ...]) -> str:
+  """A pytree path as "a/b/0/c" (dict keys, attribute names, sequence indices)."""
   parts = []
   for k in path:
     for attr in ("key", "name", "idx"):
@@ -165,8 +166,9 @@ def _path_name(path: tuple[Any, ...]) -> str:
   return "/".join(parts)
 
 
-def _flat(tree: Any) -> dict[str, Any]:
-  return {_path_name(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+def flat(tree: Any) -> dict[str, Any]:
+  """{path_name: leaf}: a train state and its stored tree (dicts and lists) name alike."""
+  return {path_name(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def _fmt(leaf: Any) -> str:
@@ -178,7 +180,7 @@ def first_mismatch(abstract: Any, stored: Any) -> str | None:
 
   Parameters are compared before optimizer slots (train-state field order).
   """
-  want, have = _flat(abstract), _flat(stored)
+  want, have = flat(abstract), flat(stored)
   for name, leaf in want.items():
     if name not in have:
       return f"{name} (shape {tuple(leaf.shape)}) is in this run's model but not in the checkpoint"
@@ -268,6 +270,12 @@ class Checkpointer:
     except Exception as e:  # noqa: BLE001  (orbax/tensorstore raise plain Exceptions)
       raise DamagedCheckpointError(step, self.step_path(step), e) from None
     return restored["state"], dict(restored["input"] or {})
+
+  def restore_host(self, step: int) -> tuple[Any, dict[str, Any]]:
+    """The state as stored (dicts and lists, whatever model wrote it), as host numpy
+    arrays, and the input position: what a read into another layout starts from."""
+    empty = jax.tree.map(lambda m: np.empty(m.shape, m.dtype), self.state_metadata(step))
+    return self.restore(step, empty)
 
   def state_metadata(self, step: int) -> Any:
     """The stored state's tree with a ShapeDtypeStruct leaf per array; no array is read.

@@ -99,6 +99,29 @@ class DecodeOutput:
   lengths: jax.Array
 
 
+def decoding_model(model: Any, params: Any = None) -> tuple[Any, Any]:
+  """The model that decodes for `model` (decode, infer, export), and params in its layout.
+
+  A pipelined model has no KV cache of its own: it decodes as its unpipelined
+  twin (model.unpipelined(): the same layers, scanned), whose parameters are
+  these restacked (its restack_params). Any other model decodes as it is.
+
+  Args:
+    model: the task's model.
+    params: its parameters (arrays, or ShapeDtypeStructs: restacked abstractly), or None.
+
+  Returns:
+    (the decoding model, params in its layout, None when params is None).
+  """
+  unpipelined = getattr(model, "unpipelined", None)
+  plain = unpipelined() if unpipelined is not None else model
+  if plain is model or params is None:
+    return plain, params
+  if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):
+    return plain, jax.eval_shape(plain.restack_params, params)
+  return plain, plain.restack_params(params)
+
+
 def brevity_penalty(length: jax.Array, alpha: float) -> jax.Array:
   """T5X's length normalisation: ((5 + length) / 6) ** alpha."""
   return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha

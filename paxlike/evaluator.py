@@ -109,6 +109,9 @@ class Evaluator:
     self.is_chief = jax.process_index() == 0
     self.enable_summary_writer = enable_summary_writer and self.is_chief
     self.settings = settings or decoding.DecodeSettings()
+    # Eval runs the model's own fprop (a pipelined LM's through its pipeline); decode and
+    # infer run the model decoding.decoding_model names, on restacked parameters.
+    self.decode_model = decoding.decoding_model(model)[0]
     self._eval_step = None
     self._decode_fn = None
 
@@ -145,10 +148,14 @@ class Evaluator:
 
   def _decoder(self) -> Callable:
     if self._decode_fn is None:
-      model, settings = self.model, self.settings
+      model, settings = self.decode_model, self.settings
       self._decode_fn = jax.jit(
           lambda params, batch, key: model.decode(params, batch, key, settings))
     return self._decode_fn
+
+  def _decode_params(self, state: Any) -> Any:
+    """The state's parameters in the decoding model's layout."""
+    return decoding.decoding_model(self.model, self.partitioner.decode_params(state))[1]
 
   def _decoded_batches(self, inp: BaseInput, params: Any
                        ) -> Iterator[tuple[dict[str, np.ndarray], decoding.DecodeOutput]]:
@@ -157,7 +164,7 @@ class Evaluator:
     Every host decodes its shard of the global batch; the rows and outputs
     come back whole on every host, in global order (process order).
     """
-    features = self.model.decode_features()
+    features = self.decode_model.decode_features()
     inp.reset()
     n = 0
     while True:
@@ -175,11 +182,11 @@ class Evaluator:
   def decode(self, state: Any, step: int) -> dict[str, dict[str, float]]:
     """Decodes every decode input once; writes decoder_out/<name>/."""
     results = {}
-    params = self.partitioner.decode_params(state)
+    params = self._decode_params(state)
     for inp in self.decode_inputs:
       rows = []
       for hb, out in self._decoded_batches(inp, params):
-        prompts, targets, real = self.model.prompt_and_target(hb)
+        prompts, targets, real = self.decode_model.prompt_and_target(hb)
         for r in np.flatnonzero(real):
           row = {"prompt": inp.ids_to_strings(prompts[r][None])[0],
                  "generation": inp.ids_to_strings(out.tokens[r, :1])[0],
@@ -220,11 +227,11 @@ class Evaluator:
       {input name: (predictions written, path of the jsonl file)}.
     """
     results = {}
-    params = self.partitioner.decode_params(state)
+    params = self._decode_params(state)
     for inp in self.decode_inputs:
       rows = []
       for hb, out in self._decoded_batches(inp, params):
-        prompts, _, real = self.model.prompt_and_target(hb)
+        prompts, _, real = self.decode_model.prompt_and_target(hb)
         for r in np.flatnonzero(real):
           predictions = inp.ids_to_strings(out.tokens[r])
           row = {"input": inp.ids_to_strings(prompts[r][None])[0],
@@ -400,7 +407,7 @@ def restore_for_eval(task: Any, train_input: BaseInput, partitioner: Any, job_lo
     UserError: there is no checkpoint to read, or not the requested step.
   """
   from paxlike import checkpoints as ckpt_lib
-  from paxlike import initial, trainer
+  from paxlike import initial, resume, trainer
 
   program = trainer.build_train_program(task, train_input, partitioner)
   directory = restore_dir or ckpt_lib.checkpoint_dir(job_log_dir)
@@ -418,7 +425,13 @@ def restore_for_eval(task: Any, train_input: BaseInput, partitioner: Any, job_lo
   step = step if step is not None else latest
   if step is None:
     raise UserError(f"no complete checkpoint in {directory}; train first.")
-  state, _ = ckpt.restore(step, partitioner.abstract_state(program.abstract))
+  if step not in ckpt.all_steps():
+    raise UserError(f"no checkpoint for step {step} in {directory}; "
+                    f"available: {ckpt.all_steps() or 'none'}.")
+  # In this layout, or restacked from another (NUM_STAGES, CIRCULAR_REPEAT, ...).
+  state, _ = resume.read_step(resume.Source(ckpt, step, restore_dir is None), step,
+                              partitioner.abstract_state(program.abstract), program.abstract,
+                              task.model)
   ckpt.close()
   log.info("restored step %d from %s", step, ckpt.step_path(step))
   return partitioner.shard_state(state), int(step)

@@ -15,10 +15,13 @@ rules (the flag --init_from overrides the source):
     INIT_FROM_OPTIMIZER = False   # True: also take the optimizer state (paxlike sources)
 
 Parameter names are paths like `encoder/layers_0/attention/query/kernel`
-(model_analysis.txt lists them). For each parameter of this run's model the
-first rule whose pattern matches the whole name decides: its replacement
-(`re.Match.expand`, so groups carry over) names the source parameter, or
-None leaves the parameter as initialised. No rules means the identity. A
+(model_analysis.txt lists them). A paxlike source whose layers are stored in
+another layout (NUM_STAGES, CIRCULAR_REPEAT, USE_REPEATED_LAYER) is restacked
+into this run's first (paxlike.relayout), so the rules see this run's names.
+For each parameter of this run's model the first rule whose pattern matches
+the whole name decides: its replacement (`re.Match.expand`, so groups carry
+over) names the source parameter, or None leaves the parameter as
+initialised. No rules means the identity. A
 shape that differs is always an error naming both shapes; with
 INIT_FROM_STRICT=False a parameter no rule covers, or one the source lacks,
 starts fresh instead (T5X's fallback_to_scratch).
@@ -199,7 +202,19 @@ def _source_metadata(init: InitFrom, model: Any, abstract: Any) -> tuple[dict[st
     return flat_names(abstract.params), None
   ckpt = _paxlike_checkpointer(path)
   stored = ckpt.state_metadata(_paxlike_step(ckpt, step, init.spec))
+  restack = _restack(stored, model)
+  if restack is not None:
+    stored = restack.abstract_of(stored, abstract)
   return flat_names(_field(stored, "params")), _field(stored, "opt_state")
+
+
+def _restack(stored: Any, model: Any) -> Any:
+  """The paxlike.relayout.Restack that puts the source's layers in model's layout, or None
+  (the same layout, or a source whose layer count differs: the rules decide then)."""
+  from paxlike import relayout
+
+  change = relayout.change(stored, model)
+  return change if isinstance(change, relayout.Restack) else None
 
 
 def _field(state: Any, name: str) -> Any:
@@ -243,6 +258,8 @@ def load(init: InitFrom, model: Any, abstract: Any, fresh: Any) -> tuple[Any, Pl
   import jax
   import numpy as np
 
+  from paxlike import checkpoints as ckpt_lib
+
   out = check(init, model, abstract)
   kind, path, step = init.source()
   if kind != "paxlike":
@@ -251,16 +268,17 @@ def load(init: InitFrom, model: Any, abstract: Any, fresh: Any) -> tuple[Any, Pl
   opt_state = fresh.opt_state
   ckpt = _paxlike_checkpointer(path)
   step = _paxlike_step(ckpt, step, init.spec)
-  stored = ckpt.state_metadata(step)
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
-                        stored)
-  state, _ = ckpt.restore(step, target)
+  state, _ = ckpt.restore_host(step)
   ckpt.close()
-  source = flat_names(jax.device_get(_field(state, "params")))
-  if init.optimizer:
+  restack = _restack(state, model)
+  if restack is not None:
+    state, zeroed = restack.apply(state, abstract)
+    restack.log(f"INIT_FROM {init.spec}", zeroed if init.optimizer else [])
+  source = flat_names(_field(state, "params"))
+  if init.optimizer:  # matched by name: a stored namedtuple is a dict of sorted keys
+    stored_slots = ckpt_lib.flat(_field(state, "opt_state"))
     opt_state = jax.tree.unflatten(jax.tree.structure(fresh.opt_state),
-                                   jax.tree.leaves(jax.device_get(_field(state, "opt_state"))))
+                                   [stored_slots[n] for n in ckpt_lib.flat(fresh.opt_state)])
   names = list(flat_names(abstract.params))
   fresh_leaves = jax.tree.leaves(fresh.params)
   leaves = [np.asarray(source[out.mapping[n]], np.asarray(f).dtype)

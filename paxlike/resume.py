@@ -11,10 +11,12 @@ checkpointer removes them when it opens the directory.
 checks that it exists, and compares the checkpoint's stored metadata
 (shapes and dtypes; no array is read) with this run's abstract train state,
 so a changed model is refused with the first mismatched parameter while
-the job_log_dir is still untouched. `restore()` does the actual read; a step
-whose files cannot be read fails naming the step, and with fallback=True the
-damaged step is moved aside (checkpoint_N.damaged, nothing is deleted) and
-the newest older step is tried.
+the job_log_dir is still untouched. The same layers stored in another layout
+(NUM_STAGES, CIRCULAR_REPEAT, USE_REPEATED_LAYER) are no changed model: the
+read restacks them (paxlike.relayout) and logs from which layout to which.
+`restore()` does the actual read; a step whose files cannot be read fails
+naming the step, and with fallback=True the damaged step is moved aside
+(checkpoint_N.damaged, nothing is deleted) and the newest older step is tried.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import shutil
 from typing import Any
 
 from paxlike import checkpoints as ckpt_lib
-from paxlike import initial
+from paxlike import initial, relayout
 from paxlike import log as logging
 from paxlike.errors import UserError
 
@@ -83,17 +85,24 @@ def find_source(own: ckpt_lib.Checkpointer, restore_checkpoint_dir: str | None,
   return Source(None, None, True)
 
 
-def check_compatible(source: Source, step: int, abstract: Any) -> None:
+def check_compatible(source: Source, step: int, abstract: Any,
+                     model: Any = None) -> relayout.Restack | None:
   """Raises UserError when the stored state at step does not fit abstract.
+
+  A checkpoint of model's layers in another layout (NUM_STAGES, CIRCULAR_REPEAT,
+  USE_REPEATED_LAYER) fits once restacked (paxlike.relayout).
+
+  Returns:
+    The Restack a read of the step needs, or None when it reads as it is.
 
   Raises:
     UserError: a mismatch (naming the parameter and both shapes), or
       DamagedCheckpointError when the metadata cannot be read.
   """
   stored = source.checkpointer.state_metadata(step)
-  problem = ckpt_lib.first_mismatch(abstract, stored)
+  restack, problem = relayout.compare(stored, abstract, model)
   if problem is None:
-    return
+    return restack
   hint = ("start this model in a new --job_log_dir (the existing checkpoints stay as they are)"
           if source.own else "pass the checkpoints of a run of this model")
   raise UserError(
@@ -102,7 +111,8 @@ def check_compatible(source: Source, step: int, abstract: Any) -> None:
 
 
 def preflight(job_log_dir: str, abstract: Any, restore_checkpoint_dir: str | None,
-              restore_checkpoint_step: int | None, fallback: bool = False) -> Source:
+              restore_checkpoint_step: int | None, fallback: bool = False,
+              model: Any = None) -> Source:
   """Everything restore() would refuse, found before the run writes anything.
 
   Args:
@@ -110,6 +120,7 @@ def preflight(job_log_dir: str, abstract: Any, restore_checkpoint_dir: str | Non
     abstract: this run's abstract train state (ShapeDtypeStructs).
     restore_checkpoint_dir, restore_checkpoint_step: the flags.
     fallback: --restore_fallback (damaged metadata moves on to older steps).
+    model: this run's model (a checkpoint of its layers in another layout fits).
 
   Returns:
     The source and step restore() will start from (its data may still turn
@@ -121,7 +132,7 @@ def preflight(job_log_dir: str, abstract: Any, restore_checkpoint_dir: str | Non
     return source
   for step in _candidates(source, fallback):
     try:
-      check_compatible(source, step, abstract)
+      check_compatible(source, step, abstract, model)
       return Source(source.checkpointer, step, source.own)
     except ckpt_lib.DamagedCheckpointError:
       if not fallback:
@@ -183,12 +194,12 @@ def preflight_task(task: Any, train_input: Any, job_log_dir: str, mode: str,
     source = find_source(_read_only(directory), None, restore_checkpoint_step)
     if source.step is not None:
       check_compatible(Source(source.checkpointer, source.step, not restore_checkpoint_dir),
-                       source.step, abstract)
+                       source.step, abstract, task.model)
     elif init_from:
       initial.check(init_from, task.model, abstract)
     return source
   source = preflight(job_log_dir, abstract, restore_checkpoint_dir, restore_checkpoint_step,
-                     fallback)
+                     fallback, task.model)
   if source.step is None and init_from:
     initial.check(init_from, task.model, abstract)
   if will_save:
@@ -207,9 +218,23 @@ def _no_good_step(source: Source) -> UserError:
                    "can be restored; every one is damaged. Start fresh in a new --job_log_dir.")
 
 
+def read_step(source: Source, step: int, target: Any, abstract: Any,
+              model: Any = None) -> tuple[Any, dict[str, Any]]:
+  """One step's state and input position, checked against abstract.
+
+  In this run's layout it is read straight into target's shardings; a checkpoint
+  of model's layers in another layout is read as stored and restacked (host
+  arrays: the caller places them with its partitioner's shard_state).
+  """
+  restack = check_compatible(source, step, abstract, model)
+  if restack is None:
+    return source.checkpointer.restore(step, target)
+  return restack.read(source.checkpointer, step, abstract)
+
+
 def restore(own: ckpt_lib.Checkpointer, target: Any, abstract: Any,
             restore_checkpoint_dir: str | None, restore_checkpoint_step: int | None,
-            fallback: bool = False) -> tuple[Any, dict[str, Any], int] | None:
+            fallback: bool = False, model: Any = None) -> tuple[Any, dict[str, Any], int] | None:
   """Reads the state the restore rule picks; None when the run starts fresh.
 
   Args:
@@ -217,6 +242,7 @@ def restore(own: ckpt_lib.Checkpointer, target: Any, abstract: Any,
     target: the restore target (the partitioner's abstract state, with shardings).
     abstract: the plain abstract state, for the compatibility check.
     fallback: move a damaged step aside and try the newest older one.
+    model: this run's model (a checkpoint of its layers in another layout is restacked).
 
   Returns:
     (state, input position, step), or None.
@@ -226,8 +252,7 @@ def restore(own: ckpt_lib.Checkpointer, target: Any, abstract: Any,
     return None
   for step in _candidates(source, fallback):
     try:
-      check_compatible(source, step, abstract)
-      state, input_state = source.checkpointer.restore(step, target)
+      state, input_state = read_step(source, step, target, abstract, model)
     except ckpt_lib.DamagedCheckpointError as e:
       if not fallback:
         raise
@@ -261,7 +286,8 @@ def start(program: Any, train_input: Any, ckpt: ckpt_lib.Checkpointer, options: 
   partitioner, abstract = program.partitioner, program.abstract
   target = partitioner.abstract_state(abstract)
   restored = restore(ckpt, target, abstract, options.restore_checkpoint_dir,
-                     options.restore_checkpoint_step, fallback=options.restore_fallback)
+                     options.restore_checkpoint_step, fallback=options.restore_fallback,
+                     model=program.task.model)
   if restored is None:
     if options.init_from:
       return _init_from(program, options.init_from, seed, record_dir), 0

@@ -52,9 +52,10 @@ class ExportJob:
 
   Attributes:
     experiment: the registry key of the experiment class.
-    model: the task's (unbound) model.
+    model: the model that decodes for the task's (unbound; a pipelined model's
+      unpipelined twin, paxlike.decoding.decoding_model).
     settings: paxlike.decoding.DecodeSettings from the --decode_* flags.
-    abstract_params: the parameters' ShapeDtypeStructs (the train state's).
+    abstract_params: model's parameters' ShapeDtypeStructs (the train state's, restacked).
     features: the model's decode_features(), in order, with per-row shapes.
     vocabulary: the manifest's vocabulary entry ({"kind": "none"} without text).
     append_eos: text prompts end with EOS before padding (None: no text path).
@@ -178,7 +179,7 @@ def describe(experiment: str, task: Any, train_input: Any, decode_inputs: list[A
     platforms: parse_platforms' result.
     job_log_dir: recorded in the manifest.
   """
-  from paxlike import resume
+  from paxlike import decoding, resume
 
   model = task.model
   source = decode_inputs[0] if decode_inputs else train_input
@@ -201,7 +202,10 @@ def describe(experiment: str, task: Any, train_input: Any, decode_inputs: list[A
               roles.get(n) if roles else None) for n, shape in shapes)
   examples = {n: (np.asarray(batch[n])[rows] if n in batch else
                   np.asarray([len(prompts[r]) for r in rows], np.int32)) for n in names}
-  abstract = resume.abstract_train_state(task, train_input).params
+  # A pipelined model exports as its unpipelined twin: the artifact of the same model
+  # trained without a pipeline (main restacks the restored parameters alike).
+  model, abstract = decoding.decoding_model(
+      model, resume.abstract_train_state(task, train_input).params)
   return ExportJob(experiment=experiment, model=model, settings=settings,
                    abstract_params=abstract, features=features, vocabulary=vocabulary,
                    append_eos=append_eos, examples=examples, example_texts=texts,

@@ -34,18 +34,24 @@ class SpmdPartitioner:
     self.mesh = mesh
     self.rules = tuple(rules)
     self.replicated = NamedSharding(mesh, PartitionSpec())
-    self.batch_sharding = NamedSharding(mesh, PartitionSpec(mesh_lib.BATCH_AXES))
+    # A pipeline's stage axis over processes: each process reads rows of its own, so the
+    # input is split over the stages too (replicated over them, every process would have
+    # to read every row); the model's first constraint regroups the rows.
+    self.batch_axes = mesh_lib.BATCH_AXES
+    if "stage" in mesh.axis_names and len({d.process_index for d in mesh.devices.flat}) > 1:
+      self.batch_axes = ("stage", *mesh_lib.BATCH_AXES)
+    self.batch_sharding = NamedSharding(mesh, PartitionSpec(self.batch_axes))
     self._state_shardings = None
 
   @property
   def num_batch_shards(self) -> int:
-    return mesh_lib.batch_divisor(self.mesh)
+    return int(np.prod([self.mesh.shape[a] for a in self.batch_axes]))
 
   def check_global_batch(self, global_batch: int) -> None:
     if global_batch % self.num_batch_shards:
       raise UserError(
-          f"the global batch {global_batch} does not divide over replica x data = "
-          f"{self.num_batch_shards} mesh shards; change the batch size or the mesh.")
+          f"the global batch {global_batch} does not divide over {' x '.join(self.batch_axes)} "
+          f"= {self.num_batch_shards} mesh shards; change the batch size or the mesh.")
 
   def state_shardings(self, specs: Any) -> Any:
     """Logical PartitionSpecs -> NamedShardings on this mesh."""
