@@ -450,11 +450,13 @@ def report(moved: dict[str, list[str]], missing: list[str], stale: list[str]) ->
   return "\n".join(lines)
 
 
-def update(record_dir: Path = RECORD_DIR, compile_all: bool = False) -> list[str]:
+def update(record_dir: Path = RECORD_DIR, compile_all: bool = False,
+           compile_missing: bool = False) -> list[str]:
   """Rewrites every record and removes those of unregistered experiments; the names written.
 
-  A pod-scale experiment's compiled peak is dry-run anew with compile_all,
-  and otherwise carried over from its old record.
+  A pod-scale experiment's compiled peak is dry-run anew with compile_all
+  (with compile_missing, only where the running release has none), and
+  otherwise carried over from its old record.
   """
   record_dir.mkdir(parents=True, exist_ok=True)
   keys = shipped_keys()
@@ -470,7 +472,7 @@ def update(record_dir: Path = RECORD_DIR, compile_all: bool = False) -> list[str
       old = parse(path.read_text()) if path.exists() else {}
       # Every release's peaks are kept; --compile-all (re)compiles the running one's.
       rec.update({k: v for k, v in old.items() if k.startswith(COMPILED_PREFIX)})
-      if compile_all:
+      if compile_all or (compile_missing and compiled_field() not in rec):
         print(f"dry run: {names[key]}", flush=True)
         rec[compiled_field()] = compiled_value(compiled_peak(key))
     path.write_text(render(rec))
@@ -488,10 +490,13 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--compile-all", action="store_true",
                       help="also dry-run every pod-scale experiment (minutes) and compare (or, "
                       "with --update, record) its compiled peak bytes per device")
+  parser.add_argument("--compile-missing", action="store_true",
+                      help="with --update, dry-run only the pod-scale experiments whose record "
+                      "has no compiled peak for this JAX release (a new experiment)")
   args = parser.parse_args(argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   if args.update:
-    written = update(compile_all=args.compile_all)
+    written = update(compile_all=args.compile_all, compile_missing=args.compile_missing)
     print(f"wrote {len(written)} records under {RECORD_DIR}")
     return 0
   moved, missing, stale = check()

@@ -46,7 +46,9 @@ def test_tune_picks_the_fastest_layout_that_fits_and_the_next_train_takes_it(tmp
   budget_gib = (peaks[0] + peaks[-1]) / 2 / tune.GIB
   tight = tmp_path / "tight"
   proc = run_cli([f"--exp={TINY}", f"--job_log_dir={tight}", "--mode=tune",
-                  f"--device_memory_gib={budget_gib!r}", *_sets(SMALL)], REPO_ROOT, timeout=600)
+                  f"--device_memory_gib={budget_gib!r}",
+                  # NUM_MICROBATCHES set: no microbatched retries of the layouts over budget
+                  *_sets([*SMALL, "NUM_MICROBATCHES=1"])], REPO_ROOT, timeout=600)
   assert proc.returncode == 0, describe(proc)
   record = json.loads((tight / "tune" / "tune.json").read_text())
   too_big = [c for c in record["candidates"] if c["fits"] is False]
