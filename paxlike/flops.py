@@ -215,6 +215,44 @@ def mfu(model_flops_per_step: float, step_seconds: float, num_devices: int,
   return model_flops_per_step / step_seconds / (num_devices * peak_per_device)
 
 
+# ------------------------------------------------------------ pipelines
+
+
+def pipeline_schedule(model: Any, rows: int) -> dict[str, Any] | None:
+  """A pipelined model's schedule for a step of `rows` rows, or None without a pipeline.
+
+  Read off the model's pipeline fields (Pax's num_stages, circular_repeat,
+  num_microbatches or microbatch_size, stream_io; a model without them is
+  not pipelined). `rows`: the rows one forward pass gets (the global batch
+  over the gradient-accumulation steps). The bubble is each stage's idle
+  share of the schedule's iterations, (S-1) / (M x R + S - 1): it is in the
+  step time, and so in MFU, which counts model FLOPs only (the same as the
+  unpipelined model's), never the idle stages' work.
+  """
+  stages = getattr(model, "num_stages", None)
+  if stages is None:
+    return None
+  from paxlike.layers import pipeline
+
+  m, size = pipeline.microbatch_sizes(rows, model.num_microbatches, model.microbatch_size)
+  r = model.circular_repeat
+  return {"schedule": "circular" if r > 1 else "gpipe", "stages": stages, "microbatches": m,
+          "microbatch_size": size, "circular_repeat": r,
+          "layers_per_stage": model.num_layers // (stages * r), "stream_io": bool(model.stream_io),
+          "iterations": pipeline.iterations(stages, m, r),
+          "bubble_fraction": pipeline.bubble_fraction(stages, m, r)}
+
+
+def describe_pipeline(rec: dict[str, Any]) -> str:
+  """One line for a pipeline_schedule record: the schedule, its bubble, and what MFU counts."""
+  name = "GPipe" if rec["schedule"] == "gpipe" else f"circular (repeat {rec['circular_repeat']})"
+  return (f"pipeline: {name}, {rec['stages']} stages x {rec['layers_per_stage']} layers, "
+          f"{rec['microbatches']} microbatches of {rec['microbatch_size']} rows, "
+          f"{rec['iterations']} iterations, bubble {100 * rec['bubble_fraction']:.1f}%"
+          f"{', stream_io' if rec['stream_io'] else ''}; MFU counts model FLOPs only, so the "
+          "bubble is included in it (shows as lower MFU), not hidden")
+
+
 # ---------------------------------------------------------- hardware FLOPs
 
 

@@ -278,6 +278,7 @@ class TransformerLmSpmdPipelineAdafactor(TransformerLmSpmdAdafactor):
 
   def model(self) -> fdl.Config[LanguageModel]:
     cfg = super().model()
+    self.emb_w_data_dims()  # read with the model: mesh.rules_for applies it after the read check
     cfg.num_stages = self.NUM_STAGES
     cfg.circular_repeat = self.CIRCULAR_REPEAT
     cfg.num_microbatches = self.NUM_MICROBATCHES

@@ -39,9 +39,10 @@ def logical_specs(model: nn.Module, tx: optax.GradientTransformation,
                   sample_batch: dict[str, jax.Array]) -> tuple[TrainState, TrainState]:
   """(abstract state, logical PartitionSpecs) without allocating anything.
 
-  Optimizer slots shaped like their parameter (Adam's moments) take its spec;
-  factored statistics (Adafactor's row/column moments) and scalars are
-  replicated.
+  Optimizer slots shaped like their parameter (Adam's moments) take its spec,
+  slots shaped like one layer of a stacked parameter its spec without the
+  leading dim; factored statistics (Adafactor's row/column moments) and
+  scalars are replicated.
   """
   boxed = jax.eval_shape(lambda: init_params(model, jax.random.key(0), sample_batch))
   param_specs = nn.get_partition_spec(boxed)
@@ -55,7 +56,16 @@ def logical_specs(model: nn.Module, tx: optax.GradientTransformation,
 
 
 def _slot_spec(slot: Any, spec: PartitionSpec, param: Any) -> PartitionSpec:
-  return spec if getattr(slot, "shape", None) == param.shape else PartitionSpec()
+  shape = getattr(slot, "shape", None)
+  if shape == param.shape:
+    return spec
+  if shape is not None and len(shape) >= 2 and shape == param.shape[1:]:
+    # A per-layer slot of a stacked parameter (sharded Adafactor's momentum scale of a
+    # [layers, ...] or pipelined [repeats, stages, ...] weight): the parameter's spec
+    # without its leading dim, not a replicated copy of nearly the whole parameter.
+    parts = (*spec, *(None,) * (len(param.shape) - len(spec)))
+    return PartitionSpec(*parts[1:])
+  return PartitionSpec()
 
 
 def count_params(params: Any) -> int:

@@ -167,11 +167,10 @@ def run(stage_fn: Any, weights: Any, x: jax.Array, *, num_stages: int, num_micro
   pos = None if positions is None or pos_shared else split(positions, m)
   stages = jnp.arange(s_count)
 
-  def one_iteration(state, io, t):
+  def compute(state, t):
+    """Every stage's layers on the activation it holds: the rematerialised part."""
     k = t - stages  # [S]: each stage's place in the schedule
     mb_index = jnp.remainder(k, m)
-    state = state.at[0].set(jax.lax.dynamic_index_in_dim(io, jnp.remainder(t, m), 0, False))
-    state = constrain(state, (STAGE_AXIS, "batch", "length", "activation_embed"))
     rep = jnp.clip(k // m, 0, r_count - 1)
     w = jax.tree.map(lambda leaf: _select_repeat(leaf, rep), weights)
     seg_s = None if seg is None else jnp.take(seg, mb_index, axis=0)
@@ -182,21 +181,26 @@ def run(stage_fn: Any, weights: Any, x: jax.Array, *, num_stages: int, num_micro
     else:
       pos_s = None
     rngs = None if rng is None else jax.random.split(jax.random.fold_in(rng, t), s_count)
-    out = jax.vmap(stage_fn, spmd_axis_name=STAGE_AXIS)(w, state, seg_s, pos_s, rngs)
+    return jax.vmap(stage_fn, spmd_axis_name=STAGE_AXIS)(w, state, seg_s, pos_s, rngs)
+
+  if remat:
+    # Only the iteration's input activations are saved for the backward pass (one
+    # microbatch per stage per iteration); the io buffer stays outside the remat, so
+    # the backward pass does not keep a copy of it for every iteration.
+    compute = jax.checkpoint(compute, policy=policy, prevent_cse=False)
+
+  def body(carry, t):
+    state, io = carry
+    state = state.at[0].set(jax.lax.dynamic_index_in_dim(io, jnp.remainder(t, m), 0, False))
+    state = constrain(state, (STAGE_AXIS, "batch", "length", "activation_embed"))
+    out = compute(state, t)
     last_k = t - (s_count - 1)
     valid = (last_k >= 0) & (last_k < m * r_count)
     slot = jnp.remainder(last_k, m)
     kept = jax.lax.dynamic_index_in_dim(io, slot, 0, False)
     io = jax.lax.dynamic_update_index_in_dim(io, jnp.where(valid, out[-1], kept), slot, 0)
     io = constrain(io, io_axes)
-    return jnp.roll(out, 1, axis=0), io  # stage s + 1 takes what stage s made
-
-  if remat:
-    one_iteration = jax.checkpoint(one_iteration, policy=policy, prevent_cse=False)
-
-  def body(carry, t):
-    state, io = carry
-    return one_iteration(state, io, t), None
+    return (jnp.roll(out, 1, axis=0), io), None  # stage s + 1 takes what stage s made
 
   state = jnp.zeros((s_count, *xs.shape[1:]), xs.dtype)
   (_, io), _ = jax.lax.scan(body, (state, io), jnp.arange(iterations(s_count, m, r_count)))

@@ -19,6 +19,15 @@ paxlike does not model (a field it cannot honour, a class it has no layer
 for, two norms that differ where paxlike has one) is refused in one line
 naming the path. Sharding hints (weight/activation split dims mappings) are
 reported as not applied: paxlike shards by its mesh rules.
+
+A pipelined LM (NUM_STAGES, the TransformerLmSpmdPipeline* templates) has
+Pax's pipelined tree: `stacked_transformer_tpl` is a PipelinedTransformer
+(num_pipeline_stages, circular_repeat, num_pipeline_microbatches or
+pipeline_microbatch_size, stream_io, checkpoint_policy) whose pipeline_stage
+is one stage's StackedTransformer (or StackedTransformerRepeated); the model
+has stage layers x stages x circular_repeat layers. The stage count must stay
+the experiment's NUM_STAGES (the mesh's stage axis), and a pipeline needs a
+pipelined experiment (and the other way round).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from paxlike.pax.pax_fiddle import Config
 
 PRAXIS_MODEL_FIELDS = ("lm_tpl", "params_init", "decoder_tpl", "report_strict_acc")
 _TREE = "_pax_tree"
+_STAGES = "num_stages"  # the tree's record of the experiment's NUM_STAGES (None: no pipeline)
 ACTIVATION_CLASSES = {"relu": activations.ReLU, "gelu": activations.GELU,
                       "silu": activations.SiLU, "tanh": activations.Tanh,
                       "sigmoid": activations.Sigmoid, "none": activations.Identity}
@@ -69,7 +79,7 @@ def _tree(cfg: LmConfig) -> dict[str, Any]:
   if tree is None:
     tree = {"lm_tpl": tree_of(cfg), "params_init": _spec(cfg.weight_init),
             "decoder_tpl": Config(pl.DecoderHParams, eos_id=cfg.eos_id),
-            "report_strict_acc": False}
+            "report_strict_acc": False, _STAGES: cfg.num_stages}
     object.__setattr__(cfg, _TREE, tree)
   return tree
 
@@ -109,18 +119,28 @@ def tree_of(m: fdl.Config) -> Config:
                ln_tpl=_norm(m), **_hints())
   layer = Config(pl.Transformer, norm_policy=m.norm_policy, ln_tpl=_norm(m), tr_atten_tpl=atten,
                  tr_fflayer_tpl=ffn)
-  stack = Config(pl.StackedTransformer, num_layers=m.num_layers, model_dims=m.model_dims,
+  # A pipeline's stage template holds one stage's layers (Pax's task() builds it so).
+  pipelined = m.num_stages is not None
+  layers = m.num_layers // (m.num_stages * m.circular_repeat) if pipelined else m.num_layers
+  stack = Config(pl.StackedTransformer, num_layers=layers, model_dims=m.model_dims,
                  hidden_dims=m.hidden_dims, num_heads=m.num_heads, dim_per_head=m.dim_per_head,
                  dropout_prob=m.dropout_prob, packed_input=m.packed_input,
                  transformer_layer_params_tpl=layer)
   policy = AutodiffCheckpointType(policy_name(m.checkpoint_policy))
   if m.use_repeated_layer:
     stack.num_layers = 1
-    stacked = Config(pl.StackedTransformerRepeated, block=stack, x_times=m.num_layers,
+    stacked = Config(pl.StackedTransformerRepeated, block=stack, x_times=layers,
                      checkpoint_policy=policy)
   else:
-    stack.checkpoint_policy = policy
+    if not pipelined:  # Pax's pipelined template leaves the stage's policy to the pipeline
+      stack.checkpoint_policy = policy
     stacked = stack
+  if pipelined:
+    stacked = Config(pl.PipelinedTransformer, pipeline_stage=stacked,
+                     num_pipeline_stages=m.num_stages, circular_repeat=m.circular_repeat,
+                     num_pipeline_microbatches=m.num_microbatches,
+                     pipeline_microbatch_size=m.microbatch_size, stream_io=m.stream_io,
+                     checkpoint_policy=policy, pipeline_broadcast_inputs=False)
   position = None
   if m.trainable_position_emb:
     position = Config(pl.TrainablePositionalEmbedding, embedding_dims=m.model_dims,
@@ -325,7 +345,7 @@ def _read_stack(r: _Reader, cfg: Any, path: str, repeats: int) -> None:
   if not cfg.mask_self_attention:
     raise UserError(f"{path}.mask_self_attention = False: paxlike's LM is causal; leave it "
                     "True.")
-  r.set("num_layers", path + ".num_layers", cfg.num_layers * repeats)
+  r.set("num_layers", path + ".num_layers", _count(cfg.num_layers, path + ".num_layers") * repeats)
   r.set("model_dims", path + ".model_dims", cfg.model_dims)
   r.set("hidden_dims", path + ".hidden_dims", cfg.hidden_dims)
   r.set("num_heads", path + ".num_heads", cfg.num_heads)
@@ -340,23 +360,89 @@ def _read_stack(r: _Reader, cfg: Any, path: str, repeats: int) -> None:
   _read_layer(r, cfg.transformer_layer_params_tpl, path + ".transformer_layer_params_tpl")
 
 
-def _read_stacked(r: _Reader, cfg: Any, path: str) -> None:
+def _read_stacked(r: _Reader, cfg: Any, path: str, stages: int | None) -> None:
+  """The layer stack; `stages`: the experiment's NUM_STAGES (None: not pipelined)."""
   cfg = r.node(cfg, path, pl.StackedTransformer, pl.StackedTransformerRepeated,
                pl.PipelinedTransformer)
-  target = fdl.get_callable(cfg)
-  if issubclass(target, pl.PipelinedTransformer):
-    raise UserError(f"{path} = pax_fiddle.Config(PipelinedTransformer): paxlike does not "
-                    "pipeline yet (NUM_STAGES); use StackedTransformer(Repeated).")
-  if issubclass(target, pl.StackedTransformerRepeated):
+  pipelined = issubclass(fdl.get_callable(cfg), pl.PipelinedTransformer)
+  if pipelined and stages is None:
+    raise UserError(f"{path} = pax_fiddle.Config(PipelinedTransformer) on an experiment "
+                    "whose meshes have no stage axis: subclass "
+                    "TransformerLmSpmdPipelineAdafactor / Adam (NUM_STAGES, a 4-axis [stage, "
+                    "replica, data, mdl] mesh), whose task() builds the pipeline.")
+  if not pipelined and stages is not None:
+    raise UserError(f"{path} = pax_fiddle.Config({_name(fdl.get_callable(cfg))}) on a "
+                    f"pipelined experiment (NUM_STAGES={stages}): keep the "
+                    "PipelinedTransformer its task() builds and edit its pipeline_stage.")
+  if pipelined:
+    _read_pipeline(r, cfg, path, stages)
+    return
+  for name in ("num_stages", "num_microbatches", "microbatch_size"):
+    r.set(name, path, None)
+  r.set("circular_repeat", path, 1)
+  r.set("stream_io", path, False)
+  _read_stage(r, cfg, path, 1)
+
+
+def _read_stage(r: _Reader, cfg: Any, path: str, times: int) -> None:
+  """A StackedTransformer(Repeated) whose layers the model has `times` copies of."""
+  cfg = r.node(cfg, path, pl.StackedTransformer, pl.StackedTransformerRepeated)
+  if issubclass(fdl.get_callable(cfg), pl.StackedTransformerRepeated):
     r.fields(cfg, path, ("block", "x_times", "checkpoint_policy", "unroll_in_decode"))
     r.set("use_repeated_layer", path, True)
     if cfg.checkpoint_policy is not None:
       r.set("checkpoint_policy", path + ".checkpoint_policy",
             policy_name(cfg.checkpoint_policy))
-    _read_stack(r, cfg.block, path + ".block", int(cfg.x_times))
+    _read_stack(r, cfg.block, path + ".block", _count(cfg.x_times, path + ".x_times") * times)
     return
   r.set("use_repeated_layer", path, False)
-  _read_stack(r, cfg, path, 1)
+  _read_stack(r, cfg, path, times)
+
+
+def _count(value: Any, path: str, none_ok: bool = False) -> int | None:
+  """A positive int read from the tree (or None where allowed); one line otherwise."""
+  if value is None and none_ok:
+    return None
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise UserError(f"{path} = {_show(value)}: set a positive int.")
+  return value
+
+
+def _read_pipeline(r: _Reader, cfg: fdl.Buildable, path: str, stages: int) -> None:
+  """praxis's PipelinedTransformer: the schedule's fields, then its stage template."""
+  r.fields(cfg, path, ("pipeline_stage", "num_pipeline_stages", "circular_repeat",
+                       "num_pipeline_microbatches", "pipeline_microbatch_size", "stream_io",
+                       "pipeline_broadcast_inputs", "checkpoint_policy",
+                       "enable_async_circular_transfer"))
+  s = _count(cfg.num_pipeline_stages, path + ".num_pipeline_stages")
+  if s != stages:
+    raise UserError(f"{path}.num_pipeline_stages = {s} differs from NUM_STAGES={stages} (the "
+                    "mesh's stage axis); make them equal.")
+  repeat = _count(cfg.circular_repeat, path + ".circular_repeat")
+  m = _count(cfg.num_pipeline_microbatches, path + ".num_pipeline_microbatches", none_ok=True)
+  size = _count(cfg.pipeline_microbatch_size, path + ".pipeline_microbatch_size", none_ok=True)
+  if m is None and size is None:
+    raise UserError(f"{path}.num_pipeline_microbatches and .pipeline_microbatch_size are both "
+                    "None; set one of them (the other follows from the batch).")
+  if repeat > 1 and m is not None and m < s:
+    raise UserError(f"{path}.num_pipeline_microbatches = {m} is fewer than "
+                    f"num_pipeline_stages = {s}: the circular schedule (circular_repeat = "
+                    f"{repeat}) needs at least one microbatch per stage.")
+  if cfg.pipeline_broadcast_inputs:
+    raise UserError(f"{path}.pipeline_broadcast_inputs = True: paxlike feeds the "
+                    "microbatches to the first stage only (praxis's default); leave it False.")
+  if not cfg.enable_async_circular_transfer:
+    r.notes.append(f"{path}.enable_async_circular_transfer = False is not applied: paxlike's "
+                   "circular schedule has one way of passing microbatches back to the first "
+                   "stage (the same result either way).")
+  r.set("num_stages", path + ".num_pipeline_stages", s)
+  r.set("circular_repeat", path + ".circular_repeat", repeat)
+  r.set("num_microbatches", path + ".num_pipeline_microbatches", m)
+  r.set("microbatch_size", path + ".pipeline_microbatch_size", size)
+  r.set("stream_io", path + ".stream_io", bool(cfg.stream_io))
+  if cfg.checkpoint_policy is not None:
+    r.set("checkpoint_policy", path + ".checkpoint_policy", policy_name(cfg.checkpoint_policy))
+  _read_stage(r, cfg.pipeline_stage, path + ".pipeline_stage", s * repeat)
 
 
 def _read_tables(r: _Reader, lm: fdl.Buildable, path: str) -> None:
@@ -445,7 +531,8 @@ def read_tree(tree: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
   r.set("packed_input", path + ".packed_input", bool(lm.packed_input))
   _read_tables(r, lm, path)
   _read_position(r, lm.position_emb_tpl, path + ".position_emb_tpl")
-  _read_stacked(r, lm.stacked_transformer_tpl, path + ".stacked_transformer_tpl")
+  _read_stacked(r, lm.stacked_transformer_tpl, path + ".stacked_transformer_tpl",
+                tree.get(_STAGES))
   _read_norm(r, lm.final_ln_tpl, path + ".final_ln_tpl")
   r.set("weight_init", "task_p.model.params_init",
         _init(tree["params_init"], "task_p.model.params_init"))

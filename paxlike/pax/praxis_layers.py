@@ -311,15 +311,34 @@ class StackedTransformerRepeated(_Template):
 
 @dataclasses.dataclass
 class PipelinedTransformer(_Template):
+  """praxis's pipeline over a stage template (GPipe, or circular with circular_repeat > 1).
+
+  pipeline_stage: one stage's layers (StackedTransformer, or
+  StackedTransformerRepeated); the model has num_layers x stages x
+  circular_repeat of them. checkpoint_policy None: the stage's own policy
+  (praxis's default, SAVE_ITERATION_INPUT, is not one paxlike has).
+  """
+
   pipeline_stage: Any = None
+  circular_repeat: int = 1
   num_pipeline_stages: int | None = None
   num_pipeline_microbatches: int | None = None
   pipeline_microbatch_size: int | None = None
-  circular_repeat: int = 1
   stream_io: bool = False
+  pipeline_broadcast_inputs: bool = False
   checkpoint_policy: Any = None
+  enable_async_circular_transfer: bool = True
+  bf16_accum_in_fp32: bool = False
+  weight_split_dims_mapping: Any = None
+  activation_split_dims_mapping: Any = None
   params_init: Any = None
   name: str = ""
+
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    return {"pipeline_stage": StackedTransformer,
+            "weight_split_dims_mapping": SplitDimsMapping,
+            "activation_split_dims_mapping": SplitDimsMapping}
 
 
 # -------------------------------------------------------------- the LM

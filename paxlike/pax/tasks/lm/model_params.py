@@ -4,8 +4,10 @@ The templates are paxlike's (paxlike.lm_experiments), with Pax's defaults.
 `set_default_adam` / `set_default_adafactor` set `task_p.train.learner.optimizer`
 to the praxis optimizer configs Pax's set (paxlike.pax.optimizers, run by
 paxlike's learner), so later edits of `lp.optimizer.*` work as in Pax. The
-pipelined templates and ClassificationModelAdam exist so Pax's files import
-and register; running one is refused, as is maybe_setup_moe_params with experts.
+pipelined templates (TransformerLmSpmdPipelineAdafactor / Adam) run paxlike's
+pipeline (paxlike.layers.pipeline). ClassificationModelAdam exists so Pax's
+files import and register; running it is refused, as is maybe_setup_moe_params
+with experts.
 """
 
 from __future__ import annotations

@@ -1,0 +1,293 @@
+"""Pax's own pipelined experiments, their import lines rewritten, configure and dry-run here.
+
+Pax's files (paxml's tasks/lm/params/{lm_cloud,c4,nvidia}.py at b397693) are
+not this project's text, so none is kept in the repository: the tests read
+them from $PAXLIKE_PAXREF (default /work/paxref) and are skipped where they
+are absent. Each is copied into a temporary directory with its `paxml` /
+`praxis` import lines rewritten to `paxlike.pax`, nothing else; the copies are
+named pax_<file> (a module named nvidia shadows the CUDA packages). t5, which
+c4.py imports for its SeqIO task registry and which is not installed here, is
+stood in for by seqio's classes that t5.data re-exports.
+
+Every pipelined class gets the parameter count Pax's configuration implies
+(computed below from its dims alone) and Pax's schedule, on the batch its
+mesh's devices give. NVIDIA_CIRCULAR_REPEAT (circular, 8 devices, one layer
+per stage: the cheapest to compile) is dry-run end to end; the others' dry
+runs take from half a minute (lm_cloud's circular 2B, 3 layers a stage) to
+many minutes each on a CPU, so they are run by hand, not here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import os
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import pytest
+
+from paxlike import config, dry_run, experiment, registry
+from paxlike import train_state as ts
+from paxlike.errors import UserError
+
+PAXREF = Path(os.environ.get("PAXLIKE_PAXREF", "/work/paxref"))
+FILES = ("lm_cloud", "c4", "nvidia")
+IMPORT_LINE = re.compile(r"^(from|import)\s+(paxml|praxis)\b.*$", re.M)
+
+pytestmark = pytest.mark.skipif(
+    not all((PAXREF / f"{name}.py").is_file() for name in FILES),
+    reason=f"Pax's lm_cloud.py, c4.py and nvidia.py are not in {PAXREF} (set PAXLIKE_PAXREF)")
+
+# t5.data as c4.py uses it at import: seqio's classes, and t5's TaskRegistry.add.
+T5_STAND_IN = {
+    "t5/__init__.py": "from t5 import data  # noqa: F401\n",
+    "t5/data/__init__.py": textwrap.dedent("""\
+        import seqio
+        from seqio import Feature, PassThroughVocabulary, SentencePieceVocabulary  # noqa: F401
+
+        from t5.data import preprocessors  # noqa: F401
+
+
+        class TaskRegistry(seqio.TaskRegistry):
+          @classmethod
+          def add(cls, name, task_cls=seqio.Task, **kwargs):
+            return seqio.TaskRegistry.add(name, task_cls=task_cls, **kwargs)
+        """),
+    "t5/data/preprocessors.py": textwrap.dedent("""\
+        def _unused(*args, **kwargs):
+          raise NotImplementedError("the t5 stand-in reads no data")
+
+
+        rekey = reduce_concat_tokens = split_tokens_to_targets_length = _unused
+        """),
+}
+
+
+def rewrite_imports(text: str) -> str:
+  """Pax's file with `paxml` and `praxis` replaced by `paxlike.pax` on its import lines only."""
+  return IMPORT_LINE.sub(lambda m: re.sub(r"\b(paxml|praxis)\b", "paxlike.pax", m.group(0)),
+                         text)
+
+
+@pytest.fixture(scope="module")
+def pax_modules(tmp_path_factory):
+  """The three rewritten files imported (pax_lm_cloud, pax_c4, pax_nvidia); cleaned up after."""
+  root = tmp_path_factory.mktemp("pax_files")
+  for name in FILES:
+    (root / f"pax_{name}.py").write_text(rewrite_imports((PAXREF / f"{name}.py").read_text()))
+  if importlib.util.find_spec("t5") is None:
+    for rel, text in T5_STAND_IN.items():
+      (root / rel).parent.mkdir(parents=True, exist_ok=True)
+      (root / rel).write_text(text)
+  before_keys, before_mods = set(registry.list_names()), set(sys.modules)
+  sys.path.insert(0, str(root))
+  seqio = pytest.importorskip("seqio")
+  tasks_before = set(seqio.TaskRegistry.names())
+  try:
+    yield {name: importlib.import_module(f"pax_{name}") for name in FILES}
+  finally:
+    sys.path.remove(str(root))
+    for key in set(registry.list_names()) - before_keys:
+      registry.unregister(key)
+    for name in set(seqio.TaskRegistry.names()) - tasks_before:
+      seqio.TaskRegistry.remove(name)
+    for mod in set(sys.modules) - before_mods:
+      if mod.startswith(("pax_", "t5")):
+        del sys.modules[mod]
+
+
+def test_only_import_lines_change(pax_modules):
+  for name in FILES:
+    pax = (PAXREF / f"{name}.py").read_text().splitlines()
+    ours = rewrite_imports("\n".join(pax)).splitlines()
+    changed = [(a, b) for a, b in zip(pax, ours, strict=True) if a != b]
+    assert changed and all(IMPORT_LINE.match(a) and "paxlike.pax" in b for a, b in changed)
+
+
+# ------------------------------------------------------------- Pax's numbers
+
+
+@dataclasses.dataclass(frozen=True)
+class Pax:
+  """What Pax's file and templates configure for one pipelined class."""
+
+  layers: int
+  model: int
+  heads: int
+  dims_per_head: int
+  vocab: int
+  stages: int
+  microbatches: int  # Pax's M: the global batch of its mesh over MICROBATCH_SIZE
+  devices: int  # ICI x DCN
+  repeat: int = 1
+  hidden: int | None = None  # None: 4 x model
+  position_table: int = 0  # rows of the trainable position embedding
+  gpt3: bool = False  # configure_gpt3_task: attention biases, no per-dim scale or softmax bias
+  # Knobs the class sets that neither its task() nor its templates read, in Pax as here:
+  # paxlike refuses them by name; the test then reads them in a subclass's task().
+  unread: tuple[str, ...] = ()
+
+
+LM_CLOUD = dict(dims_per_head=128, vocab=32000)
+GPT3 = dict(layers=96, model=12288, heads=96, dims_per_head=128, vocab=51200,
+            position_table=16384, gpt3=True)
+NVIDIA = dict(dims_per_head=128, vocab=51200, position_table=2048)
+PAX = {
+    "pax_lm_cloud.LmCloudSpmdPipeline9B": Pax(48, 4096, 32, stages=16, microbatches=128,
+                                              devices=64, **LM_CLOUD),
+    "pax_lm_cloud.LmCloudSpmdPipeline175B": Pax(96, 12288, 96, stages=8, microbatches=48,
+                                                devices=128, **LM_CLOUD),
+    "pax_lm_cloud.LmCloudSpmdPipelineMultislice2B": Pax(18, 3072, 24, stages=2,
+                                                        microbatches=32, devices=8, **LM_CLOUD),
+    "pax_lm_cloud.LmCloudSpmdPipelineMultislice2BCircular": Pax(
+        18, 3072, 24, stages=2, microbatches=16, devices=8, repeat=3, **LM_CLOUD),
+    "pax_c4.C4SpmdPipelineAdam": Pax(24, 2048, 32, 64, 32128, stages=2, microbatches=4,
+                                     devices=8),
+    "pax_c4.C4SpmdPipelineGpt3AdamMLPerfHPBS1p5k768Replicas": Pax(
+        stages=8, microbatches=192, devices=768, **GPT3),
+    "pax_c4.C4SpmdPipelineGpt3AdamMLPerfHPBS2k512Replicas": Pax(
+        stages=8, microbatches=256, devices=512, **GPT3),
+    "pax_c4.C4SpmdPipelineGpt3AdamMLPerfHPBS3k768Replicas": Pax(
+        stages=4, microbatches=192, devices=768, **GPT3),
+    "pax_c4.C4SpmdPipelineGpt3AdamMLPerfHPBS4k1024Replicas": Pax(
+        stages=8, microbatches=512, devices=1024, **GPT3),
+    "pax_c4.C4SpmdPipelineGpt3AdamMLPerfHPBS8k1024Replicas": Pax(
+        stages=4, microbatches=512, devices=1024, **GPT3),
+    "pax_c4.C4SpmdPipelineGpt3SmallAdam8Replicas": Pax(
+        **dict(GPT3, layers=24, model=3072, heads=24), stages=2, microbatches=64, devices=8),
+    "pax_nvidia.NVIDIA5B": Pax(24, 4096, 32, stages=4, microbatches=8, devices=16, **NVIDIA),
+    "pax_nvidia.NVIDIA40BProxy": Pax(12, 8192, 64, stages=2, microbatches=64, devices=16,
+                                     **NVIDIA),
+    "pax_nvidia.NVIDIA70BProxy": Pax(20, 8192, 64, stages=2, microbatches=32, devices=16,
+                                     **NVIDIA),
+    "pax_nvidia.NVIDIA116BProxy": Pax(16, 12288, 96, stages=4, microbatches=48, devices=16,
+                                      **NVIDIA),
+    "pax_nvidia.NVIDIA175BProxy": Pax(24, 12288, 96, stages=4, microbatches=96, devices=16,
+                                      **NVIDIA),
+    # ENABLE_BFLOAT16: read by Pax's pmap template only.
+    "pax_nvidia.NVIDIA175B": Pax(96, 12288, 96, stages=6, microbatches=6, devices=96,
+                                 unread=("ENABLE_BFLOAT16",), **NVIDIA),
+    "pax_nvidia.TestSmallConfig": Pax(16, 4096, 32, stages=2, microbatches=16, devices=16,
+                                      **NVIDIA),
+    # INIT_STD and SOFTMAX_INIT_STD: read by NVIDIA5B's task(), which this class does not
+    # inherit; MAX_STEPS: by Grok's only.
+    "pax_nvidia.NVIDIA_CIRCULAR_REPEAT": Pax(
+        32, 4096, 32, 128, 32000, stages=8, microbatches=8, devices=8, repeat=4,
+        unread=("INIT_STD", "MAX_STEPS", "SOFTMAX_INIT_STD")),
+}
+
+
+def pax_param_count(p: Pax) -> int:
+  """Parameters of praxis's TransformerLm with these dims.
+
+  Per layer: q, k, v and the output projection (4 x model x heads x dims),
+  the query's per-dim scale (not in GPT-3), attention biases (GPT-3 only),
+  the FFN's two matmuls with biases, two LayerNorms (scale and bias). Then
+  the tied embedding/softmax table (its bias, not in GPT-3), the final
+  LayerNorm and a trainable position table where set.
+  """
+  d, f, width = p.model, p.hidden or 4 * p.model, p.heads * p.dims_per_head
+  layer = 4 * d * width + 2 * d * f + f + d + 2 * 2 * d
+  layer += 3 * width + d if p.gpt3 else p.dims_per_head
+  return (p.layers * layer + p.vocab * d + (0 if p.gpt3 else p.vocab) + 2 * d
+          + p.position_table * d)
+
+
+def test_pax_formula_by_hand_for_lm_cloud_9b():
+  # 48 x (4·4096² + 2·4096·16384 + 16384 + 4096 + 4·4096 + 128) + 32000·4096 + 32000 + 2·4096
+  assert pax_param_count(PAX["pax_lm_cloud.LmCloudSpmdPipeline9B"]) == 9_796_564_224
+
+
+def _on_devices(monkeypatch, n: int) -> None:
+  """The batch and learning rate a file computes on its mesh's n devices (one process)."""
+  monkeypatch.setattr(jax, "local_device_count", lambda *a, **k: n)
+  monkeypatch.setattr(jax, "device_count", lambda *a, **k: n)
+
+
+def _model_of(cls):
+  exp = experiment.instantiate(cls)
+  configs = experiment.build_checked(exp)
+  task = config.build(configs.task)
+  rows = configs.datasets[0].batch_size  # one process: the global batch
+  return exp, task.model, rows // task.train.num_microbatches
+
+
+def _count(model) -> int:
+  batch = {k: jax.ShapeDtypeStruct((1, 8), jax.numpy.int32) for k in model.input_features()}
+  params = jax.eval_shape(lambda: ts.init_params(model, jax.random.key(0),
+                                                 model.init_batch(batch)))
+  return ts.count_params(params) - model.padding_params()
+
+
+def _class(name: str):
+  """The registered class; one whose file sets knobs nothing reads (Pax.unread), refused by
+  name as written, is taken with those knobs read in a subclass's task()."""
+  cls, unread = registry.get(name), PAX[name].unread
+  if not unread:
+    return cls
+  with pytest.raises(UserError) as err:
+    _model_of(cls)
+  lines = str(err.value).splitlines()
+  assert sorted(line.split(" ")[0] for line in lines) == sorted(unread), lines
+  assert all("nothing reads it" in line for line in lines), lines
+
+  class Acknowledged(cls):
+    def task(self):
+      for knob in unread:
+        getattr(self, knob)
+      return super().task()
+
+  return Acknowledged
+
+
+@pytest.mark.parametrize("name", sorted(PAX))
+def test_pipelined_class_has_paxs_parameter_count_and_schedule(pax_modules, monkeypatch, name):
+  p = PAX[name]
+  _on_devices(monkeypatch, p.devices)
+  exp, model, rows = _model_of(_class(name))
+  model.check_batch(rows)  # Pax's microbatches split Pax's batch
+  m = rows // model.microbatch_size if model.num_microbatches is None else model.num_microbatches
+  assert (model.num_layers, model.num_stages, model.circular_repeat, m,
+          math.prod(exp.ICI_MESH_SHAPE) * math.prod(exp.DCN_MESH_SHAPE)) == (
+              p.layers, p.stages, p.repeat, p.microbatches, p.devices)
+  assert _count(model) == pax_param_count(p)
+
+
+def test_c4s_misspelled_microbatch_size_is_refused_by_name(pax_modules):
+  """C4SpmdPipelineGpt3AdamOrgHPBS1p5k768Replicas sets MICROBATCH_SIAZE = 8 (Pax silently
+  keeps its parent's MICROBATCH_SIZE = 2)."""
+  with pytest.raises(UserError, match=r"^MICROBATCH_SIAZE = 8 .*did you mean MICROBATCH_SIZE"):
+    _model_of(registry.get("pax_c4.C4SpmdPipelineGpt3AdamOrgHPBS1p5k768Replicas"))
+
+
+def test_grok_pipelines_are_refused_in_one_line(pax_modules):
+  """Grok_Proxy_PP / Grok_PP: MoE with expert parallelism on a 5-axis mesh."""
+  with pytest.raises(UserError) as err:
+    _model_of(registry.get("pax_nvidia.Grok_Proxy_PP"))
+  assert "\n" not in str(err.value) and "[1, 1, 1, 8, 1]" in str(err.value)
+
+
+# ------------------------------------------------------------------ dry runs
+
+
+def test_nvidias_circular_pipeline_dry_runs_with_paxs_count(pax_modules):
+  """The cheapest of Pax's pipelined classes to compile (one layer per stage, 8 devices)."""
+  name = "pax_nvidia.NVIDIA_CIRCULAR_REPEAT"
+  p = PAX[name]
+  exp = experiment.instantiate(_class(name))
+  experiment.build_checked(exp)
+  report = dry_run.analyse(exp)
+  assert report["num_devices"] == 8 and list(report["mesh"]) == ["stage", "replica", "data",
+                                                                  "mdl"]
+  assert report["params"] == pax_param_count(p)
+  sched = report["pipeline"]
+  assert (sched["schedule"], sched["stages"], sched["microbatches"], sched["circular_repeat"]) == (
+      "circular", p.stages, p.microbatches, p.repeat)
+  assert sched["bubble_fraction"] == pytest.approx(
+      (p.stages - 1) / (p.microbatches * p.repeat + p.stages - 1))
+  assert 0 < report["compiled_memory_per_device"]["peak"] < 95 * dry_run.GIB  # fits a v5p
