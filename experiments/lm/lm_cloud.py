@@ -128,22 +128,18 @@ class LmCloudSpmdTest(LmCloudSpmd):
   ICI_MESH_SHAPE = [1, 1, 1]
 
 
-@experiment_registry.register
-class LmCloudSpmdTiny(LmCloudSpmd):
-  """A CPU-sized member of the family: trains in about a minute on 2 cores."""
+class CpuSized:
+  """Mixin (not registered): the dims and schedule of the family's CPU-sized members,
+  which train in about a minute on 2 cores."""
 
-  NUM_LAYERS = 2
   MODEL_DIMS = 64
   NUM_HEADS = 4
   DIMS_PER_HEAD = None
   VOCAB_SIZE = 256
   MAX_SEQ_LEN = 64
-  PERCORE_BATCH_SIZE = 16
   FPROP_DTYPE = jnp.float32
-  ACTIVATION = "relu"
-  ACTIVATION_CLS = ReLU
   COMBINE_QKV = False
-  ATTEN_LOGIT_CAP = 0.0  # no caps on this CPU member (read once the caps land)
+  ATTEN_LOGIT_CAP = 0.0  # no caps on the CPU members
   SOFTMAX_CAP_LOGITS = 0.0
   CLIP_GRADIENT_NORM_TO_VALUE = 1.0
   LEARNING_RATE = 3e-3
@@ -155,8 +151,18 @@ class LmCloudSpmdTiny(LmCloudSpmd):
   CHECKPOINT_EVERY_N_STEPS = 100
   SUMMARY_INTERVAL_STEPS = 25
   EVAL_INTERVAL_STEPS = 0
-  ICI_MESH_SHAPE = [1, 1, 1]
   TRAINING_OPTIMIZED_SHARDING = False
+
+
+@experiment_registry.register
+class LmCloudSpmdTiny(CpuSized, LmCloudSpmd):
+  """A CPU-sized member of the family: trains in about a minute on 2 cores."""
+
+  NUM_LAYERS = 2
+  PERCORE_BATCH_SIZE = 16
+  ACTIVATION = "relu"
+  ACTIVATION_CLS = ReLU
+  ICI_MESH_SHAPE = [1, 1, 1]
 
 
 class LmCloudSpmdPipeline(TransformerLmSpmdPipelineAdafactor, SyntheticDataset):
@@ -229,35 +235,15 @@ class LmCloudSpmdPipelineMultislice2BCircular(LmCloudSpmdPipelineMultislice2B):
 
 
 @experiment_registry.register
-class LmCloudSpmdPipelineTiny(LmCloudSpmdPipeline):
+class LmCloudSpmdPipelineTiny(CpuSized, LmCloudSpmdPipeline):
   """A CPU-sized pipeline: 2 stages of 2 layers on 2 devices (set
   XLA_FLAGS=--xla_force_host_platform_device_count=2 on a CPU), 4 microbatches."""
 
   NUM_STAGES = 2
   NUM_MICROBATCHES = 4
   NUM_LAYERS = 4
-  MODEL_DIMS = 64
-  NUM_HEADS = 4
-  DIMS_PER_HEAD = None
-  VOCAB_SIZE = 256
-  MAX_SEQ_LEN = 64
   PERCORE_BATCH_SIZE = 8
-  FPROP_DTYPE = jnp.float32
-  COMBINE_QKV = False
-  ATTEN_LOGIT_CAP = 0.0
-  SOFTMAX_CAP_LOGITS = 0.0
-  CLIP_GRADIENT_NORM_TO_VALUE = 1.0
-  LEARNING_RATE = 3e-3
-  LR_SCHEDULE = "linear_rampup_cosine_decay"
-  LR_COS_WARMUP = 20
-  LR_COS_DECAY_START = 20
-  LR_COS_DECAY_END = 300
-  NUM_TRAIN_STEPS = 300
-  CHECKPOINT_EVERY_N_STEPS = 100
-  SUMMARY_INTERVAL_STEPS = 25
-  EVAL_INTERVAL_STEPS = 0
   ICI_MESH_SHAPE = [2, 1, 1, 1]
-  TRAINING_OPTIMIZED_SHARDING = False
 
 
 class LmCloudTransformer(TransformerLmPmapAdam, SyntheticDataset):
