@@ -33,16 +33,17 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import jax.numpy as jnp
 
+from benchmarks import train_step as ts
 from paxlike import experiment_registry
 from paxlike.errors import UserError
 from paxlike.lm_experiments import (
-    SyntheticDataset,
-    TransformerLmSpmdAdam,
-    TransformerLmSpmdPipelineAdafactor,
+  SyntheticDataset,
+  TransformerLmSpmdAdam,
+  TransformerLmSpmdPipelineAdafactor,
 )
 
 DEVICES = 8
@@ -135,20 +136,19 @@ def build_variant(v: tuple[int, int, int] | None, tiny: bool, batches: int) -> A
   """A train_step.Runner for the variant, compiled; and the bubble of its schedule."""
   import jax
 
-  from benchmarks import train_step
   from paxlike import flops
 
   name, sets = overrides(v, tiny)
-  setup = train_step.build(name, sets)
+  setup = ts.build(name, sets)
   program, part, task = setup.program, setup.partitioner, setup.task
   key = jax.random.key(task.train.seed)
   feats = task.model.input_features()
   host = [{k: b[k] for k in feats} for b in (setup.train_input.get_next() for _ in range(batches))]
-  runner = train_step.Runner(variant_name(v), lambda st, b: program.step_fn(st, b, key),
+  runner = ts.Runner(variant_name(v), lambda st, b: program.step_fn(st, b, key),
                              program.init_state(task.train.seed),
                              [part.shard_batch(b) for b in host])
   runner.compile(lambda st, b: program.step_fn.lower(st, b, key))
-  runner.first_loss = train_step.host_metrics(part, runner.run())["loss"]
+  runner.first_loss = ts.host_metrics(part, runner.run())["loss"]
   schedule = flops.pipeline_schedule(task.model, program.global_batch)
   return runner, schedule, task.model.model_flops_per_step(program.global_specs)
 
@@ -226,18 +226,8 @@ def _cell(value: Any) -> str:
 # ---------------------------------------------------------------------- CLI
 
 
-class _Parser(argparse.ArgumentParser):
-  def error(self, message: str) -> NoReturn:
-    _fail(f"{message}.")
-
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-  print(f"error: {message}", file=sys.stderr)
-  sys.exit(code)
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-  p = _Parser(prog="python -m benchmarks.pipeline",
+  p = ts._Parser(prog="python -m benchmarks.pipeline",
               description="Times GPipe and circular pipeline schedules against the "
                           "unpipelined step on 8 fake CPU devices.")
   p.add_argument("--rounds", type=int, default=3, help="timing rounds over all variants.")
@@ -253,12 +243,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   args = p.parse_args(argv)
   for name in ("rounds", "steps", "num_batches"):
     if getattr(args, name) < 1:
-      _fail(f"--{name} must be at least 1, got {getattr(args, name)}.")
+      ts._fail(f"--{name} must be at least 1, got {getattr(args, name)}.")
   try:
     args.variants = (list(VARIANTS) if args.variants is None
                      else [parse_variant(t) for t in args.variants])
   except UserError as e:
-    _fail(str(e))
+    ts._fail(str(e))
   return args
 
 
@@ -282,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     record = run(args)
   except UserError as e:
-    _fail(str(e))
+    ts._fail(str(e))
   out = args.out or tempfile.mkdtemp(prefix="paxlike_pipeline_bench_")
   os.makedirs(out, exist_ok=True)
   path = os.path.join(out, "pipeline.json")

@@ -113,8 +113,7 @@ def decoding_model(model: Any, params: Any = None) -> tuple[Any, Any]:
   Returns:
     (the decoding model, params in its layout, None when params is None).
   """
-  unpipelined = getattr(model, "unpipelined", None)
-  plain = unpipelined() if unpipelined is not None else model
+  plain = model.unpipelined()
   if plain is model or params is None:
     return plain, params
   if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):

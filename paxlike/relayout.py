@@ -22,7 +22,6 @@ one warning says how many.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import jax
@@ -34,7 +33,6 @@ from paxlike import log as logging
 from paxlike.layers import pipeline
 
 STACK = "transformer"  # the key of a layer stack subtree (language_model.restack_tree's)
-_UNROLLED = re.compile(r"x_layers_(\d+)$")
 
 
 def _stacks(tree: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], dict[str, Any]]:
@@ -49,43 +47,13 @@ def _stacks(tree: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], di
   return out
 
 
-def _first_leaf(tree: Any) -> Any:
-  leaves = jax.tree.leaves(tree)
-  return leaves[0] if leaves else None
-
-
 def stored_layout(stack: dict[str, Any]) -> pipeline.Layout | None:
   """The layout of a stored stack subtree, its layer count read off its shapes; None when
   the subtree is no layer stack."""
-  if pipeline.PIPELINE_PARAM in stack:
-    inner = stack[pipeline.PIPELINE_PARAM]
-    if not isinstance(inner, dict):
-      return None
-    if "repeat" in inner:
-      leaf = _first_leaf(inner["repeat"])
-      count = None if leaf is None or len(leaf.shape) < 3 else int(np.prod(leaf.shape[:3]))
-    else:
-      per = sum(1 for k in inner if _UNROLLED.match(k))
-      leaf = _first_leaf(inner)
-      count = None if leaf is None or len(leaf.shape) < 2 else int(np.prod(leaf.shape[:2])) * per
-  elif "repeat" in stack:
-    leaf = _first_leaf(stack["repeat"])
-    count = None if leaf is None or not leaf.shape else int(leaf.shape[0])
-  else:
-    count = sum(1 for k in stack if _UNROLLED.match(k)) or None
-  if not count:
-    return None
   try:
-    return pipeline.layout_of(stack, count)
+    return pipeline.layout_of(stack)
   except (ValueError, IndexError):
     return None
-
-
-def _lead(layout: pipeline.Layout) -> int:
-  """How many leading dims of a stacked leaf index its layers in this layout."""
-  if layout.num_stages is None:
-    return int(layout.use_repeated_layer)
-  return 2 + int(layout.use_repeated_layer)
 
 
 def _get(tree: Any, path: tuple[str, ...]) -> Any:
@@ -156,7 +124,7 @@ class Restack:
   def _slot(self, slot: Any, pstack: Any, prefix: tuple[str, ...], want: dict[str, Any],
             fresh: list[str], exact: bool) -> Any:
     """One stack subtree (the parameters' or a slot's) in the target layout."""
-    lead = _lead(self.source)
+    lead = self.source.lead_dims
 
     def per_layer(s: Any, p: Any) -> bool:
       return exact or (len(s.shape) >= lead and tuple(s.shape[:lead]) == tuple(p.shape[:lead])

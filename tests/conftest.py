@@ -50,6 +50,17 @@ def run_cli(args: list[str], cwd: Path, devices: int = 1, script: bool = False,
                         text=True, timeout=timeout)
 
 
+def cuda_only() -> list:
+  """A GPU test module's pytestmark: marker `gpu`, skipped without a CUDA GPU."""
+  import pytest
+
+  from paxlike.layers import attention
+
+  reason = "needs a CUDA GPU (JAX_PLATFORMS=cuda python -m pytest -m gpu)"
+  return [pytest.mark.gpu,
+          pytest.mark.skipif(attention.lowering_platform() != "cuda", reason=reason)]
+
+
 def describe(proc: subprocess.CompletedProcess) -> str:
   """Exit code and output of a finished CLI run, for assertion messages."""
   return f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-4000:]}"

@@ -12,15 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TINY, train_in_process
+from conftest import TINY, cuda_only, train_in_process
 
 from paxlike.layers import attention
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(attention.lowering_platform() != "cuda",
-                       reason="needs a CUDA GPU (JAX_PLATFORMS=cuda python -m pytest -m gpu)"),
-]
+pytestmark = cuda_only()
 
 BF16 = jnp.bfloat16
 TOL = 2e-2  # relative error of bf16 results: a few units of bf16's 2^-8

@@ -9,16 +9,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
-from conftest import REPO_ROOT, TINY, describe, run_cli
+from conftest import REPO_ROOT, TINY, cuda_only, describe, run_cli
 
-from paxlike.layers import attention
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(attention.lowering_platform() != "cuda",
-                       reason="needs a CUDA GPU (JAX_PLATFORMS=cuda python -m pytest -m gpu)"),
-]
+pytestmark = cuda_only()
 
 SMALL = ["--set", "NUM_TRAIN_STEPS=2", "--set", "MODEL_DIMS=32", "--set", "MAX_SEQ_LEN=16",
          "--set", "PERCORE_BATCH_SIZE=2", "--enable_checkpoint_saving=false",

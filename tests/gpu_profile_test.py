@@ -11,17 +11,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
-from conftest import REPO_ROOT, TINY, describe, run_cli
+from conftest import REPO_ROOT, TINY, cuda_only, describe, run_cli
 
 from paxlike import xla_flags
-from paxlike.layers import attention
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(attention.lowering_platform() != "cuda",
-                       reason="needs a CUDA GPU (JAX_PLATFORMS=cuda python -m pytest -m gpu)"),
-]
+pytestmark = cuda_only()
 
 
 def test_a_profiled_gpu_run_names_ops_and_records_why_cuda_graphs_are_off(tmp_path):

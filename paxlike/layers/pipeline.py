@@ -54,6 +54,12 @@ class Layout:
   circular_repeat: int = 1
 
   @property
+  def lead_dims(self) -> int:
+    """How many leading dims of a stacked leaf index its layers: [layers] scanned,
+    [repeats, stages] pipelined (and [.., L] when each stage is scanned)."""
+    return (0 if self.num_stages is None else 2) + int(self.use_repeated_layer)
+
+  @property
   def layers_per_stage(self) -> int:
     if self.num_stages is None:
       return self.num_layers
@@ -209,7 +215,7 @@ def run(stage_fn: Any, weights: Any, x: jax.Array, *, num_stages: int, num_micro
 
 # --------------------------------------------------------- layout changes
 
-_UNROLLED = re.compile(r"x_layers_(\d+)$")
+UNROLLED = re.compile(r"x_layers_(\d+)$")  # an unrolled stack's layer keys
 
 
 def _is_box(x: Any) -> bool:
@@ -277,8 +283,35 @@ def from_layers(layers: list[dict[str, Any]], layout: Layout) -> dict[str, Any]:
   return {PIPELINE_PARAM: {f"x_layers_{j}": grid(j) for j in range(per)}}
 
 
-def layout_of(stack: dict[str, Any], num_layers: int) -> Layout:
-  """The layout a stored stack subtree has (its keys and leading dims)."""
+def _stored_count(stack: dict[str, Any]) -> int | None:
+  """How many layers a stored stack subtree holds, read off its keys and shapes."""
+  def first(tree: Any) -> Any:
+    leaves = jax.tree.leaves(tree, is_leaf=_is_box)
+    return _value(leaves[0]) if leaves else None
+
+  if PIPELINE_PARAM in stack:
+    inner = stack[PIPELINE_PARAM]
+    if not isinstance(inner, dict):
+      return None
+    if "repeat" in inner:
+      leaf = first(inner["repeat"])
+      return None if leaf is None or len(leaf.shape) < 3 else int(np.prod(leaf.shape[:3]))
+    per = sum(1 for k in inner if UNROLLED.match(k))
+    leaf = first(inner)
+    return None if leaf is None or len(leaf.shape) < 2 else int(np.prod(leaf.shape[:2])) * per
+  if "repeat" in stack:
+    leaf = first(stack["repeat"])
+    return None if leaf is None or not leaf.shape else int(leaf.shape[0])
+  return sum(1 for k in stack if UNROLLED.match(k)) or None
+
+
+def layout_of(stack: dict[str, Any], num_layers: int | None = None) -> Layout:
+  """The layout a stored stack subtree has (its keys and leading dims); num_layers None
+  reads the layer count off the shapes too."""
+  if num_layers is None:
+    num_layers = _stored_count(stack)
+    if not num_layers:
+      raise ValueError(f"not a layer stack: keys {sorted(stack)}")
   if PIPELINE_PARAM in stack:
     inner = stack[PIPELINE_PARAM]
     repeated = "repeat" in inner
@@ -287,7 +320,7 @@ def layout_of(stack: dict[str, Any], num_layers: int) -> Layout:
     return Layout(num_layers, repeated, s, r)
   if "repeat" in stack:
     return Layout(num_layers, True)
-  if any(_UNROLLED.match(k) for k in stack):
+  if any(UNROLLED.match(k) for k in stack):
     return Layout(num_layers, False)
   raise ValueError(f"not a layer stack: keys {sorted(stack)}")
 

@@ -87,6 +87,15 @@ class BaseModel(nn.Module):
     (a pipeline's microbatches); most models take any batch."""
     del rows
 
+  def unpipelined(self) -> BaseModel:
+    """The model decoding runs: a pipelined model's unpipelined twin; most models are
+    their own (restack_params then leaves the parameters as they are)."""
+    return self
+
+  def restack_params(self, params: Any) -> Any:
+    """params in this model's layer layout (a layout-changing model restacks them)."""
+    return params
+
   def input_features(self) -> tuple[str, ...]:
     raise NotImplementedError
 

@@ -316,9 +316,8 @@ class LanguageModel(BaseModel):
                       microbatch_size=None, stream_io=False, use_repeated_layer=True,
                       parent=None)
 
-  def restack_params(self, params: Any, source: LanguageModel | None = None) -> Any:
-    """params (of any layer layout, or of `source`'s) with this model's layer layout."""
-    del source  # the stored layout is read off the tree itself
+  def restack_params(self, params: Any) -> Any:
+    """params (of any layer layout, read off the tree itself) in this model's layout."""
     return restack_tree(params, self.num_layers, self.layout())
 
   def initial_params(self, params: Any, rng: jax.Array) -> Any:
@@ -333,8 +332,7 @@ class LanguageModel(BaseModel):
       if spec is None or path[-1] not in WEIGHT_NAMES:
         continue
       value = nn.unbox(leaf)
-      # Leading layer dims: [layers] of a scanned stack, [repeats, stages] of a pipeline.
-      lead = ("repeat" in path) + 2 * (pipeline.PIPELINE_PARAM in path)
+      lead = self.layout().lead_dims if path[0] == "transformer" else 0
       new = draw_weight(spec, jax.random.fold_in(rng, i), value.shape, value.dtype,
                         lead, path[-1])
       flat[path] = leaf.replace_boxed(new) if isinstance(leaf, nn.meta.AxisMetadata) else new
