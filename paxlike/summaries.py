@@ -9,6 +9,24 @@ from collections.abc import Mapping
 from paxlike import log as logging
 
 
+def _import_tensorboardx() -> None:
+  """Imports tensorboardX without the PyTorch it probes for.
+
+  tensorboardX's package import tries `import torch` (for its own SummaryWriter's
+  tensor type, which paxlike does not use): 3.5 s of every run's startup wherever
+  torch is installed, as the [export] extra installs it. Hiding torch for that one
+  import leaves it importable afterwards.
+  """
+  import sys
+  if "tensorboardX" in sys.modules or "torch" in sys.modules:
+    return
+  sys.modules["torch"] = None  # `import torch` raises ImportError while this is set
+  try:
+    import tensorboardX  # noqa: F401
+  finally:
+    del sys.modules["torch"]
+
+
 class SummaryWriter:
   """Scalars under job_log_dir/summaries/<name>/; a no-op when disabled.
 
@@ -22,6 +40,7 @@ class SummaryWriter:
     self.path = os.path.join(job_log_dir, "summaries", name)
     self._writer = None
     if enabled:
+      _import_tensorboardx()
       from tensorboardX.event_file_writer import EventsWriter  # deferred: slow import
       os.makedirs(self.path, exist_ok=True)
       self._writer = EventsWriter(os.path.join(self.path, "events"))

@@ -6,11 +6,14 @@ it at import time and imports nothing from JAX at the top.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
@@ -29,6 +32,28 @@ os.environ["XLA_FLAGS"] = xla_flags_with_devices(NUM_FAKE_DEVICES)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# One persistent JAX compilation cache for every paxlike process the suite starts:
+# most CLI runs compile the same tiny programs, and a cache hit skips XLA's compile
+# (about a second a program on 2 cores). The test process itself does not use it.
+# PAXLIKE_TESTS_COMPILE_CACHE=DIR keeps it between runs of the suite.
+if os.environ.get("PAXLIKE_TESTS_COMPILE_CACHE"):
+  COMPILE_CACHE = Path(os.environ["PAXLIKE_TESTS_COMPILE_CACHE"])
+else:
+  COMPILE_CACHE = Path(tempfile.mkdtemp(prefix="paxlike_tests_jax_cache_"))
+  atexit.register(shutil.rmtree, COMPILE_CACHE, True)
+
+
+def subprocess_env(devices: int = 1, **extra: str) -> dict[str, str]:
+  """The environment of a paxlike subprocess: fake devices and the shared compile cache."""
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = xla_flags_with_devices(devices)
+  env["JAX_COMPILATION_CACHE_DIR"] = str(COMPILE_CACHE)
+  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+  env.update(extra)
+  return env
+
 TINY = "LmCloudSpmdTiny"
 TINY_KEY = "experiments.lm.lm_cloud.LmCloudSpmdTiny"
 TRAINED_RE = re.compile(
@@ -38,8 +63,7 @@ TRAINED_RE = re.compile(
 def run_cli(args: list[str], cwd: Path, devices: int = 1, script: bool = False,
             pythonpath: list[Path] = (), timeout: float = 240) -> subprocess.CompletedProcess:
   """Runs `python -m paxlike.main ARGS` (or `python paxlike/main.py`) in a subprocess."""
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = xla_flags_with_devices(devices)
+  env = subprocess_env(devices)
   # This checkout's paxlike, whatever an editable install of the venv points at.
   pythonpath = [*pythonpath, REPO_ROOT]
   if pythonpath:

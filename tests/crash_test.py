@@ -37,7 +37,6 @@ from fault_tools import (
     run,
     step_dir,
     tree_digest,
-    use_cache,
 )
 
 from paxlike import nonfinite, steps
@@ -166,9 +165,7 @@ def test_damaged_checkpoint_fails_naming_the_step_and_fallback_resumes(tmp_path_
                            read_checkpoint(ref, FAULT_STEPS))
 
 
-def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path_factory,
-                                                                       tmp_path):
-  use_cache(tmp_path_factory)
+def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path):
   start = time.monotonic()
   proc = run(["--exp=fault_experiments.NanTiny", "--job_log_dir=job"], tmp_path)
   line = error_line(proc)
@@ -181,8 +178,7 @@ def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path_
   assert time.monotonic() - start < 240
 
 
-def test_skip_nonfinite_steps_skips_the_bad_update(tmp_path_factory, tmp_path):
-  use_cache(tmp_path_factory)
+def test_skip_nonfinite_steps_skips_the_bad_update(tmp_path):
   proc = run(["--exp=fault_experiments.NanTiny", "--job_log_dir=job", "--skip_nonfinite_steps"],
              tmp_path)
   assert proc.returncode == 0, describe(proc)
@@ -210,9 +206,8 @@ def test_guard_names_the_first_bad_gradient_and_step():
   guard.check()  # nothing pending: no error, no sync
 
 
-def test_disk_filling_up_mid_run_is_a_clear_error(tmp_path_factory, tmp_path):
+def test_disk_filling_up_mid_run_is_a_clear_error(tmp_path):
   """A 3 MiB file system holds two checkpoints of FaultTiny; the third write fails."""
-  use_cache(tmp_path_factory)
   if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
     pytest.skip("unshare -rm (user + mount namespaces) is not available here")
   mnt = tmp_path / "mnt"

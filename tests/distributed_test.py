@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
-from conftest import describe, read_scalars, run_cli, xla_flags_with_devices
+from conftest import describe, read_scalars, run_cli, subprocess_env
 
 from paxlike import distributed
 from paxlike.errors import UserError
@@ -25,7 +24,7 @@ def free_port() -> int:
 
 
 def launch(process_id: int, port: int, job_log_dir, extra: list[str]) -> subprocess.Popen:
-  env = dict(os.environ, XLA_FLAGS=xla_flags_with_devices(2))
+  env = subprocess_env(2)
   return subprocess.Popen(
       [sys.executable, "-m", "paxlike.main", *COMMON, f"--job_log_dir={job_log_dir}",
        f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
@@ -106,7 +105,7 @@ def test_two_processes_evaluate_and_decode_a_finite_set_exactly(tmp_path):
           "EVAL_BATCH_SIZE=120", "--set", "DCN_MESH_SHAPE=[2,1,1]", "--set",
           "PERCORE_BATCH_SIZE=8", f"--job_log_dir={job}"]
   port = free_port()
-  env = dict(os.environ, XLA_FLAGS=xla_flags_with_devices(1))
+  env = subprocess_env(1)
   procs = [subprocess.Popen(
       [sys.executable, "-m", "paxlike.main", *args, f"--coordinator_address=127.0.0.1:{port}",
        "--num_processes=2", f"--process_id={i}", "--distributed_timeout_s=120"],

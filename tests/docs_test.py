@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import subprocess_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
@@ -194,6 +195,7 @@ def _env() -> dict[str, str]:
   else:
     env.pop("XLA_FLAGS", None)
   env["DOCS_TEST"] = str(Path(__file__).resolve())
+  env.update({k: v for k, v in subprocess_env().items() if k.startswith("JAX_")})
   return env
 
 

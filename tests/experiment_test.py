@@ -122,7 +122,8 @@ def test_cls_vars_dump_shows_where_each_value_comes_from():
   assert sections["--set"] == {"MODEL_DIMS": "128", "NUM_TRAIN_STEPS": "40"}
   tiny = sections[TINY_CLASS_SOURCE]
   assert tiny["NUM_LAYERS"] == "2"
-  assert tiny["FPROP_DTYPE"] == "float32"
+  # The dims it shares with the family's other CPU-sized members come from their mixin.
+  assert sections["experiments.lm.lm_cloud.CpuSized"]["FPROP_DTYPE"] == "float32"
   assert "MODEL_DIMS" not in tiny and "NUM_TRAIN_STEPS" not in tiny
   # Inherited values are attributed to the class that defines them.
   assert sections["paxlike.training_experiment.AdamTraining"]["OPTIMIZER"] == "'adam'"

@@ -1,9 +1,5 @@
-"""Helpers for the fault tests: CLI runs with a shared compilation cache, checkpoint reads,
-directory hashes, and one uninterrupted reference run per test session.
-
-Every CLI run of these tests compiles the same tiny programs; a persistent
-compilation cache shared by the session's subprocesses turns the second and
-later compiles into cache reads.
+"""Helpers for the fault tests: CLI runs (with the suite's shared compilation cache),
+checkpoint reads, directory hashes, and one uninterrupted reference run per test session.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from conftest import REPO_ROOT, xla_flags_with_devices
+from conftest import REPO_ROOT, subprocess_env
 
 TESTS_DIR = Path(__file__).resolve().parent
 _SESSION: dict[str, object] = {}
@@ -24,14 +20,8 @@ _SESSION: dict[str, object] = {}
 
 def env(devices: int = 1, **extra: str) -> dict[str, str]:
   """The environment of a CLI run: fake devices, the shared compile cache, tests/ importable."""
-  out = dict(os.environ)
-  out["XLA_FLAGS"] = xla_flags_with_devices(devices)
+  out = subprocess_env(devices)
   out["JAX_PLATFORMS"] = "cpu"
-  cache = _SESSION.get("cache_dir")
-  if cache:
-    out["JAX_COMPILATION_CACHE_DIR"] = str(cache)
-    out["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    out["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
   paths = [str(TESTS_DIR), str(REPO_ROOT)]
   if out.get("PYTHONPATH"):
     paths.append(out["PYTHONPATH"])
@@ -39,11 +29,6 @@ def env(devices: int = 1, **extra: str) -> dict[str, str]:
   out.pop("PAXLIKE_TEST_FAULT", None)
   out.update(extra)
   return out
-
-
-def use_cache(tmp_path_factory) -> None:
-  if "cache_dir" not in _SESSION:
-    _SESSION["cache_dir"] = tmp_path_factory.getbasetemp() / "jax_cache"
 
 
 def command(args: list[str]) -> list[str]:
@@ -135,7 +120,6 @@ FAULT_STEPS = 16
 
 def reference_job(tmp_path_factory) -> Path:
   """One uninterrupted FaultTiny run for the whole session (the fault tests compare with it)."""
-  use_cache(tmp_path_factory)
   if "reference" not in _SESSION:
     cwd = tmp_path_factory.mktemp("reference")
     proc = run([FAULT_EXP, "--job_log_dir=job"], cwd)

@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, xla_flags_with_devices
+from conftest import REPO_ROOT, subprocess_env
 
 # ~45M parameters (180 MB in float32) in 8 unscanned layers: the largest tensor
 # (the embedding table and the head, 8192 x 768) is 25 MB.
@@ -75,7 +75,7 @@ print(json.dumps({"peak": peak, "same": same, "taken": plan.counts()["from_sourc
 
 
 def _run(tmp_path, name, overrides, directory, mesh_shape, what, devices=1):
-  env = dict(os.environ, XLA_FLAGS=xla_flags_with_devices(devices))
+  env = subprocess_env(devices)
   proc = subprocess.run([sys.executable, "-c", SCRIPT, name, json.dumps(overrides),
                          str(directory), json.dumps(mesh_shape), what],
                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)

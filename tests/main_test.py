@@ -181,7 +181,8 @@ def test_user_experiment_in_its_own_module_runs_through_main(tmp_path):
 
   sections = parse_cls_vars((job / "experiment_cls_vars.txt").read_text())
   assert sections["usermod.MyTiny"] == {"MODEL_DIMS": "32", "NUM_LAYERS": "1"}
-  assert sections[TINY_KEY]["NUM_HEADS"] == "4"
+  assert sections[TINY_KEY]["PERCORE_BATCH_SIZE"] == "16"
+  assert sections["experiments.lm.lm_cloud.CpuSized"]["NUM_HEADS"] == "4"
 
 
 def _error_line(proc) -> str:

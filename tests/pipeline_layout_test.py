@@ -37,7 +37,6 @@ from fault_tools import (
     describe,
     env,
     read_checkpoint,
-    use_cache,
 )
 from fault_tools import run as run_cli
 
@@ -126,7 +125,6 @@ def _losses(job: Path) -> list[float]:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
   """The uninterrupted pipelined run, with evals through its pipeline and a decode."""
-  use_cache(tmp_path_factory)
   root = tmp_path_factory.mktemp("pipeline_layout")
   data = _eval_file(root)
   job = root / "reference"

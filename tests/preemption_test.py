@@ -19,7 +19,6 @@ from fault_tools import (
     partial_dirs,
     read_checkpoint,
     run,
-    use_cache,
 )
 
 from paxlike import preemption
@@ -56,8 +55,7 @@ class _Tail:
     return "".join(self.lines)
 
 
-def test_sigterm_saves_the_current_step_and_exits_42_then_resumes(tmp_path_factory, tmp_path):
-  use_cache(tmp_path_factory)
+def test_sigterm_saves_the_current_step_and_exits_42_then_resumes(tmp_path):
   job = tmp_path / "job"
   args = [FAULT_EXP, f"--job_log_dir={job}", *LONG]
   proc = launch(args, tmp_path)
@@ -100,9 +98,8 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def test_two_processes_agree_on_the_step_to_save(tmp_path_factory, tmp_path):
+def test_two_processes_agree_on_the_step_to_save(tmp_path):
   """SIGTERM to process 1 only: both processes stop after the same step and save it once."""
-  use_cache(tmp_path_factory)
   job = tmp_path / "job"
   port = _free_port()
   procs, tails = [], []
