@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import subprocess_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
@@ -195,6 +194,9 @@ def _env() -> dict[str, str]:
   else:
     env.pop("XLA_FLAGS", None)
   env["DOCS_TEST"] = str(Path(__file__).resolve())
+  # The suite's compile cache (imported here: this file also runs as a script, whose
+  # devices conftest must not change).
+  from conftest import subprocess_env
   env.update({k: v for k, v in subprocess_env().items() if k.startswith("JAX_")})
   return env
 
