@@ -339,9 +339,12 @@ def hardware_flops(step_fn: Any, args: tuple, num_devices: int,
   """
   import jax
 
+  # A step with .trace (SPMD) is traced in its mesh context, which reuses the trace of
+  # its first dispatch for both the jaxpr and the lowering: no second trace.
+  traced = step_fn.trace(*args) if hasattr(step_fn, "trace") else None
   try:
     if compiled is None:
-      compiled = step_fn.lower(*args).compile()
+      compiled = (traced.lower() if traced is not None else step_fn.lower(*args)).compile()
     cost = compiled.cost_analysis()
   except Exception:  # noqa: BLE001  (no cost analysis on this backend)
     return None
@@ -349,7 +352,8 @@ def hardware_flops(step_fn: Any, args: tuple, num_devices: int,
     cost = cost[0] if cost else None
   if not cost or "flops" not in cost:
     return None
-  jaxpr = jax.make_jaxpr(getattr(step_fn, "jitted", step_fn))(*args)
+  jaxpr = (traced.jaxpr if traced is not None
+           else jax.make_jaxpr(getattr(step_fn, "jitted", step_fn))(*args))
   unrolled = jaxpr_matmul_flops(jaxpr)
   once = jaxpr_matmul_flops(jaxpr, unroll_loops=False)
   return HardwareFlops(float(cost["flops"]) * num_devices, unrolled - once, unrolled)

@@ -154,11 +154,13 @@ class SpmdPartitioner:
         return jitted(state, batch, key)
 
     run.jitted = jitted
-    run.lower = lambda *a: _lower(self.mesh, jitted, *a)
+    run.lower = lambda *a: _in_mesh(self.mesh, jitted.lower, *a)
+    # In the step's own mesh context, the trace of its first dispatch is reused.
+    run.trace = lambda *a: _in_mesh(self.mesh, jitted.trace, *a)
     return run
 
 
-def _lower(mesh: Mesh, jitted: Any, *args: Any) -> Any:
+def _in_mesh(mesh: Mesh, method: Callable, *args: Any) -> Any:
   with jax.set_mesh(mesh):
-    return jitted.lower(*args)
+    return method(*args)
 
