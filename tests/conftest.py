@@ -33,24 +33,27 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# One persistent JAX compilation cache for every paxlike process the suite starts:
-# most CLI runs compile the same tiny programs, and a cache hit skips XLA's compile
-# (about a second a program on 2 cores). The test process itself does not use it.
+# One persistent JAX compilation cache for the suite: the test process and every
+# paxlike process it starts. Most tests compile the same tiny programs again (each
+# CLI run, each in-process trainer.train builds new jitted functions), and a cache
+# hit skips XLA's compile (about a second a program on 2 cores).
 # PAXLIKE_TESTS_COMPILE_CACHE=DIR keeps it between runs of the suite.
 if os.environ.get("PAXLIKE_TESTS_COMPILE_CACHE"):
   COMPILE_CACHE = Path(os.environ["PAXLIKE_TESTS_COMPILE_CACHE"])
 else:
   COMPILE_CACHE = Path(tempfile.mkdtemp(prefix="paxlike_tests_jax_cache_"))
   atexit.register(shutil.rmtree, COMPILE_CACHE, True)
+COMPILE_CACHE_ENV = {"JAX_COMPILATION_CACHE_DIR": str(COMPILE_CACHE),
+                     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+os.environ.update(COMPILE_CACHE_ENV)  # before JAX is imported, like XLA_FLAGS
 
 
 def subprocess_env(devices: int = 1, **extra: str) -> dict[str, str]:
   """The environment of a paxlike subprocess: fake devices and the shared compile cache."""
   env = dict(os.environ)
   env["XLA_FLAGS"] = xla_flags_with_devices(devices)
-  env["JAX_COMPILATION_CACHE_DIR"] = str(COMPILE_CACHE)
-  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-  env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+  env.update(COMPILE_CACHE_ENV)
   env.update(extra)
   return env
 

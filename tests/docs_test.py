@@ -196,8 +196,8 @@ def _env() -> dict[str, str]:
   env["DOCS_TEST"] = str(Path(__file__).resolve())
   # The suite's compile cache (imported here: this file also runs as a script, whose
   # devices conftest must not change).
-  from conftest import subprocess_env
-  env.update({k: v for k, v in subprocess_env().items() if k.startswith("JAX_")})
+  from conftest import COMPILE_CACHE_ENV
+  env.update(COMPILE_CACHE_ENV)
   return env
 
 
