@@ -309,14 +309,14 @@ def jaxpr_matmul_flops(jaxpr: Any, unroll_loops: bool = True) -> float:
 class HardwareFlops:
   """FLOPs one train step makes the devices do, all devices together.
 
-  XLA's cost analysis of the step (compiled: per device, times the device
-  count; lowered: the global program) counts a while loop's body once, so a scanned layer stack is
+  XLA's cost analysis of the compiled (per-device) step, times the device
+  count, counts a while loop's body once, so a scanned layer stack is
   counted as one layer; `loop_correction` adds the matmul FLOPs of the other
   iterations, counted from the step's jaxpr. Rematerialised forward passes
   are included: these are hardware FLOPs (HFU), not model FLOPs (MFU).
   """
 
-  xla_flops: float  # XLA's cost_analysis()["flops"], all devices
+  xla_flops: float  # cost_analysis()["flops"] x devices
   loop_correction: float  # (trips - 1) x loop-body matmul FLOPs
   jaxpr_matmul_flops: float  # every matmul of the step, loops unrolled
 
@@ -327,43 +327,35 @@ class HardwareFlops:
 
 def hardware_flops(step_fn: Any, args: tuple, num_devices: int,
                    compiled: Any = None) -> HardwareFlops | None:
-  """The step's FLOPs per step (see HardwareFlops), or None if unavailable.
+  """The compiled step's FLOPs per step (see HardwareFlops), or None if unavailable.
 
   Args:
     step_fn: a partitioner's compiled step (with .jitted and .lower; SPMD's has .trace).
     args: (state, batch, key) of the right shapes and shardings.
     num_devices: devices the step runs on.
-    compiled: the compiled executable when the caller has it (the dry run). Otherwise
-      an SPMD step is costed as lowered: the global program before XLA's optimizations,
-      within 0.4% of the compiled per-device count times the devices on the tiny LM.
-      Compiling it here would compile the whole step a second time, beside the
-      executable its jit dispatch made (`.lower().compile()` does not reuse that one).
-      A pmap step, whose lowering is one device's program, is still compiled.
+    compiled: the compiled executable when the caller has it; otherwise
+      step_fn.lower(*args).compile(), which after the first jit dispatch is
+      JAX's cached executable, not a second compilation.
   """
   import jax
 
-  # A step with .trace (SPMD) is traced in its mesh context, which reuses the trace of
-  # its first dispatch for both the jaxpr and the lowering: no second trace.
-  traced = step_fn.trace(*args) if hasattr(step_fn, "trace") else None
   try:
-    if compiled is not None:
-      cost, per_device = compiled.cost_analysis(), True
-    elif traced is not None:
-      cost, per_device = traced.lower().cost_analysis(), False
-    else:
-      cost, per_device = step_fn.lower(*args).compile().cost_analysis(), True
+    if compiled is None:
+      compiled = step_fn.lower(*args).compile()
+    cost = compiled.cost_analysis()
   except Exception:  # noqa: BLE001  (no cost analysis on this backend)
     return None
   if isinstance(cost, list | tuple):
     cost = cost[0] if cost else None
   if not cost or "flops" not in cost:
     return None
-  jaxpr = (traced.jaxpr if traced is not None
+  # An SPMD step (.trace) is traced in its mesh context, which reuses the trace of its
+  # first dispatch; make_jaxpr outside that context would trace the whole step again.
+  jaxpr = (step_fn.trace(*args).jaxpr if hasattr(step_fn, "trace")
            else jax.make_jaxpr(getattr(step_fn, "jitted", step_fn))(*args))
   unrolled = jaxpr_matmul_flops(jaxpr)
   once = jaxpr_matmul_flops(jaxpr, unroll_loops=False)
-  xla = float(cost["flops"]) * (num_devices if per_device else 1)
-  return HardwareFlops(xla, unrolled - once, unrolled)
+  return HardwareFlops(float(cost["flops"]) * num_devices, unrolled - once, unrolled)
 
 
 # -------------------------------------------------------------------- peaks
@@ -424,19 +416,19 @@ def measure_step(step_fn: Any, args: tuple, num_devices: int, may_compile: bool 
                  ) -> HardwareFlops | None:
   """hardware_flops() for the trainer, logged; None (and a line saying why) when unavailable.
 
-  may_compile=False (auto PGLE on a GPU): a step that would need compiling to be
-  costed (pmap's) is not measured, since that ahead-of-time compilation would come
+  may_compile=False (auto PGLE on a GPU): not measured, since the step's
+  `.lower().compile()` would then be a second, ahead-of-time compilation
   beside the one JAX recompiles with the profile.
   """
   from paxlike import log as logging
 
-  if not may_compile and not hasattr(step_fn, "trace"):
+  if not may_compile:
     logging.info("hfu: not measured under --pgle=auto (the cost analysis would need an "
                  "ahead-of-time compile beside the jit-dispatched step)")
     return None
   hw = hardware_flops(step_fn, args, num_devices)
   if hw is None:
-    logging.info("hfu: this backend gives no cost analysis for the step")
+    logging.info("hfu: this backend gives no cost analysis for the compiled step")
     return None
   logging.info("hardware FLOPs per step %.4g (XLA cost analysis %.4g + loop correction %.4g)",
                hw.total, hw.xla_flops, hw.loop_correction)

@@ -52,7 +52,7 @@ class TrainOptions:
   checkpoint_format: str = "tensorstore"  # "msgpack": pmap's unreplicated default
   model_flops_per_step: float | None = None
   peak_flops_per_device: float | None = None
-  measure_hardware_flops: bool = True  # HFU from XLA's cost analysis of the step
+  measure_hardware_flops: bool = True  # HFU from the compiled step's cost analysis
   hardware_flops_per_step: float | None = None  # set by train() when measured
   goodput: goodput.Recorder | None = None  # None: a recorder started by train()
   pgle: pgle.PglePlan | None = None  # collect: the step runs under the profiler
