@@ -43,19 +43,17 @@ if os.environ.get("PAXLIKE_TESTS_COMPILE_CACHE"):
 else:
   COMPILE_CACHE = Path(tempfile.mkdtemp(prefix="paxlike_tests_jax_cache_"))
   atexit.register(shutil.rmtree, COMPILE_CACHE, True)
-COMPILE_CACHE_ENV = {"JAX_COMPILATION_CACHE_DIR": str(COMPILE_CACHE),
-                     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-                     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-os.environ.update(COMPILE_CACHE_ENV)  # before JAX is imported, like XLA_FLAGS
+# Set before JAX is imported, like XLA_FLAGS; subprocesses inherit it.
+os.environ.update({"JAX_COMPILATION_CACHE_DIR": str(COMPILE_CACHE),
+                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                   "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
 
 
-def subprocess_env(devices: int = 1, **extra: str) -> dict[str, str]:
-  """The environment of a paxlike subprocess: fake devices and the shared compile cache."""
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = xla_flags_with_devices(devices)
-  env.update(COMPILE_CACHE_ENV)
-  env.update(extra)
-  return env
+def subprocess_env(devices: int = 1) -> dict[str, str]:
+  """The environment of a paxlike subprocess: this one's (the shared compile cache
+  included) with `devices` fake devices."""
+  return dict(os.environ, XLA_FLAGS=xla_flags_with_devices(devices))
+
 
 TINY = "LmCloudSpmdTiny"
 TINY_KEY = "experiments.lm.lm_cloud.LmCloudSpmdTiny"

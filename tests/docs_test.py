@@ -194,10 +194,6 @@ def _env() -> dict[str, str]:
   else:
     env.pop("XLA_FLAGS", None)
   env["DOCS_TEST"] = str(Path(__file__).resolve())
-  # The suite's compile cache (imported here: this file also runs as a script, whose
-  # devices conftest must not change).
-  from conftest import COMPILE_CACHE_ENV
-  env.update(COMPILE_CACHE_ENV)
   return env
 
 
