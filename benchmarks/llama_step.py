@@ -215,7 +215,7 @@ def summary(record: dict[str, Any]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-  p = ts._Parser(prog="python -m benchmarks.llama_step",
+  p = ts.Parser(prog="python -m benchmarks.llama_step",
                  description="Times the Llama-family step against the Pax LM step of the same "
                              "model FLOPs, alternating, in one process.")
   for flag, default, what in (
@@ -249,9 +249,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   for name in ("layers", "model_dims", "heads", "head_dim", "kv_heads", "hidden_dims", "vocab",
                "seq", "batch", "rounds", "block", "num_batches"):
     if getattr(args, name) < 1:
-      ts._fail(f"--{name} must be at least 1, got {getattr(args, name)}.")
+      ts.fail(f"--{name} must be at least 1, got {getattr(args, name)}.")
   if args.warmup < 0:
-    ts._fail(f"--warmup must be at least 0, got {args.warmup}.")
+    ts.fail(f"--warmup must be at least 0, got {args.warmup}.")
   return args
 
 
@@ -263,11 +263,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     record, same = run(args)
   except UserError as e:
-    ts._fail(str(e))
+    ts.fail(str(e))
   print(summary(record), flush=True)
   print(json.dumps(record), flush=True)
   if not same:
-    ts._fail("the two steps do not have the same FLOPs (see llama_flops, lm_flops).", 1)
+    ts.fail("the two steps do not have the same FLOPs (see llama_flops, lm_flops).", 1)
   return 0
 
 

@@ -36,7 +36,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
+
+from benchmarks import train_step as ts
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
@@ -305,18 +307,8 @@ def run_suite(args: argparse.Namespace, runner=run_train_step, calibrator=calibr
           "steps": args.steps, "peaks": peaks, "results": results}
 
 
-class _Parser(argparse.ArgumentParser):
-  def error(self, message: str) -> NoReturn:
-    _fail(f"{message}.")
-
-
-def _fail(message: str) -> NoReturn:
-  print(f"error: {message}", file=sys.stderr)
-  sys.exit(2)
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-  p = _Parser(prog="python -m benchmarks.mfu_suite", description=__doc__.split("\n")[0])
+  p = ts.Parser(prog="python -m benchmarks.mfu_suite", description=__doc__.split("\n")[0])
   p.add_argument("--device_kind", default="cpu", choices=sorted(DEVICE_KINDS),
                  help="what runs the suite: its peak and its default sizes (default cpu).")
   p.add_argument("--sizes", type=lambda s: [x for x in s.split(",") if x], default=None,
@@ -336,18 +328,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                       "exit; nothing is compiled.")
   args = p.parse_args(argv)
   if args.steps < 1 or args.warmup < 0:
-    _fail("--steps must be at least 1 and --warmup at least 0.")
+    ts.fail("--steps must be at least 1 and --warmup at least 0.")
   return args
 
 
 def check_out(out: str | None) -> str:
   """--out as an absolute path: required, and not an existing file."""
   if not out:
-    _fail("--out is required: name the directory report.json, report.md and mfu.png go "
+    ts.fail("--out is required: name the directory report.json, report.md and mfu.png go "
           "to, e.g. --out=/tmp/mfu (or --list to only print the plan).")
   out = os.path.abspath(os.path.expanduser(out))
   if os.path.exists(out) and not os.path.isdir(out):
-    _fail(f"--out={out} is a file; name a directory.")
+    ts.fail(f"--out={out} is a file; name a directory.")
   return out
 
 
@@ -365,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out = check_out(args.out)  # before the steps run, not after
     report = run_suite(args)
   except (SuiteError, UserError) as e:
-    _fail(str(e))
+    ts.fail(str(e))
   paths = write_report(report, args.out)
   print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}")
   return 0

@@ -41,9 +41,9 @@ from benchmarks import train_step as ts
 from paxlike import experiment_registry
 from paxlike.errors import UserError
 from paxlike.lm_experiments import (
-  SyntheticDataset,
-  TransformerLmSpmdAdam,
-  TransformerLmSpmdPipelineAdafactor,
+    SyntheticDataset,
+    TransformerLmSpmdAdam,
+    TransformerLmSpmdPipelineAdafactor,
 )
 
 DEVICES = 8
@@ -145,8 +145,7 @@ def build_variant(v: tuple[int, int, int] | None, tiny: bool, batches: int) -> A
   feats = task.model.input_features()
   host = [{k: b[k] for k in feats} for b in (setup.train_input.get_next() for _ in range(batches))]
   runner = ts.Runner(variant_name(v), lambda st, b: program.step_fn(st, b, key),
-                             program.init_state(task.train.seed),
-                             [part.shard_batch(b) for b in host])
+                     program.init_state(task.train.seed), [part.shard_batch(b) for b in host])
   runner.compile(lambda st, b: program.step_fn.lower(st, b, key))
   runner.first_loss = ts.host_metrics(part, runner.run())["loss"]
   schedule = flops.pipeline_schedule(task.model, program.global_batch)
@@ -227,8 +226,8 @@ def _cell(value: Any) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-  p = ts._Parser(prog="python -m benchmarks.pipeline",
-              description="Times GPipe and circular pipeline schedules against the "
+  p = ts.Parser(prog="python -m benchmarks.pipeline",
+                description="Times GPipe and circular pipeline schedules against the "
                           "unpipelined step on 8 fake CPU devices.")
   p.add_argument("--rounds", type=int, default=3, help="timing rounds over all variants.")
   p.add_argument("--steps", type=int, default=2, help="timed steps per variant per round.")
@@ -243,12 +242,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   args = p.parse_args(argv)
   for name in ("rounds", "steps", "num_batches"):
     if getattr(args, name) < 1:
-      ts._fail(f"--{name} must be at least 1, got {getattr(args, name)}.")
+      ts.fail(f"--{name} must be at least 1, got {getattr(args, name)}.")
   try:
     args.variants = (list(VARIANTS) if args.variants is None
                      else [parse_variant(t) for t in args.variants])
   except UserError as e:
-    ts._fail(str(e))
+    ts.fail(str(e))
   return args
 
 
@@ -272,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     record = run(args)
   except UserError as e:
-    ts._fail(str(e))
+    ts.fail(str(e))
   out = args.out or tempfile.mkdtemp(prefix="paxlike_pipeline_bench_")
   os.makedirs(out, exist_ok=True)
   path = os.path.join(out, "pipeline.json")

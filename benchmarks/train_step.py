@@ -496,18 +496,21 @@ def reference_placement(partitioner: Any, program: Any, cfg: Any, ref_mod: Any) 
 # ---------------------------------------------------------------------- CLI
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
+  """The benchmarks' argument parser: a bad flag is one `error:` line, exit 2."""
+
   def error(self, message: str) -> NoReturn:
-    _fail(f"{message}.")
+    fail(f"{message}.")
 
 
-def _fail(message: str, code: int = 2) -> NoReturn:
+def fail(message: str, code: int = 2) -> NoReturn:
+  """One `error: MESSAGE` line on stderr, then exit `code`."""
   print(f"error: {message}", file=sys.stderr)
   sys.exit(code)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-  p = _Parser(prog="python -m benchmarks.train_step",
+  p = Parser(prog="python -m benchmarks.train_step",
               description="Times an experiment's train step against a plain-JAX reference.")
   p.add_argument("--exp", default=DEFAULT_EXP,
                  help=f"experiment: full dotted name or unique suffix (default {DEFAULT_EXP}).")
@@ -534,11 +537,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   args = p.parse_args(argv)
   for name in ("steps", "block", "num_batches", "equivalence_steps"):
     if getattr(args, name) < 1:
-      _fail(f"--{name} must be at least 1, got {getattr(args, name)}.")
+      fail(f"--{name} must be at least 1, got {getattr(args, name)}.")
   if args.warmup < 0:
-    _fail(f"--warmup must be at least 0, got {args.warmup}.")
+    fail(f"--warmup must be at least 0, got {args.warmup}.")
   if args.check_equivalence and not args.reference:
-    _fail("--check_equivalence needs the reference; drop --no-reference.")
+    fail("--check_equivalence needs the reference; drop --no-reference.")
   return args
 
 
@@ -550,10 +553,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     record, passed = run(args)
   except UserError as e:
-    _fail(str(e))
+    fail(str(e))
   print(json.dumps(record), flush=True)
   if not passed:
-    _fail("the reference and paxlike disagree on the first steps (see 'equivalence').", 1)
+    fail("the reference and paxlike disagree on the first steps (see 'equivalence').", 1)
   return 0
 
 
