@@ -144,14 +144,10 @@ def preflight(job_log_dir: str, abstract: Any, restore_checkpoint_dir: str | Non
 
 def abstract_train_state(task: Any, train_input: Any) -> Any:
   """The task's abstract train state (ShapeDtypeStructs; nothing allocated or compiled)."""
-  import jax
-
   from paxlike import train_state as ts
   from paxlike.inputs.base_input import input_specs
 
-  sample_batch = task.model.init_batch(input_specs(train_input))
-  return jax.eval_shape(ts.init_fn(task.model, task.learner.transform(), sample_batch),
-                        jax.random.key(0))
+  return ts.task_logical_specs(task, task.model.init_batch(input_specs(train_input)))[0]
 
 
 def state_bytes(abstract: Any) -> int:

@@ -44,15 +44,37 @@ def logical_specs(model: nn.Module, tx: optax.GradientTransformation,
   leading dim; factored statistics (Adafactor's row/column moments) and
   scalars are replicated.
   """
-  boxed = jax.eval_shape(lambda: init_params(model, jax.random.key(0), sample_batch))
+  def boxed_and_state(rng: jax.Array) -> tuple[Any, TrainState]:
+    boxed = init_params(model, rng, sample_batch)
+    params = nn.unbox(boxed)
+    return boxed, TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                             opt_state=tx.init(params))
+
+  # One trace of the model's init gives both the boxed parameters (their logical
+  # axes) and the state's shapes; a trace costs about half a second on a tiny model.
+  boxed, abstract = jax.eval_shape(boxed_and_state, jax.random.key(0))
   param_specs = nn.get_partition_spec(boxed)
-  abstract = jax.eval_shape(init_fn(model, tx, sample_batch), jax.random.key(0))
   opt_specs = optax.tree_map_params(
       tx, _slot_spec, abstract.opt_state, param_specs, abstract.params,
       transform_non_params=lambda _: PartitionSpec(),
       is_leaf=lambda x: isinstance(x, PartitionSpec))
   specs = TrainState(step=PartitionSpec(), params=param_specs, opt_state=opt_specs)
   return abstract, specs
+
+
+def task_logical_specs(task: Any, sample_batch: dict[str, jax.Array]
+                       ) -> tuple[TrainState, TrainState]:
+  """logical_specs() of task's model and learner, computed once per task object.
+
+  A run asks for its state's layout more than once (the preflight's checkpoint
+  and disk checks, the train program, export); each ask would trace the model's
+  init again. The one-row sample batch's shapes key the memo.
+  """
+  key = tuple((k, v.shape, str(v.dtype)) for k, v in sorted(sample_batch.items()))
+  memo = task.__dict__.setdefault("_logical_specs_memo", {})
+  if key not in memo:
+    memo[key] = logical_specs(task.model, task.learner.transform(), sample_batch)
+  return memo[key]
 
 
 def _slot_spec(slot: Any, spec: PartitionSpec, param: Any) -> PartitionSpec:

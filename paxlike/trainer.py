@@ -168,7 +168,7 @@ def build_train_program(task: Task, train_input: BaseInput, partitioner: Any,
   num_microbatches = task.train.num_microbatches
   check_microbatches(global_batch, num_microbatches, batch_shards(partitioner))
   model.check_batch(global_batch // num_microbatches)
-  abstract, logical = ts.logical_specs(model, tx, sample_batch)
+  abstract, logical = ts.task_logical_specs(task, sample_batch)
   partitioner.set_state_specs(logical)
   step_fn = partitioner.compile(make_train_step(task.model, tx, schedule, partitioner.reduce,
                                                 skip_nonfinite=skip_nonfinite,

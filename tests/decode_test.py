@@ -57,7 +57,8 @@ def arithmetic_job(tmp_path_factory):
   proc = run_cli(["--exp=ArithmeticAdditionTiny", f"--job_log_dir={job}",
                   "--set", f"NUM_TRAIN_STEPS={TEST_STEPS}", "--set",
                   f"LR_COS_DECAY_END={TEST_STEPS}", "--set", "EVAL_INTERVAL_STEPS=500",
-                  "--set", "CHECKPOINT_EVERY_N_STEPS=500"], job.parent, timeout=600)
+                  "--set", "CHECKPOINT_EVERY_N_STEPS=500"], job.parent, timeout=600,
+                 optimized=True)
   assert proc.returncode == 0, describe(proc)
   return job, proc
 

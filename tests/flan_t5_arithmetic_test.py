@@ -35,7 +35,8 @@ def addition_job(tmp_path_factory):
   proc = run_cli(["--exp=FlanT5ArithmeticTiny", f"--job_log_dir={job}",
                   "--set", f"NUM_TRAIN_STEPS={TEST_STEPS}",
                   "--set", f"LR_COS_DECAY_END={TEST_STEPS}", "--set", "EVAL_INTERVAL_STEPS=0",
-                  "--set", f"CHECKPOINT_EVERY_N_STEPS={TEST_STEPS}"], root, timeout=600)
+                  "--set", f"CHECKPOINT_EVERY_N_STEPS={TEST_STEPS}"], root, timeout=600,
+                 optimized=True)
   assert proc.returncode == 0, describe(proc)
   return root, job
 
@@ -58,7 +59,7 @@ def test_subtraction_fine_tunes_from_the_addition_checkpoint(addition_job):
   proc = run_cli(["--exp=FlanT5SubtractionFromAddition", f"--job_log_dir={root / 'sub'}",
                   "--set", f"NUM_TRAIN_STEPS={FINETUNE_STEPS}",
                   "--set", f"LR_COS_DECAY_END={FINETUNE_STEPS}",
-                  "--set", "SUMMARY_INTERVAL_STEPS=50"], root, timeout=600)
+                  "--set", "SUMMARY_INTERVAL_STEPS=50"], root, timeout=600, optimized=True)
   assert proc.returncode == 0, describe(proc)
   assert "starting from the parameters of paxlike:jobs/flan_add" in proc.stderr, describe(proc)
   # Not the first loss: the addition model is confidently wrong on subtraction's answers,

@@ -38,7 +38,8 @@ def exported(tmp_path_factory):
   """A short training run of the CPU-sized Flan-T5, exported as a Hugging Face directory."""
   root = tmp_path_factory.mktemp("flan")
   job = root / "pretrain"
-  proc = run_cli([f"--exp={EXP}", f"--job_log_dir={job}", *SHORT], root, timeout=600)
+  proc = run_cli([f"--exp={EXP}", f"--job_log_dir={job}", *SHORT], root, timeout=600,
+                 optimized=True)
   assert proc.returncode == 0, describe(proc)
   hf_dir = root / "hf"
   proc = run_cli([f"--exp={EXP}", f"--job_log_dir={job}", "--mode=export",
