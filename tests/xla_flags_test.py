@@ -174,7 +174,8 @@ def test_a_run_records_resolved_flags_and_pgle_in_run_env(tmp_path):
   --pgle=auto on a CPU is recorded as not enabled, said in one line; so is attention."""
   proc = run_cli([f"--exp={TINY}", "--job_log_dir=job", "--set", "NUM_TRAIN_STEPS=2",
                   "--set", "XLA_FLAGS_OVERRIDES={'cpu': {'xla_cpu_enable_fast_math': False}}",
-                  "--pgle=auto", "--peak_tflops_per_device=0.01"], cwd=tmp_path)
+                  "--pgle=auto", "--peak_tflops_per_device=0.01"], cwd=tmp_path,
+                 optimized=True)  # the user's XLA_FLAGS: the fake-device count alone
   assert proc.returncode == 0, describe(proc)
   env = json.loads((tmp_path / "job" / "run_env.json").read_text())
   assert env["XLA_FLAGS"] == ("--xla_cpu_enable_fast_math=false "
