@@ -68,9 +68,11 @@ def task_logical_specs(task: Any, sample_batch: dict[str, jax.Array]
 
   A run asks for its state's layout more than once (the preflight's checkpoint
   and disk checks, the train program, export); each ask would trace the model's
-  init again. The one-row sample batch's shapes key the memo.
+  init again. The model and learner objects and the one-row sample batch's shapes key
+  the memo, so a task given another model or learner is traced afresh.
   """
-  key = tuple((k, v.shape, str(v.dtype)) for k, v in sorted(sample_batch.items()))
+  key = (id(task.model), id(task.learner),
+         tuple((k, v.shape, str(v.dtype)) for k, v in sorted(sample_batch.items())))
   memo = task.__dict__.setdefault("_logical_specs_memo", {})
   if key not in memo:
     memo[key] = logical_specs(task.model, task.learner.transform(), sample_batch)
