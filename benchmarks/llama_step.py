@@ -216,8 +216,8 @@ def summary(record: dict[str, Any]) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   p = ts.Parser(prog="python -m benchmarks.llama_step",
-                 description="Times the Llama-family step against the Pax LM step of the same "
-                             "model FLOPs, alternating, in one process.")
+                description="Times the Llama-family step against the Pax LM step of the same "
+                            "model FLOPs, alternating, in one process.")
   for flag, default, what in (
       ("layers", 4, "layers"), ("model_dims", 512, "model dims"), ("heads", 8, "query heads"),
       ("head_dim", 64, "dims per head"), ("kv_heads", None, "Llama's key/value heads "

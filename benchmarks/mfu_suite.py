@@ -336,7 +336,7 @@ def check_out(out: str | None) -> str:
   """--out as an absolute path: required, and not an existing file."""
   if not out:
     ts.fail("--out is required: name the directory report.json, report.md and mfu.png go "
-          "to, e.g. --out=/tmp/mfu (or --list to only print the plan).")
+            "to, e.g. --out=/tmp/mfu (or --list to only print the plan).")
   out = os.path.abspath(os.path.expanduser(out))
   if os.path.exists(out) and not os.path.isdir(out):
     ts.fail(f"--out={out} is a file; name a directory.")

@@ -228,7 +228,7 @@ def _cell(value: Any) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   p = ts.Parser(prog="python -m benchmarks.pipeline",
                 description="Times GPipe and circular pipeline schedules against the "
-                          "unpipelined step on 8 fake CPU devices.")
+                            "unpipelined step on 8 fake CPU devices.")
   p.add_argument("--rounds", type=int, default=3, help="timing rounds over all variants.")
   p.add_argument("--steps", type=int, default=2, help="timed steps per variant per round.")
   p.add_argument("--num_batches", type=int, default=2, help="distinct input batches, cycled.")

@@ -511,7 +511,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   p = Parser(prog="python -m benchmarks.train_step",
-              description="Times an experiment's train step against a plain-JAX reference.")
+             description="Times an experiment's train step against a plain-JAX reference.")
   p.add_argument("--exp", default=DEFAULT_EXP,
                  help=f"experiment: full dotted name or unique suffix (default {DEFAULT_EXP}).")
   p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
