@@ -29,10 +29,15 @@ def init_fn(model: nn.Module, tx: optax.GradientTransformation,
   """A function rng -> TrainState (params unboxed, float32)."""
 
   def init(rng: jax.Array) -> TrainState:
-    params = nn.unbox(init_params(model, rng, sample_batch))
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+    return _fresh_state(init_params(model, rng, sample_batch), tx)
 
   return init
+
+
+def _fresh_state(boxed_params: Any, tx: optax.GradientTransformation) -> TrainState:
+  """The state at step 0 of boxed parameters: unboxed, with tx's fresh slots."""
+  params = nn.unbox(boxed_params)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
 def logical_specs(model: nn.Module, tx: optax.GradientTransformation,
@@ -46,9 +51,7 @@ def logical_specs(model: nn.Module, tx: optax.GradientTransformation,
   """
   def boxed_and_state(rng: jax.Array) -> tuple[Any, TrainState]:
     boxed = init_params(model, rng, sample_batch)
-    params = nn.unbox(boxed)
-    return boxed, TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                             opt_state=tx.init(params))
+    return boxed, _fresh_state(boxed, tx)
 
   # One trace of the model's init gives both the boxed parameters (their logical
   # axes) and the state's shapes; a trace costs about half a second on a tiny model.
