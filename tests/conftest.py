@@ -45,6 +45,10 @@ os.environ["XLA_FLAGS"] = xla_flags_with_devices(
     NUM_FAKE_DEVICES, with_xla_flag(os.environ.get("XLA_FLAGS", ""), OPT_LEVEL_FLAG, 0))
 # The suite is written for fake CPU devices, even on a machine with an accelerator.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# On a GPU (pytest -m gpu) the test process and the CLI runs it starts share one
+# device; with JAX's default preallocation (75% of it) the first to start would leave
+# the others too little to start at all.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 26, as one script for one short device session.
+#
+#   OUT=DIR bash benchmarks/gpu_check.sh [SECONDS] [STEP ...]
+#
+# Run from the repository root on a machine with one CUDA GPU and JAX; the
+# packages the image lacks may lie as wheels in .whl/ (fiddle, libcst,
+# graphviz, tensorboardX), installed first into /tmp/site. The steps (all
+# of them unless STEPs are named), in this order, each with its own time
+# limit, skipped when the SECONDS budget (default 570) no longer holds it:
+#   tune_1b       --mode=tune on the 1B LM shape of C4Spmd1BAdam4Replicas on
+#                 one GPU (the mfu_suite's c4_1b_1gpu: batch 8 x 1024, bf16,
+#                 no logit cap); the table goes to $OUT/tune_1b.json (~220 s)
+#   train_1b      40 steps of the same in the tuned job_log_dir: the layout it
+#                 takes and the MFU it logs (~60 s)
+#   gpu_tests     the `gpu` tests: fused attention, the memory preflight, named
+#                 ops in profiles (~105 s)
+#   llama32_1b    the Llama 3.2 1B step, unrolled, SAVE_EVERYTHING, 4 x 2048
+#   flan_t5_base  the FlanT5Base step (32 x 512 -> 128, scanned, SAVE_NOTHING)
+#   beam_base     4-beam against greedy decode of a FlanT5Base-sized T5
+#                 (32 x 512 -> 128; over 80 s on an H200)
+# Everything is printed and written to $OUT/log.
+set -u
+BUDGET=${1:-570}
+shift $(($# > 0 ? 1 : 0))
+WANTED=" ${*:-tune_1b train_1b gpu_tests llama32_1b flan_t5_base beam_base} "
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/log") 2>&1
+export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda
+PY=${PY:-python3}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+nvidia-smi -L
+$PY -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"
+
+# step NAME LIMIT CMD...: runs CMD under LIMIT seconds if the budget still holds it.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  [[ $WANTED == *" $name "* ]] || return
+  local left=$((BUDGET - SECONDS))
+  if ((left < limit / 2)); then
+    echo "=== $name skipped: ${left}s of the budget left"
+    return
+  fi
+  ((limit > left)) && limit=$left
+  echo "=== $name (limit ${limit}s) at ${SECONDS}s"
+  local t0=$SECONDS
+  timeout -k 10 "$limit" "$@"
+  echo "=== $name rc=$? in $((SECONDS - t0))s"
+}
+
+ONE_GPU_1B=("--set=ICI_MESH_SHAPE=[1,1,1]" --set=PERCORE_BATCH_SIZE=8 --set=COMBINE_QKV=False
+            --set=ATTEN_LOGIT_CAP=-1)
+step tune_1b 250 $PY -m paxlike.main --exp=C4Spmd1BAdam4Replicas --mode=tune \
+  --job_log_dir=/tmp/tune_1b "${ONE_GPU_1B[@]}"
+cp /tmp/tune_1b/tune/tune.json "$OUT/tune_1b.json" 2>/dev/null
+if [[ -f /tmp/tune_1b/tune/tune.json ]]; then
+  step train_1b 110 $PY -m paxlike.main --exp=C4Spmd1BAdam4Replicas --mode=train \
+    --job_log_dir=/tmp/tune_1b "${ONE_GPU_1B[@]}" --set=NUM_TRAIN_STEPS=40 \
+    --enable_checkpoint_saving=false
+  cp /tmp/tune_1b/run_env.json "$OUT/train_1b_run_env.json" 2>/dev/null
+fi
+
+step gpu_tests 170 $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu_attention_test.py \
+  tests/gpu_memory_test.py tests/gpu_profile_test.py
+
+step llama32_1b 100 $PY -m benchmarks.train_step --exp=Llama32_1B --no-reference --steps=10 \
+  --set "ICI_MESH_SHAPE=[1,1,1]" PERCORE_BATCH_SIZE=4 \
+  USE_REPEATED_LAYER=False CHECKPOINT_POLICY=SAVE_EVERYTHING
+
+step flan_t5_base 90 $PY -m benchmarks.train_step --exp=FlanT5Base --no-reference --steps=10 \
+  --set "ICI_MESH_SHAPE=[1,1,1]" PERCORE_BATCH_SIZE=32 DROPOUT_PROB=0.0
+
+step beam_base 150 $PY -m benchmarks.beam_cost --size=base --batch=32 --input_len=512 \
+  --steps=128 --dtype=bfloat16 --repeats=3
+echo "=== done at ${SECONDS}s"
