@@ -15,7 +15,11 @@
 #                 takes and the MFU it logs (~60 s)
 #   gpu_tests     the `gpu` tests: fused attention, the memory preflight, named
 #                 ops in profiles (~105 s)
-#   llama32_1b    the Llama 3.2 1B step, unrolled, SAVE_EVERYTHING, 4 x 2048
+#   peer_llama    the Llama 3.2 1B step (unrolled, SAVE_EVERYTHING, 4 x 2048)
+#                 against its transformers peer, torch.compile'd, in one process
+#                 (benchmarks.torch_peer)
+#   peer_1b       the same for the 1B LM in the layout tune chose, against GPT-2
+#                 of its shape
 #   flan_t5_base  the FlanT5Base step (32 x 512 -> 128, scanned, SAVE_NOTHING)
 #   beam_base     4-beam against greedy decode of a FlanT5Base-sized T5
 #                 (32 x 512 -> 128; over 80 s on an H200)
@@ -23,7 +27,7 @@
 set -u
 BUDGET=${1:-570}
 shift $(($# > 0 ? 1 : 0))
-WANTED=" ${*:-tune_1b train_1b gpu_tests llama32_1b flan_t5_base beam_base} "
+WANTED=" ${*:-tune_1b train_1b gpu_tests peer_llama peer_1b flan_t5_base beam_base} "
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log") 2>&1
@@ -71,9 +75,12 @@ fi
 step gpu_tests 170 $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu_attention_test.py \
   tests/gpu_memory_test.py tests/gpu_profile_test.py
 
-step llama32_1b 100 $PY -m benchmarks.train_step --exp=Llama32_1B --no-reference --steps=10 \
-  --set "ICI_MESH_SHAPE=[1,1,1]" PERCORE_BATCH_SIZE=4 \
-  USE_REPEATED_LAYER=False CHECKPOINT_POLICY=SAVE_EVERYTHING
+LLAMA=("--set=ICI_MESH_SHAPE=[1,1,1]" --set=PERCORE_BATCH_SIZE=4 --set=USE_REPEATED_LAYER=False
+       --set=CHECKPOINT_POLICY=SAVE_EVERYTHING)
+step peer_llama 180 $PY -m benchmarks.torch_peer --exp=Llama32_1B "${LLAMA[@]}" --steps=10
+
+step peer_1b 180 $PY -m benchmarks.torch_peer --exp=C4Spmd1BAdam4Replicas "${ONE_GPU_1B[@]}" \
+  --set=USE_REPEATED_LAYER=False --set=CHECKPOINT_POLICY=SAVE_EVERYTHING --steps=10
 
 step flan_t5_base 90 $PY -m benchmarks.train_step --exp=FlanT5Base --no-reference --steps=10 \
   --set "ICI_MESH_SHAPE=[1,1,1]" PERCORE_BATCH_SIZE=32 DROPOUT_PROB=0.0
