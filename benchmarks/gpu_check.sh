@@ -23,6 +23,9 @@
 #   flan_t5_base  the FlanT5Base step (32 x 512 -> 128, scanned, SAVE_NOTHING)
 #   beam_base     4-beam against greedy decode of a FlanT5Base-sized T5
 #                 (32 x 512 -> 128; over 80 s on an H200)
+#   mfu_suite     only when named: python -m benchmarks.mfu_suite
+#                 --device_kind=h100 (the 1B LM, FlanT5Base, FlanT5Large, each
+#                 against its plain-JAX reference); report.md to $OUT
 # Everything is printed and written to $OUT/log.
 set -u
 BUDGET=${1:-570}
@@ -87,4 +90,8 @@ step flan_t5_base 90 $PY -m benchmarks.train_step --exp=FlanT5Base --no-referenc
 
 step beam_base 150 $PY -m benchmarks.beam_cost --size=base --batch=32 --input_len=512 \
   --steps=128 --dtype=bfloat16 --repeats=3
+if [[ $WANTED == *" mfu_suite "* ]]; then
+  step mfu_suite 400 $PY -m benchmarks.mfu_suite --device_kind=h100 --steps=8 --out=/tmp/mfu
+  cp /tmp/mfu/report.md "$OUT/mfu_report.md" 2>/dev/null
+fi
 echo "=== done at ${SECONDS}s"
