@@ -246,12 +246,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   args = p.parse_args(argv)
   if args.kv_heads is None:
     args.kv_heads = args.heads
-  for name in ("layers", "model_dims", "heads", "head_dim", "kv_heads", "hidden_dims", "vocab",
-               "seq", "batch", "rounds", "block", "num_batches"):
-    if getattr(args, name) < 1:
-      ts.fail(f"--{name} must be at least 1, got {getattr(args, name)}.")
-  if args.warmup < 0:
-    ts.fail(f"--warmup must be at least 0, got {args.warmup}.")
+  ts.check_counts(args, ("layers", "model_dims", "heads", "head_dim", "kv_heads", "hidden_dims",
+                         "vocab", "seq", "batch", "rounds", "block", "num_batches"))
   return args
 
 

@@ -233,25 +233,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   p = ts.Parser(prog="python -m benchmarks.torch_peer",
                 description="Times an experiment's train step against its transformers "
                             "peer (same shape) in one process.")
-  p.add_argument("--exp", default="LlamaTiny",
-                 help="experiment: full dotted name or unique suffix (default LlamaTiny).")
-  p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
-                 help="hyperparameter overrides, as paxlike.main's --set (repeatable).")
-  p.add_argument("--steps", type=int, default=10, help="timed steps per side.")
-  p.add_argument("--warmup", type=int, default=3,
-                 help="untimed steps per side after the first (compiling) one.")
-  p.add_argument("--block", type=int, default=1,
-                 help="steps per side before switching to the other side.")
-  p.add_argument("--num_batches", type=int, default=4,
-                 help="distinct input batches, cycled (read once, before timing).")
+  ts.add_step_args(p, "LlamaTiny", steps=10, warmup=3)
   p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                  help="torch.compile the peer (default: on a GPU only).")
   args = p.parse_args(argv)
-  for name in ("steps", "block", "num_batches"):
-    if getattr(args, name) < 1:
-      ts.fail(f"--{name} must be at least 1, got {getattr(args, name)}.")
-  if args.warmup < 0:
-    ts.fail(f"--warmup must be at least 0, got {args.warmup}.")
+  ts.check_counts(args, ("steps", "block", "num_batches"))
   return args
 
 

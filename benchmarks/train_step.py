@@ -509,20 +509,34 @@ def fail(message: str, code: int = 2) -> NoReturn:
   sys.exit(code)
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-  p = Parser(prog="python -m benchmarks.train_step",
-             description="Times an experiment's train step against a plain-JAX reference.")
-  p.add_argument("--exp", default=DEFAULT_EXP,
-                 help=f"experiment: full dotted name or unique suffix (default {DEFAULT_EXP}).")
+def add_step_args(p: argparse.ArgumentParser, default_exp: str, steps: int, warmup: int) -> None:
+  """The flags every step benchmark takes: the experiment, --set, the step counts."""
+  p.add_argument("--exp", default=default_exp,
+                 help=f"experiment: full dotted name or unique suffix (default {default_exp}).")
   p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                  help="hyperparameter overrides, as paxlike.main's --set (repeatable).")
-  p.add_argument("--steps", type=int, default=20, help="timed steps per side.")
-  p.add_argument("--warmup", type=int, default=2,
+  p.add_argument("--steps", type=int, default=steps, help="timed steps per side.")
+  p.add_argument("--warmup", type=int, default=warmup,
                  help="untimed steps per side after compilation and the first step.")
   p.add_argument("--block", type=int, default=1,
                  help="steps per side before switching to the other side.")
   p.add_argument("--num_batches", type=int, default=4,
                  help="distinct input batches, cycled (read once, before timing).")
+
+
+def check_counts(args: argparse.Namespace, names: Sequence[str]) -> None:
+  """Each named count at least 1 and --warmup at least 0, else one `error:` line, exit 2."""
+  for name in names:
+    if getattr(args, name) < 1:
+      fail(f"--{name} must be at least 1, got {getattr(args, name)}.")
+  if args.warmup < 0:
+    fail(f"--warmup must be at least 0, got {args.warmup}.")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+  p = Parser(prog="python -m benchmarks.train_step",
+             description="Times an experiment's train step against a plain-JAX reference.")
+  add_step_args(p, DEFAULT_EXP, steps=20, warmup=2)
   p.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True,
                  help="also time the plain-JAX reference (benchmarks/reference_lm.py).")
   p.add_argument("--check_equivalence", action="store_true",
@@ -535,11 +549,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   p.add_argument("--hlo_dir", default=None,
                  help="write both optimized HLOs here; op counts go into the JSON line.")
   args = p.parse_args(argv)
-  for name in ("steps", "block", "num_batches", "equivalence_steps"):
-    if getattr(args, name) < 1:
-      fail(f"--{name} must be at least 1, got {getattr(args, name)}.")
-  if args.warmup < 0:
-    fail(f"--warmup must be at least 0, got {args.warmup}.")
+  check_counts(args, ("steps", "block", "num_batches", "equivalence_steps"))
   if args.check_equivalence and not args.reference:
     fail("--check_equivalence needs the reference; drop --no-reference.")
   return args
