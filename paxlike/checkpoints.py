@@ -213,16 +213,16 @@ class Checkpointer:
     self._write_failed = False
     _install_log_filter()
     _quiet_stragglers()
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep,
-        step_prefix=STEP_PREFIX,
-        step_format_fixed_length=STEP_DIGITS,
-        enable_async_checkpointing=async_save,
-        create=not read_only,
-        read_only=read_only,
-        cleanup_tmp_directories=not read_only,
-    )
-    with _quiet_absl(read_only):  # orbax warns about every read-only manager
+    with _quiet_absl(read_only):  # orbax warns about every read-only manager and its options
+      options = ocp.CheckpointManagerOptions(
+          max_to_keep=max_to_keep,
+          step_prefix=STEP_PREFIX,
+          step_format_fixed_length=STEP_DIGITS,
+          enable_async_checkpointing=async_save,
+          create=not read_only,
+          read_only=read_only,
+          cleanup_tmp_directories=not read_only,
+      )
       self._manager = ocp.CheckpointManager(
           epath.Path(directory), options=options, item_names=("state", "input"))
 

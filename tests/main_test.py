@@ -131,6 +131,8 @@ def test_script_form_runs(tmp_path):
   assert (tmp_path / "job" / "model_analysis.txt").is_file()
   assert not (tmp_path / "job" / "checkpoints").exists() or not any(
       (tmp_path / "job" / "checkpoints").iterdir())
+  # No library warnings in the log (orbax's about its restore-only manager, for one).
+  assert not re.findall(r"^[WE]\d{4} .*", proc.stderr, re.M), proc.stderr
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])
