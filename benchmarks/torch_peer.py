@@ -93,7 +93,6 @@ class Peer:
         hf_config, attn_implementation="sdpa").to(device)
     model.train()
     self.params = sum(p.numel() for p in model.parameters())
-    self.architecture = architecture
     self.is_t5 = architecture.startswith("T5")
     self.device = device
     self.autocast = None if dtype == "float32" else getattr(torch, dtype)
@@ -103,7 +102,6 @@ class Peer:
         eps=learner.epsilon, weight_decay=learner.weight_decay,
         fused=device.startswith("cuda"))
     self.model = torch.compile(model) if compile_model else model
-    self.compiled = compile_model
 
   def batch(self, host_batch: dict[str, Any]) -> dict[str, Any]:
     import torch
@@ -117,8 +115,9 @@ class Peer:
   def _loss(self, batch: dict[str, Any]) -> Any:
     import torch
 
-    if self.is_t5:
-      logits = self.model(input_ids=batch["encoder_input_tokens"],
+    if self.is_t5:  # padded inputs (id 0) masked, as paxlike masks them
+      inputs = batch["encoder_input_tokens"]
+      logits = self.model(input_ids=inputs, attention_mask=(inputs != 0).long(),
                           decoder_input_ids=batch["decoder_input_tokens"]).logits
       labels, weights = batch["decoder_target_tokens"], batch["decoder_loss_weights"]
     else:
