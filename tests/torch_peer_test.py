@@ -23,10 +23,12 @@ def _model(exp_name, overrides=()):
 def test_the_llama_peer_is_the_same_model_and_both_sides_are_timed():
   pytest.importorskip("torch")
   pytest.importorskip("transformers")
+  # One OpenMP thread: CI runs two suites on two cores, and torch's spinning threads,
+  # oversubscribed, can stretch a millisecond step to seconds (speed is not asserted here).
+  env = {**subprocess_env(), "OMP_NUM_THREADS": "1"}
   proc = subprocess.run(
       [sys.executable, "-m", "benchmarks.torch_peer", "--exp=LlamaTiny", "--steps=2",
-       "--warmup=0"], cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True,
-      timeout=240)
+       "--warmup=0"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240)
   assert proc.returncode == 0, proc.stderr[-2000:]
   record = json.loads(proc.stdout.strip().splitlines()[-1])
   # Counted apart, by JAX and by torch: the peer has paxlike's parameters, no more, no fewer.
