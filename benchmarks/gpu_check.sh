@@ -21,6 +21,9 @@
 #   peer_1b       the same for the 1B LM in the layout tune chose, against GPT-2
 #                 of its shape
 #   flan_t5_base  the FlanT5Base step (32 x 512 -> 128, scanned, SAVE_NOTHING)
+#   profile_t5    3 profiled FlanT5Base steps (--profile_steps, CUDA graphs off so
+#                 the ops have names): where its non-GEMM time goes, to
+#                 $OUT/profile_t5.json
 #   beam_base     4-beam against greedy decode of a FlanT5Base-sized T5
 #                 (32 x 512 -> 128; over 80 s on an H200)
 #   mfu_suite     only when named: python -m benchmarks.mfu_suite
@@ -30,7 +33,7 @@
 set -u
 BUDGET=${1:-570}
 shift $(($# > 0 ? 1 : 0))
-WANTED=" ${*:-tune_1b train_1b gpu_tests peer_llama peer_1b flan_t5_base beam_base} "
+WANTED=" ${*:-tune_1b train_1b gpu_tests peer_llama peer_1b flan_t5_base profile_t5 beam_base} "
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log") 2>&1
@@ -87,6 +90,11 @@ step peer_1b 180 $PY -m benchmarks.torch_peer --exp=C4Spmd1BAdam4Replicas "${ONE
 
 step flan_t5_base 90 $PY -m benchmarks.train_step --exp=FlanT5Base --no-reference --steps=10 \
   --set "ICI_MESH_SHAPE=[1,1,1]" PERCORE_BATCH_SIZE=32 DROPOUT_PROB=0.0
+
+step profile_t5 120 $PY -m paxlike.main --exp=FlanT5Base --mode=train --job_log_dir=/tmp/prof_t5 \
+  "--set=ICI_MESH_SHAPE=[1,1,1]" --set=PERCORE_BATCH_SIZE=32 --set=DROPOUT_PROB=0.0 \
+  --set=NUM_TRAIN_STEPS=8 --profile_steps=3 --enable_checkpoint_saving=false
+cp /tmp/prof_t5/profile/summary.json "$OUT/profile_t5.json" 2>/dev/null
 
 step beam_base 150 $PY -m benchmarks.beam_cost --size=base --batch=32 --input_len=512 \
   --steps=128 --dtype=bfloat16 --repeats=3
