@@ -30,8 +30,7 @@ import argparse
 import json
 import statistics
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from benchmarks import train_step as ts
@@ -114,36 +113,16 @@ def shape_sets(args: argparse.Namespace, family: str) -> list[str]:
   return sets
 
 
-@dataclass
-class Side:
-  """One side of the comparison: its build, its timed runner, and how to lower its step."""
-
-  setup: ts.Setup
-  runner: ts.Runner
-  lower: Callable[[Any, Any], Any]  # (state, batch) -> the step lowered for them
-  key: Any  # the step's PRNG key
-  batch: Any  # the first batch
-
-
-def build_side(name: str, exp_cls: type, sets: list[str], num_batches: int) -> Side:
+def build_side(name: str, exp_cls: type, sets: list[str], num_batches: int) -> ts.Side:
   """One side's step, state and batches, as benchmarks.train_step builds them."""
-  import jax
-
   from paxlike import registry
 
   registry.register(exp_cls, allow_overwrite=True)
   setup = ts.build(f"{exp_cls.__module__}.{exp_cls.__qualname__}", sets)
-  program, part = setup.program, setup.partitioner
-  features = setup.task.model.input_features()
-  batches = [part.shard_batch({k: b[k] for k in features})
-             for b in (setup.train_input.get_next() for _ in range(num_batches))]
-  key = jax.random.key(setup.task.train.seed)
-  runner = ts.Runner(name, lambda s, b: program.step_fn(s, b, key),
-                     program.init_state(setup.task.train.seed), batches)
-  return Side(setup, runner, lambda s, b: program.step_fn.lower(s, b, key), key, batches[0])
+  return ts.paxlike_side(setup, name, num_batches)
 
 
-def step_flops(side: Side) -> dict[str, float]:
+def step_flops(side: ts.Side) -> dict[str, float]:
   """Model FLOPs per step (the model's formula) and the matmul FLOPs of its jaxpr."""
   import jax
 
@@ -151,7 +130,7 @@ def step_flops(side: Side) -> dict[str, float]:
 
   program, model = side.setup.program, side.setup.task.model
   jaxpr = jax.make_jaxpr(getattr(program.step_fn, "jitted", program.step_fn))(
-      side.runner.state, side.batch, side.key)
+      side.runner.state, side.runner.batches[0], side.key)
   return {"model_flops": float(model.model_flops_per_step(program.global_specs)),
           "jaxpr_matmul_flops": flops.jaxpr_matmul_flops(jaxpr)}
 

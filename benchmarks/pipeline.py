@@ -134,19 +134,15 @@ def overrides(v: tuple[int, int, int] | None, tiny: bool) -> tuple[str, list[str
 
 def build_variant(v: tuple[int, int, int] | None, tiny: bool, batches: int) -> Any:
   """A train_step.Runner for the variant, compiled; and the bubble of its schedule."""
-  import jax
 
   from paxlike import flops
 
   name, sets = overrides(v, tiny)
   setup = ts.build(name, sets)
   program, part, task = setup.program, setup.partitioner, setup.task
-  key = jax.random.key(task.train.seed)
-  feats = task.model.input_features()
-  host = [{k: b[k] for k in feats} for b in (setup.train_input.get_next() for _ in range(batches))]
-  runner = ts.Runner(variant_name(v), lambda st, b: program.step_fn(st, b, key),
-                     program.init_state(task.train.seed), [part.shard_batch(b) for b in host])
-  runner.compile(lambda st, b: program.step_fn.lower(st, b, key))
+  side = ts.paxlike_side(setup, variant_name(v), batches)
+  runner = side.runner
+  runner.compile(side.lower)
   runner.first_loss = ts.host_metrics(part, runner.run())["loss"]
   schedule = flops.pipeline_schedule(task.model, program.global_batch)
   return runner, schedule, task.model.model_flops_per_step(program.global_specs)

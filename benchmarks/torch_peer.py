@@ -159,21 +159,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
   task, program, part = setup.task, setup.program, setup.partitioner
   model = task.model
-  features = model.input_features()
   architecture, config = peer_config(model)
-  host_batches = [{k: b[k] for k in features}
-                  for b in (setup.train_input.get_next() for _ in range(args.num_batches))]
   dtype = model.compute_dtype()
-  platform = jax.devices()[0].platform
-  device = "cuda" if platform == "gpu" and torch.cuda.is_available() else "cpu"
+  jax_device = jax.devices()[0]
+  device = "cuda" if jax_device.platform == "gpu" and torch.cuda.is_available() else "cpu"
   compile_model = args.compile if args.compile is not None else device == "cuda"
-  seq_len = max(v.shape[-1] for v in host_batches[0].values())
 
-  key = jax.random.key(task.train.seed)
-  pax = ts.Runner("paxlike", lambda s, b: program.step_fn(s, b, key),
-                  program.init_state(task.train.seed),
-                  [part.shard_batch(b) for b in host_batches])
-  pax.compile(lambda s, b: program.step_fn.lower(s, b, key))
+  side = ts.paxlike_side(setup, "paxlike", args.num_batches)
+  pax, host_batches = side.runner, side.host_batches
+  seq_len = max(v.shape[-1] for v in host_batches[0].values())
+  pax.compile(side.lower)
   peer = Peer(architecture, config, task.learner, dtype, device, compile_model, seq_len)
   peer_runner = ts.Runner("peer", peer.step, None, [peer.batch(b) for b in host_batches])
   pax.first_loss = ts.host_metrics(part, pax.run())["loss"]
@@ -186,7 +181,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
   pax_s, peer_s = statistics.median(pax.times), statistics.median(peer_runner.times)
   flops_per_step = model.model_flops_per_step(program.global_specs)
-  jax_device = jax.devices()[0]
   peak, peak_source = flops.resolve_peak(jax.local_devices(), dtype)  # a CPU: calibrated
   n = jax.device_count()
 

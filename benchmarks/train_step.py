@@ -234,7 +234,7 @@ class Runner:
     self.name = name
     self._step = step
     self.state = state
-    self._batches = batches
+    self.batches = batches
     self._i = 0
     self.times: list[float] = []
     self.cpu_times: list[float] = []
@@ -244,7 +244,7 @@ class Runner:
   def compile(self, lower: Callable[..., Any]) -> Any:
     """Ahead-of-time compiles the step for (state, first batch); jit's cache keeps it."""
     t0 = time.perf_counter()
-    compiled = lower(self.state, self._batches[0]).compile()
+    compiled = lower(self.state, self.batches[0]).compile()
     self.compile_seconds = time.perf_counter() - t0
     return compiled
 
@@ -252,7 +252,7 @@ class Runner:
     """One step, waited for; returns its metrics (device arrays)."""
     import jax
 
-    batch = self._batches[self._i % len(self._batches)]
+    batch = self.batches[self._i % len(self.batches)]
     self._i += 1
     c0, t0 = time.process_time(), time.perf_counter()
     self.state, metrics = self._step(self.state, batch)
@@ -260,6 +260,32 @@ class Runner:
     self.times.append(time.perf_counter() - t0)
     self.cpu_times.append(time.process_time() - c0)
     return metrics
+
+
+@dataclass
+class Side:
+  """paxlike's step ready to time: its build, its runner, how to lower its step."""
+
+  setup: Setup
+  runner: Runner
+  lower: Callable[[Any, Any], Any]  # (state, batch) -> the step lowered for them
+  key: Any  # the step's PRNG key
+  host_batches: list[dict[str, Any]]  # the batches as read, before sharding
+
+
+def paxlike_side(setup: Setup, name: str, num_batches: int) -> Side:
+  """Reads num_batches batches (the model's features) from the setup's input, then
+  makes a runner of its step over them, sharded, from the state its seed initialises."""
+  import jax
+
+  program, part, task = setup.program, setup.partitioner, setup.task
+  features = task.model.input_features()
+  host = [{k: b[k] for k in features}
+          for b in (setup.train_input.get_next() for _ in range(num_batches))]
+  key = jax.random.key(task.train.seed)
+  runner = Runner(name, lambda s, b: program.step_fn(s, b, key),
+                  program.init_state(task.train.seed), [part.shard_batch(b) for b in host])
+  return Side(setup, runner, lambda s, b: program.step_fn.lower(s, b, key), key, host)
 
 
 def time_interleaved(runners: list[Runner], steps: int, block: int) -> None:
@@ -379,16 +405,11 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
   task, program, part = setup.task, setup.program, setup.partitioner
   model = task.model
   features = model.input_features()
-  host_batches = [{k: b[k] for k in features}
-                  for b in (setup.train_input.get_next() for _ in range(args.num_batches))]
   dtype = model.compute_dtype()
-  key = jax.random.key(task.train.seed)
-
-  state = program.init_state(task.train.seed)
-  pax_batches = [part.shard_batch(b) for b in host_batches]
-  pax = Runner("paxlike", lambda s, b: program.step_fn(s, b, key), state, pax_batches)
+  side = paxlike_side(setup, "paxlike", args.num_batches)
+  pax, state, host_batches = side.runner, side.runner.state, side.host_batches
   runners = [pax]
-  lowers = [lambda s, b: program.step_fn.lower(s, b, key)]
+  lowers = [side.lower]
   ref = None
   if cfg is not None:
     param_sh, batch_sh = reference_placement(part, program, cfg, ref_mod)
