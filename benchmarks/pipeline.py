@@ -93,7 +93,7 @@ class PipelineBenchPipelined(_Model, TransformerLmSpmdPipelineAdafactor, Synthet
 VARIANTS: tuple[tuple[int, int, int] | None, ...] = (
     None, (2, 4, 1), (2, 8, 1), (4, 4, 1), (4, 8, 1), (2, 4, 2), (4, 8, 2))
 # --tiny: a model small enough for a test (the same code path, seconds instead of minutes).
-TINY = ("NUM_LAYERS=4", "MODEL_DIMS=32", "HIDDEN_DIMS=64", "NUM_HEADS=2", "DIMS_PER_HEAD=16",
+TINY = ("NUM_LAYERS=8", "MODEL_DIMS=32", "HIDDEN_DIMS=64", "NUM_HEADS=2", "DIMS_PER_HEAD=16",
         "VOCAB_SIZE=64", "MAX_SEQ_LEN=16", "PERCORE_BATCH_SIZE=2")
 
 
