@@ -21,6 +21,9 @@
 #   peer_1b       the same for the 1B LM in the layout tune chose, against GPT-2
 #                 of its shape
 #   flan_t5_base  the FlanT5Base step (32 x 512 -> 128, scanned, SAVE_NOTHING)
+#   flan_t5_unrolled  the same step unrolled with SAVE_EVERYTHING, the layout
+#                 that won for both 1B models (an unrolled T5 compiled in 43 s
+#                 on the H100)
 #   profile_t5    3 profiled FlanT5Base steps (--profile_steps, CUDA graphs off so
 #                 the ops have names): where its non-GEMM time goes, to
 #                 $OUT/profile_t5.json
@@ -33,7 +36,7 @@
 set -u
 BUDGET=${1:-570}
 shift $(($# > 0 ? 1 : 0))
-WANTED=" ${*:-tune_1b train_1b gpu_tests peer_llama peer_1b flan_t5_base profile_t5 beam_base} "
+WANTED=" ${*:-tune_1b train_1b gpu_tests peer_llama peer_1b flan_t5_base flan_t5_unrolled profile_t5 beam_base} "
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log") 2>&1
@@ -88,8 +91,11 @@ step peer_llama 180 $PY -m benchmarks.torch_peer --exp=Llama32_1B "${LLAMA[@]}" 
 step peer_1b 180 $PY -m benchmarks.torch_peer --exp=C4Spmd1BAdam4Replicas "${ONE_GPU_1B[@]}" \
   --set=USE_REPEATED_LAYER=False --set=CHECKPOINT_POLICY=SAVE_EVERYTHING --steps=10
 
+T5_BASE=("ICI_MESH_SHAPE=[1,1,1]" PERCORE_BATCH_SIZE=32 DROPOUT_PROB=0.0)
 step flan_t5_base 90 $PY -m benchmarks.train_step --exp=FlanT5Base --no-reference --steps=10 \
-  --set "ICI_MESH_SHAPE=[1,1,1]" PERCORE_BATCH_SIZE=32 DROPOUT_PROB=0.0
+  --set "${T5_BASE[@]}"
+step flan_t5_unrolled 120 $PY -m benchmarks.train_step --exp=FlanT5Base --no-reference \
+  --steps=10 --set "${T5_BASE[@]}" USE_REPEATED_LAYER=False CHECKPOINT_POLICY=SAVE_EVERYTHING
 
 step profile_t5 120 $PY -m paxlike.main --exp=FlanT5Base --mode=train --job_log_dir=/tmp/prof_t5 \
   "--set=ICI_MESH_SHAPE=[1,1,1]" --set=PERCORE_BATCH_SIZE=32 --set=DROPOUT_PROB=0.0 \
