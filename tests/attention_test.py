@@ -121,6 +121,36 @@ def test_bias_and_padding_mask_equal_hand_computation(qkv):
   np.testing.assert_allclose(got, _hand(q, k, v, bias=bias, allowed=valid), atol=1e-5)
 
 
+def test_shared_bias_gradient_is_the_batch_sum(qkv):
+  """T5's [1, n, t, s] bias, shared by the batch: its gradient on a CPU (summed as a matvec,
+  not as XLA's slow reduce over the leading axis) is the plain broadcast's, and the
+  jaxpr holds no reduction over the batch."""
+  q, k, v = map(jnp.asarray, qkv)
+  b, t, n, _ = q.shape
+  bias = jnp.asarray(np.random.default_rng(1).normal(size=(1, n, t, t)).astype(np.float32))
+  cot = jnp.asarray(np.random.default_rng(2).normal(size=q.shape).astype(np.float32))
+
+  def loss(bias, attend):
+    return jnp.sum(attend(q, k, v, bias=bias) * cot)
+
+  def plain(q, k, v, bias):  # the same attention, with the broadcast add autodiff makes
+    logits = jnp.einsum("btnh,bsnh->bnts", q, k) + bias
+    return jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(logits, axis=-1), v)
+
+  got = jax.grad(loss)(bias, attention.dot_product_attention)
+  want = jax.grad(loss)(bias, plain)
+  assert got.shape == bias.shape
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  batch_sum = "reduce_sum[axes=(0,)"
+  assert batch_sum in str(jax.make_jaxpr(jax.grad(loss), static_argnums=1)(bias, plain))
+  assert batch_sum not in str(jax.make_jaxpr(jax.grad(loss), static_argnums=1)(
+      bias, attention.dot_product_attention))
+  # a bias with its own batch rows keeps the plain gradient
+  full = jnp.broadcast_to(bias, (b, n, t, t))
+  np.testing.assert_allclose(jax.grad(loss)(full, attention.dot_product_attention),
+                             jax.grad(loss)(full, plain), rtol=1e-5, atol=1e-6)
+
+
 def test_segment_ids_with_causal_equal_hand_computation(qkv):
   """Packed rows: a query attends earlier keys of its own segment only."""
   q, k, v = qkv

@@ -348,7 +348,7 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array |
     q = q * jnp.asarray(scale, q.dtype)
   logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32)
   if bias is not None:
-    logits = logits + bias.astype(jnp.float32)
+    logits = add_bias(logits, bias.astype(jnp.float32))
   if logit_cap > 0.0:
     logits = logit_cap * jnp.tanh(logits / logit_cap)
   if mask is not None:
@@ -358,6 +358,44 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array |
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
     probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
   return jnp.einsum("bnts,bsnh->btnh", probs.astype(v.dtype), v)
+
+
+@jax.custom_vjp
+def _add_batch_shared(logits: jax.Array, bias: jax.Array) -> jax.Array:
+  """logits [B, ...] + bias [1, ...]; the bias's gradient sums the batch as a matvec."""
+  return logits + bias
+
+
+def _add_batch_shared_fwd(logits: jax.Array, bias: jax.Array) -> tuple[jax.Array, None]:
+  return logits + bias, None
+
+
+def _add_batch_shared_bwd(_: None, g: jax.Array) -> tuple[jax.Array, jax.Array]:
+  rows = g.shape[0]
+  summed = jnp.ones((rows,), g.dtype) @ g.reshape(rows, -1)
+  return g, summed.reshape((1, *g.shape[1:]))
+
+
+_add_batch_shared.defvjp(_add_batch_shared_fwd, _add_batch_shared_bwd)
+
+
+def add_bias(logits: jax.Array, bias: jax.Array) -> jax.Array:
+  """logits [B, n, t, s] + a bias broadcastable to them (float32 both).
+
+  A bias shared by the batch ([1, n, t, s]: T5's relative position bias)
+  gets, on a CPU, its gradient summed over the batch as a matrix-vector
+  product. XLA's CPU compiler in jaxlib 0.10 sums a tensor over its leading
+  axis ~30x slower than the same sum as a matvec (on a 2-core CPU:
+  [4, 6, 512, 512] 60 ms against 1.3 ms; [32, 12, 512, 512] 0.95 s against
+  23 ms). FlanT5Small's train step (batch 4, bfloat16, steps alternated in one
+  process) took 7.91 s with the plain gradient, 7.27 s (0.92x) with this one;
+  under jaxlib 0.12, which sums both ways alike, 1.01x. The sum is the same,
+  in another order; other platforms keep the plain broadcast gradient.
+  """
+  if (lowering_platform() == "cpu" and bias.ndim == logits.ndim and bias.shape[0] == 1
+      and logits.shape[0] > 1 and bias.shape[1:] == logits.shape[1:]):
+    return _add_batch_shared(logits, bias)
+  return logits + bias
 
 
 def _full_query_axis(x: jax.Array, q_len: int, kv_len: int) -> jax.Array:
