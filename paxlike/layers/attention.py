@@ -392,8 +392,10 @@ def add_bias(logits: jax.Array, bias: jax.Array) -> jax.Array:
   under jaxlib 0.12, which sums both ways alike, 1.01x. The sum is the same,
   in another order; other platforms keep the plain broadcast gradient.
   """
-  if (lowering_platform() == "cpu" and bias.ndim == logits.ndim and bias.shape[0] == 1
-      and logits.shape[0] > 1 and bias.shape[1:] == logits.shape[1:]):
+  # Concrete shapes only: an export's batch is symbolic ('b'), and a decode has no gradient.
+  concrete = all(isinstance(d, int) for d in (*logits.shape, *bias.shape))
+  if (concrete and lowering_platform() == "cpu" and bias.ndim == logits.ndim
+      and bias.shape[0] == 1 and logits.shape[0] > 1 and bias.shape[1:] == logits.shape[1:]):
     return _add_batch_shared(logits, bias)
   return logits + bias
 
