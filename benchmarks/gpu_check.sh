@@ -98,8 +98,7 @@ step flan_t5_unrolled 120 $PY -m benchmarks.train_step --exp=FlanT5Base --no-ref
   --steps=10 --set "${T5_BASE[@]}" USE_REPEATED_LAYER=False CHECKPOINT_POLICY=SAVE_EVERYTHING
 
 step profile_t5 120 $PY -m paxlike.main --exp=FlanT5Base --mode=train --job_log_dir=/tmp/prof_t5 \
-  "--set=ICI_MESH_SHAPE=[1,1,1]" --set=PERCORE_BATCH_SIZE=32 --set=DROPOUT_PROB=0.0 \
-  --set=NUM_TRAIN_STEPS=8 --profile_steps=3 --enable_checkpoint_saving=false
+  "${T5_BASE[@]/#/--set=}" --set=NUM_TRAIN_STEPS=8 --profile_steps=3 --enable_checkpoint_saving=false
 cp /tmp/prof_t5/profile/summary.json "$OUT/profile_t5.json" 2>/dev/null
 
 step beam_base 150 $PY -m benchmarks.beam_cost --size=base --batch=32 --input_len=512 \

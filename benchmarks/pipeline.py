@@ -134,7 +134,6 @@ def overrides(v: tuple[int, int, int] | None, tiny: bool) -> tuple[str, list[str
 
 def build_variant(v: tuple[int, int, int] | None, tiny: bool, batches: int) -> Any:
   """A train_step.Runner for the variant, compiled; and the bubble of its schedule."""
-
   from paxlike import flops
 
   name, sets = overrides(v, tiny)
