@@ -24,6 +24,10 @@
 #   flan_t5_unrolled  the same step unrolled with SAVE_EVERYTHING, the layout
 #                 that won for both 1B models (an unrolled T5 compiled in 43 s
 #                 on the H100)
+#   flan_t5_xla_attn  the scanned step with USE_CUDNN_FLASH_ATTENTION=False: XLA's
+#                 attention keeps the relative-position bias at batch 1, where
+#                 cuDNN's takes it (and its gradient) at [32, 12, 512, 512] per
+#                 encoder layer, with the padding mask folded in
 #   profile_t5    3 profiled FlanT5Base steps (--profile_steps, CUDA graphs off so
 #                 the ops have names): where its non-GEMM time goes, to
 #                 $OUT/profile_t5.json
@@ -36,7 +40,7 @@
 set -u
 BUDGET=${1:-570}
 shift $(($# > 0 ? 1 : 0))
-WANTED=" ${*:-tune_1b train_1b gpu_tests peer_llama peer_1b flan_t5_base flan_t5_unrolled profile_t5 beam_base} "
+WANTED=" ${*:-tune_1b train_1b gpu_tests peer_llama peer_1b flan_t5_base flan_t5_unrolled flan_t5_xla_attn profile_t5 beam_base} "
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log") 2>&1
@@ -96,6 +100,8 @@ step flan_t5_base 90 $PY -m benchmarks.train_step --exp=FlanT5Base --no-referenc
   --set "${T5_BASE[@]}"
 step flan_t5_unrolled 120 $PY -m benchmarks.train_step --exp=FlanT5Base --no-reference \
   --steps=10 --set "${T5_BASE[@]}" USE_REPEATED_LAYER=False CHECKPOINT_POLICY=SAVE_EVERYTHING
+step flan_t5_xla_attn 90 $PY -m benchmarks.train_step --exp=FlanT5Base --no-reference --steps=10 \
+  --set "${T5_BASE[@]}" USE_CUDNN_FLASH_ATTENTION=False
 
 step profile_t5 120 $PY -m paxlike.main --exp=FlanT5Base --mode=train --job_log_dir=/tmp/prof_t5 \
   "${T5_BASE[@]/#/--set=}" --set=NUM_TRAIN_STEPS=8 --profile_steps=3 --enable_checkpoint_saving=false
