@@ -30,7 +30,8 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from paxlike.errors import UserError
-from paxlike.layers.linear import Linear
+from paxlike.layers.linear import Linear, project
+from paxlike.layers.platform import lowering_platform
 
 Dtype = Any
 
@@ -109,20 +110,6 @@ def policy_from_flags(use_cudnn_flash_attention: Any = None,
 
 
 # ---------------------------------------------------------------- the choice
-
-
-def lowering_platform() -> str:
-  """The platform this process lowers for: 'cpu', 'tpu', 'cuda' or 'rocm'."""
-  backend = jax.default_backend()
-  if backend != "gpu":
-    return backend
-  try:
-    from jax.extend import backend as jax_backend
-
-    version = jax_backend.get_backend().platform_version.lower()
-  except Exception:  # an unusual plugin: assume CUDA, cuDNN's refusal then falls back
-    return "cuda"
-  return "rocm" if "rocm" in version else "cuda"
 
 
 def cudnn_max_head_dim() -> int:
@@ -530,12 +517,11 @@ class DotProductAttention(nn.Module):
                                     dropout_rate=self.dropout_rate, dropout_rng=rng)
     context = nn.with_logical_constraint(context, ("batch", "length", "activation_heads", "kv"))
     context = checkpoint_name(context, "context")
-    out = jax.lax.dot_general(
+    out = project(
         context, self.param("post", nn.with_logical_partitioning(
             nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
                                              in_axis=(0, 1), out_axis=2),
-            ("heads", "kv", "embed")), (n, h, x.shape[-1]), jnp.float32).astype(self.dtype),
-        (((2, 3), (0, 1)), ((), ())))
+            ("heads", "kv", "embed")), (n, h, x.shape[-1]), jnp.float32).astype(self.dtype), 2)
     if b:
       out = out + self.param("post_bias", nn.with_logical_partitioning(
           nn.initializers.zeros, ("embed",)), (x.shape[-1],), jnp.float32).astype(self.dtype)

@@ -25,8 +25,9 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from paxlike.errors import UserError
-from paxlike.layers.attention import apply_rope, dot_product_attention, lowering_platform
-from paxlike.layers.linear import Linear
+from paxlike.layers.attention import apply_rope, dot_product_attention
+from paxlike.layers.linear import Linear, project
+from paxlike.layers.platform import lowering_platform
 
 Dtype = Any
 
@@ -146,8 +147,7 @@ class _HeadsOut(nn.Module):
         nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
                                          in_axis=(0, 1), out_axis=2),
         ("heads", "kv", "embed")), (*x.shape[-2:], self.features), jnp.float32)
-    return jax.lax.dot_general(x.astype(self.dtype), w.astype(self.dtype),
-                               (((2, 3), (0, 1)), ((), ())))
+    return project(x.astype(self.dtype), w.astype(self.dtype), 2)
 
 
 @jax.custom_vjp

@@ -33,7 +33,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from paxlike.errors import UserError
 from paxlike.layers.attention import dot_product_attention
-from paxlike.layers.linear import dropout_active
+from paxlike.layers.linear import dropout_active, project
 
 Dtype = Any
 
@@ -88,9 +88,7 @@ class DenseGeneral(nn.Module):
                         self.init_scale)
     kernel = self.param("kernel", nn.with_logical_partitioning(init, tuple(self.axes)),
                         (*in_shape, *features), jnp.float32)
-    contract = tuple(range(x.ndim - n_in, x.ndim))
-    return jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype),
-                               ((contract, tuple(range(n_in))), ((), ())))
+    return project(x.astype(self.dtype), kernel.astype(self.dtype), n_in)
 
 
 class Embed(nn.Module):
