@@ -34,11 +34,11 @@ def project(x: jax.Array, w: jax.Array, in_dims: int = 1) -> jax.Array:
   to w's dtype, as the plain gradient is. Left to itself, XLA's CPU compiler
   there keeps these products in bfloat16 outside its fast (YNNPACK) matmuls:
   in a scanned bfloat16 MLP's gradient on a 2-core CPU they took 2x the step
-  under jaxlib 0.12 and 5-6x under 0.11, and FlanT5Small's bfloat16 train
-  step (batch 4, alternated in one process) went from 20.1 s to 13.6 s
-  (0.67x) under 0.12. jaxlib 0.10 keeps them fast itself, and this way its
-  step was 1.10x slower, so it keeps the plain product, as do float32 and
-  other platforms.
+  under jaxlib 0.12 and about 6x under 0.11, and FlanT5Small's bfloat16
+  train step (batch 4, `python -m benchmarks.cpu_projection` on a quiet
+  machine) went from 12.1 s to 8.9 s (0.74x) under 0.12. jaxlib 0.10 keeps
+  them fast itself (8.3 s), and this way its step was 1.06x slower, so it
+  keeps the plain product, as do float32 and other platforms.
   """
   if (x.dtype in (jnp.bfloat16, jnp.float16) and lowering_platform() == "cpu"
       and _jaxlib_version() >= (0, 11)):
