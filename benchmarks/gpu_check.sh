@@ -10,7 +10,8 @@
 # limit, skipped when the SECONDS budget (default 570) no longer holds it:
 #   tune_1b       --mode=tune on the 1B LM shape of C4Spmd1BAdam4Replicas on
 #                 one GPU (the mfu_suite's c4_1b_1gpu: batch 8 x 1024, bf16,
-#                 no logit cap); the table goes to $OUT/tune_1b.json (~220 s)
+#                 no logit cap); the table goes to $OUT/tune_1b.json (~220 s measured
+#                 when each layout was timed once; four turns each add ~30 s)
 #   train_1b      40 steps of the same in the tuned job_log_dir: the layout it
 #                 takes and the MFU it logs (~60 s)
 #   gpu_tests     the `gpu` tests: fused attention, the memory preflight, named
@@ -75,7 +76,7 @@ step() {
 
 ONE_GPU_1B=("--set=ICI_MESH_SHAPE=[1,1,1]" --set=PERCORE_BATCH_SIZE=8 --set=COMBINE_QKV=False
             --set=ATTEN_LOGIT_CAP=-1)
-step tune_1b 250 $PY -m paxlike.main --exp=C4Spmd1BAdam4Replicas --mode=tune \
+step tune_1b 300 $PY -m paxlike.main --exp=C4Spmd1BAdam4Replicas --mode=tune \
   --job_log_dir=/tmp/tune_1b "${ONE_GPU_1B[@]}"
 cp /tmp/tune_1b/tune/tune.json "$OUT/tune_1b.json" 2>/dev/null
 if [[ -f /tmp/tune_1b/tune/tune.json ]]; then

@@ -6,8 +6,9 @@ device, and no rule predicts it (../shared/GPU_FACTS.md: the scan wins for
 FlanT5Base, loses for the 1B LM). So each candidate is compiled for this
 machine's devices; its compiled peak per device is compared with the
 device's usable memory (--device_memory_gib, else what the accelerator
-reports; a CPU has no limit); the ones that fit are timed over a few steps,
-in a shuffled order, and their median step time kept. The table is printed
+reports; a CPU has no limit); the ones that fit are timed in turns (rounds
+in a shuffled order, then the reverse, so a machine's drift hits them all
+alike: time_interleaved), and their median step time kept. The table is printed
 and written to job_log_dir/tune/ (tune.json, tune.txt).
 
 Only the knobs neither the user's own classes nor --set chose are varied; a
@@ -40,7 +41,12 @@ TUNED = ("USE_REPEATED_LAYER", "CHECKPOINT_POLICY", "NUM_MICROBATCHES")
 POLICIES = ("SAVE_NOTHING", "SAVE_DOT_WITH_NO_BATCH_DIM", "SAVE_CONTEXT_AND_OUT_PROJ",
             "SAVE_EVERYTHING")
 MICROBATCHES = (2, 4)  # tried for a layout that does not fit whole
-WARMUP_STEPS, TIMED_STEPS = 2, 5
+# Timing: ROUNDS visits per candidate that fits (time_interleaved), each from a fresh
+# state: WARMUP_PER_VISIT untimed steps, then timed ones until there are at least
+# MIN_TIMED_PER_VISIT of them and they took VISIT_SECONDS (a CPU step of a small model
+# varies by a third from one step to the next), at most MAX_TIMED_PER_VISIT.
+ROUNDS, WARMUP_PER_VISIT = 4, 1
+MIN_TIMED_PER_VISIT, MAX_TIMED_PER_VISIT, VISIT_SECONDS = 2, 50, 0.5
 GIB = 1 << 30
 TUNE_DIR = "tune"
 RESULT = "tune.json"
@@ -135,9 +141,13 @@ def _program(exp_cls: type, overrides: list[str], extra: dict[str, Any],
   return trainer.build_train_program(task, train_input, partitioner), train_input, exp
 
 
-def _measure(c: Candidate, exp_cls: type, overrides: list[str], budget: int | None,
+def _compile(c: Candidate, exp_cls: type, overrides: list[str], budget: int | None,
              make_partitioner: Callable[[Any], Any], peak_flops: Callable[[str], float | None],
-             num_devices: int, time_it: bool) -> None:
+             num_devices: int, time_it: bool, visits: dict[int, tuple[Callable, float | None]]
+             ) -> None:
+  """Compiles c's step for its memory per device; where it fits (and time_it), keeps in
+  visits[id(c)] a visit function for time_interleaved (the executable just compiled: no
+  second compile) and the seconds its step would take at the devices' peak FLOP/s."""
   import jax
 
   from paxlike import memory
@@ -151,24 +161,53 @@ def _measure(c: Candidate, exp_cls: type, overrides: list[str], budget: int | No
   c.fits = budget is None or c.peak_bytes <= budget
   if not (c.fits and time_it):
     return
-  state = program.init_state(0)
-  times = []
-  for i in range(WARMUP_STEPS + TIMED_STEPS):  # the executable just compiled: no second compile
-    t0 = time.perf_counter()
-    state, metrics = compiled(state, batch, key)
-    jax.block_until_ready(metrics)
-    if i >= WARMUP_STEPS:
-      times.append(time.perf_counter() - t0)
-  c.step_seconds = statistics.median(times)
+
+  def visit() -> list[float]:
+    # A fresh state each visit, and none kept between visits: at most one candidate's
+    # state is on the devices at a time, as in the run the table is for.
+    state = program.init_state(0)
+    times: list[float] = []
+    for i in range(WARMUP_PER_VISIT + MAX_TIMED_PER_VISIT):
+      t0 = time.perf_counter()
+      state, metrics = compiled(state, batch, key)
+      jax.block_until_ready(metrics)
+      if i >= WARMUP_PER_VISIT:
+        times.append(time.perf_counter() - t0)
+        if len(times) >= MIN_TIMED_PER_VISIT and sum(times) >= VISIT_SECONDS:
+          break
+    return times
+
   flops = program.task.model.model_flops_per_step(program.global_specs)
   peak = peak_flops(program.task.model.compute_dtype())
-  if peak:
-    c.mfu = flops / (c.step_seconds * peak * num_devices)
+  visits[id(c)] = (visit, flops / (num_devices * peak) if peak else None)
+
+
+def time_interleaved(cands: list[Candidate], visit: Callable[[Candidate], list[float]],
+                     rounds: int = ROUNDS, seed: int = 0) -> None:
+  """Sets each candidate's step_seconds, timing them all in turns.
+
+  Round r visits every candidate in a shuffled order, round r + 1 in the reverse order
+  (A B C, C B A, A B C, ...); visit(c) runs some of c's steps and returns their times.
+  A candidate's time is the median over its visits of each visit's median.
+  A machine that speeds up or slows down while tuning (clocks, a neighbour's load) then
+  moves every candidate alike: over an even number of rounds each candidate's middle
+  visits sit, on average, at the same point of the run, so a drift that is linear in time
+  cancels from the medians, where timing the candidates one after the other would hand
+  the drift to whichever ran first.
+  """
+  order = list(cands)
+  random.Random(seed).shuffle(order)  # no candidate always runs first (warm caches)
+  per_visit: dict[int, list[float]] = {id(c): [] for c in cands}
+  for r in range(rounds):
+    for c in (order if r % 2 == 0 else order[::-1]):
+      per_visit[id(c)].append(statistics.median(visit(c)))
+  for c in cands:
+    c.step_seconds = statistics.median(per_visit[id(c)])
 
 
 def tune(exp: Any, overrides: list[str], job_log_dir: str, budget_gib: float | None,
          make_partitioner: Callable[[Any], Any], time_it: bool = True) -> list[Candidate]:
-  """Compiles (and, where they fit, times) every candidate; writes job_log_dir/tune/."""
+  """Compiles every candidate; times the ones that fit, in turns; writes job_log_dir/tune/."""
   import jax
 
   from paxlike import flops
@@ -177,11 +216,16 @@ def tune(exp: Any, overrides: list[str], job_log_dir: str, budget_gib: float | N
   budget = device_budget(budget_gib)
   # The device peak per compute dtype, resolved (on a CPU: calibrated) once, when first needed.
   peak = functools.cache(lambda dtype: flops.resolve_peak(jax.local_devices(), dtype, None)[0])
-  num_devices = jax.device_count()
+  visits: dict[int, tuple[Callable, float | None]] = {}
   cands = sweep(exp, functools.partial(
-      _measure, exp_cls=exp_cls, overrides=overrides, budget=budget,
-      make_partitioner=make_partitioner, peak_flops=peak, num_devices=num_devices,
-      time_it=time_it))
+      _compile, exp_cls=exp_cls, overrides=overrides, budget=budget,
+      make_partitioner=make_partitioner, peak_flops=peak, num_devices=jax.device_count(),
+      time_it=time_it, visits=visits))
+  timed = [c for c in cands if id(c) in visits]
+  time_interleaved(timed, lambda c: visits[id(c)][0]())
+  for c in timed:
+    at_peak = visits[id(c)][1]
+    c.mfu = at_peak / c.step_seconds if at_peak is not None else None
   _write(os.path.join(job_log_dir, TUNE_DIR), TUNE_DIR, cands, budget, time_it)
   return cands
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import statistics
 
 import pytest
 from conftest import REPO_ROOT, TINY, describe, run_cli
@@ -98,3 +100,33 @@ def test_dry_run_layouts_tables_each_layouts_memory_and_fit_without_timings(tmp_
   assert rows[0]["peak_bytes"] == report["compiled_memory_per_device"]["peak"]
   assert record["timed"] is False and record["winner"] is None
   assert "--dry_run_layouts" not in proc.stdout  # the hint is for runs without the flag
+
+
+def test_timing_in_turns_cancels_a_machine_that_slows_down_while_tuning():
+  """A simulated machine that gets 1.5% slower every step (clocks, a neighbour's load):
+  timing the layouts one after the other hands the drift to whichever runs first;
+  time_interleaved's turns give every layout the same share, and the cheapest wins."""
+  costs = {"A": 1.00, "B": 1.04, "C": 1.08, "D": 1.12}  # true seconds per step at t = 0
+  cands = [tune.Candidate({"CHECKPOINT_POLICY": name}) for name in costs]
+  clock = {"steps": 0}
+
+  def step(c):
+    clock["steps"] += 1
+    return costs[c.overrides["CHECKPOINT_POLICY"]] * (1 + 0.015 * clock["steps"])
+
+  def visit(c, warmup=1, timed=2):
+    return [step(c) for _ in range(warmup + timed)][warmup:]
+
+  # One after the other, the priciest first (2 warm-up and 5 timed steps each): the
+  # drift alone decides, and the last to run, the cheapest, looks slowest.
+  one_by_one = {name: statistics.median(visit(c, 2, 5)) for name, c in
+                zip(reversed(costs), reversed(cands), strict=True)}
+  assert min(one_by_one, key=one_by_one.get) == "D"
+
+  clock["steps"] = 0
+  tune.time_interleaved(cands, visit)
+  assert tune.winner([dataclasses.replace(c, fits=True) for c in cands]).overrides == {
+      "CHECKPOINT_POLICY": "A"}
+  # The measured order is the true order.
+  assert [c.overrides["CHECKPOINT_POLICY"] for c in sorted(cands, key=lambda c: c.step_seconds)
+          ] == list(costs)
