@@ -56,11 +56,16 @@ class ArithmeticAdditionTiny(ArithmeticDataset):
   CLIP_GRADIENT_NORM_TO_VALUE = 1.0
   TRAINING_OPTIMIZED_SHARDING = False
   LEARNING_RATE = 3e-3
+  # Pax's Adam caps each parameter's update at an RMS of 1.0 (ADAM_CLIP_THRESHOLD), which
+  # slows this small model down: exact match after 1500 steps 0.54 with the cap, 0.92
+  # without (JAX 0.10; 0.87 under JAX 0.12). Without it 2500 steps give 0.976 (JAX 0.10)
+  # and 0.966 (JAX 0.12), where 3000 capped steps gave 0.96 and 0.988.
+  ADAM_CLIP_THRESHOLD = 0.0
   LR_SCHEDULE = "linear_rampup_cosine_decay"
   LR_COS_WARMUP = 100
   LR_COS_DECAY_START = 100
-  LR_COS_DECAY_END = 3000
-  NUM_TRAIN_STEPS = 3000
+  LR_COS_DECAY_END = 2500
+  NUM_TRAIN_STEPS = 2500
   CHECKPOINT_EVERY_N_STEPS = 1000
   SUMMARY_INTERVAL_STEPS = 100
   EVAL_INTERVAL_STEPS = 1000
