@@ -144,16 +144,15 @@ class TrainProgram:
   abstract: ts.TrainState  # ShapeDtypeStructs of the state
   logical: ts.TrainState  # logical PartitionSpecs of the state
   step_fn: Any  # partitioner.compile(train_step): (state, batch, key) -> (state, metrics)
-  _init: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+  @functools.cached_property
+  def _init(self) -> Any:
+    # One init function per program: jax.jit caches by function, so a second
+    # init_state (--mode=tune makes a fresh state for every timed visit) compiles nothing.
+    return ts.init_fn(self.task.model, self.tx, self.sample_batch)
 
   def init_state(self, seed: int) -> ts.TrainState:
-    """A freshly initialised state, created in the partitioner's layout.
-
-    One init function per program: jax.jit caches by function, so a second call
-    (--mode=tune makes a fresh state for every timed visit) compiles nothing.
-    """
-    if self._init is None:
-      self._init = ts.init_fn(self.task.model, self.tx, self.sample_batch)
+    """A freshly initialised state, created in the partitioner's layout."""
     return self.partitioner.init_state(self._init, seed)
 
 
