@@ -229,6 +229,10 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
+  def reload(self) -> None:
+    """Reads the folder again: steps another process committed since are listed."""
+    self._manager.reload()
+
   def all_steps(self) -> list[int]:
     return list(self._manager.all_steps())
 

@@ -396,12 +396,13 @@ def _gather_host(x: np.ndarray) -> np.ndarray:
 
 def restore_for_eval(task: Any, train_input: BaseInput, partitioner: Any, job_log_dir: str,
                      step: int | None = None, restore_dir: str | None = None,
-                     init_from: Any = None) -> tuple[Any, int]:
+                     init_from: Any = None, program: Any = None) -> tuple[Any, int]:
   """The state of a finished or running job, for --mode=eval / decode / infer / export.
 
   Nothing is written. With no checkpoint to read (and no step asked for),
   init_from's weights stand in as step 0: a user can score the imported
-  model before fine-tuning it.
+  model before fine-tuning it. program: the task's train program, when the
+  caller restores several steps with one (else built here).
 
   Raises:
     UserError: there is no checkpoint to read, or not the requested step.
@@ -409,7 +410,7 @@ def restore_for_eval(task: Any, train_input: BaseInput, partitioner: Any, job_lo
   from paxlike import checkpoints as ckpt_lib
   from paxlike import initial, resume, trainer
 
-  program = trainer.build_train_program(task, train_input, partitioner)
+  program = program or trainer.build_train_program(task, train_input, partitioner)
   directory = restore_dir or ckpt_lib.checkpoint_dir(job_log_dir)
   has_dir = os.path.isdir(directory)
   ckpt = ckpt_lib.Checkpointer(directory, read_only=True) if has_dir else None

@@ -4,7 +4,8 @@ PAXLIKE_TEST_FAULT="<action>:<point>:<step>" fires once, when the trainer
 passes `point` at `step`:
 
   actions: kill (SIGKILL: no cleanup at all, as a crash or an OOM kill),
-           term (SIGTERM), int (SIGINT)
+           term (SIGTERM), int (SIGINT), stop (SIGSTOP: the run pauses, alive, until
+           the test sends SIGCONT)
   points:  step (right after step <step> is dispatched, while the device
            still runs it), save (right after the checkpoint of <step> has
            started, while orbax still writes it in the background), eval (between
@@ -19,7 +20,8 @@ import os
 import signal
 
 ENV = "PAXLIKE_TEST_FAULT"
-ACTIONS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}
+ACTIONS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT,
+           "stop": signal.SIGSTOP}
 
 
 def hit(point: str, step: int) -> None:

@@ -214,6 +214,18 @@ class JobLock:
     self.release()
 
 
+def live_holder(job_log_dir: str) -> dict[str, Any] | None:
+  """The run that holds job_log_dir's lock now ({pid, host, ...}), or None when no live run
+  does (no lock file, or a stale one). Reads only: an eval or decode job asks this to know
+  whether a trainer may still write checkpoints."""
+  probe = JobLock(job_log_dir, heartbeat_s=0)
+  probe.pid = -1  # a probe is no holder: a lock naming this process is not stale for it
+  info, mtime = probe._read()
+  if mtime is None or probe._is_stale(info, mtime):
+    return None
+  return info or {}
+
+
 def hold(job_log_dir: str) -> JobLock | None:
   """Takes job_log_dir's lock for this job until the process exits; all processes agree.
 

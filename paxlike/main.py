@@ -21,7 +21,8 @@ from absl import app, flags, logging  # noqa: E402
 from paxlike.errors import UserError  # noqa: E402
 
 FLAGS = flags.FLAGS
-MODES = ("train", "eval", "decode", "infer", "export", "dry_run", "tune")
+MODES = ("train", "eval", "decode", "decode_once", "infer", "export", "dry_run", "tune")
+FOLLOWING_MODES = ("eval", "decode")  # beside a running trainer: each new checkpoint (follow.py)
 EXPORT_FORMATS = ("hf", "stablehlo", "savedmodel")  # paxlike.export.EXPORTERS
 
 flags.DEFINE_string("exp", None, "Experiment: module.Class (looked up in that module; "
@@ -44,6 +45,11 @@ flags.DEFINE_bool("skip_nonfinite_steps", False,
                   "Skip updates whose loss or gradient is NaN/Inf instead of stopping the run.")
 flags.DEFINE_bool("decode_during_train", False,
                   "Decode the decode datasets at every eval interval (always at the end).")
+flags.DEFINE_bool("eval_on_test", True, "--mode=train: run the eval datasets every "
+                  "EVAL_INTERVAL_STEPS and at the end (Pax's flag; paxlike's default is on, "
+                  "--noeval_on_test turns it off).")
+flags.DEFINE_bool("eval_during_decode", False, "--mode=decode / decode_once: also run the "
+                  "eval datasets on each checkpoint decoded.")
 flags.DEFINE_float("decode_temperature", 0.0, "Sampling temperature; 0 decodes greedily.")
 flags.DEFINE_integer("decode_top_k", 0, "Sample among the k most likely tokens (0: all).")
 flags.DEFINE_float("decode_top_p", 1.0, "Sample from the smallest set of most likely tokens "
@@ -105,6 +111,8 @@ flags.DEFINE_string("target", "tpu_v5p", "--mode=dry_run: the device kind whose 
 flags.DEFINE_bool("dry_run_layouts", False, "--mode=dry_run: also compile every layout "
                   "--mode=tune would try (scanned or unrolled, each remat policy) and table "
                   "their memory per device and whether it fits --target, untimed; slower.")
+flags.DEFINE_integer("jax_profiler_port", None, "Start jax.profiler's server on this port, so "
+                     "TensorBoard's profile tab can capture a trace of the running job.")
 flags.DEFINE_float("device_memory_gib", None, "--mode=train: the memory a device may use; the "
                    "compiled step is checked against it before step 1 and a step that needs "
                    "more is refused (a GPU shared with others, or a budget to test against).")
@@ -117,15 +125,17 @@ HELP_GROUPS = (
     ("Training, checkpoints and initial weights", (
         "init_from", "restore_checkpoint_dir", "restore_checkpoint_step", "restore_fallback",
         "enable_checkpoint_saving", "jax_fully_async_checkpoint", "pmap_use_tensorstore",
-        "enable_summary_writer", "skip_nonfinite_steps", "decode_during_train")),
+        "enable_summary_writer", "skip_nonfinite_steps", "decode_during_train",
+        "eval_on_test")),
     ("Decode and infer", (
         "decode_temperature", "decode_top_k", "decode_top_p", "decode_num_beams",
-        "decode_alpha", "decode_max_length", "infer_input")),
+        "decode_alpha", "decode_max_length", "eval_during_decode", "infer_input")),
     ("Export (--mode=export)", (
         "export_format", "export_dir", "export_overwrite", "export_platforms")),
     ("Performance: MFU, PGLE, profiles, dry run", (
         "peak_tflops_per_device", "pgle", "pgle_profile_path", "pgle_profiling_runs",
-        "pgle_aggregation_percentile", "profile_steps", "profile_start_step", "target",
+        "pgle_aggregation_percentile", "profile_steps", "profile_start_step",
+        "jax_profiler_port", "target",
         "dry_run_layouts", "device_memory_gib")),
     ("Multi-host", (
         "coordinator_address", "num_processes", "process_id", "distributed_timeout_s",
@@ -315,6 +325,12 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
   if argv_flags.decode_during_train and argv_flags.mode != "train":
     raise UserError(f"--decode_during_train is read only by --mode=train, not "
                     f"--mode={argv_flags.mode}; drop it.")
+  if argv_flags["eval_on_test"].present and argv_flags.mode != "train":
+    raise UserError(f"--eval_on_test is read only by --mode=train, not --mode={argv_flags.mode}"
+                    "; drop it (--mode=eval runs the eval datasets).")
+  if argv_flags.eval_during_decode and argv_flags.mode not in ("decode", "decode_once"):
+    raise UserError(f"--eval_during_decode is read only by --mode=decode and decode_once, not "
+                    f"--mode={argv_flags.mode}; drop it.")
   return exp
 
 
@@ -370,7 +386,31 @@ def _start_backend(exp: Any, job_log_dir: str, argv_flags: flags.FlagValues,
       log=log.info)
   if (warning := attention.policy_warning()) is not None:
     log.warning("%s", warning)
+  if argv_flags.jax_profiler_port is not None:
+    _start_profiler_server(argv_flags.jax_profiler_port)
   return run_timer, flag_plan
+
+
+def _start_profiler_server(port: int) -> None:
+  """--jax_profiler_port: jax.profiler's server, for traces captured while the job runs."""
+  import socket
+
+  import jax
+
+  from paxlike import log
+
+  if not 0 < port < 65536:
+    raise UserError(f"--jax_profiler_port={port} is not a port; pass one in 1..65535.")
+  # The server only logs a port it cannot bind, and runs on without one: try it first.
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    try:
+      probe.bind(("", port))
+    except OSError as e:
+      raise UserError(f"--jax_profiler_port={port}: the port cannot be used ({e.strerror}); "
+                      "pick a free one.") from None
+  jax.profiler.start_server(port)
+  log.info("jax.profiler server on port %d: TensorBoard's profile tab captures a trace from "
+           "localhost:%d", port, port)
 
 
 def _partitioner(exp: Any) -> tuple[Any, dict[str, int]]:
@@ -428,10 +468,16 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
   _check_work(exp, argv_flags, inputs, decode_inputs)
   target = getattr(getattr(task, "train", None), "target_log_pplx", None)
   if target is not None and argv_flags.mode == "train" and not (
-      task.train.eval_interval_steps and any(not i.is_training for i in inputs)):
+      task.train.eval_interval_steps and any(not i.is_training for i in inputs)
+      and argv_flags.eval_on_test):
     raise UserError(f"TARGET_LOG_PPLX={target} stops training when an eval reaches it, but "
                     f"{name} runs no evals while training (it needs "
-                    "EVAL_INTERVAL_STEPS > 0 and an eval input in datasets()).")
+                    "EVAL_INTERVAL_STEPS > 0, an eval input in datasets() and no "
+                    "--noeval_on_test).")
+  if (getattr(task, "early_stopping_fn", None) is not None and argv_flags.mode == "train"
+      and not argv_flags.eval_on_test):
+    raise UserError(f"{name}'s early_stopping_fn is called after each eval while training, "
+                    "and --noeval_on_test runs none; drop --noeval_on_test.")
   return _Built(configs.task, configs.datasets, task, inputs, decode_inputs)
 
 
@@ -440,16 +486,18 @@ def _check_work(exp: Any, argv_flags: flags.FlagValues, inputs: list[Any],
   """Refuses a mode or flag that would find nothing to do, before anything is restored."""
   name, mode = type(exp).__name__, argv_flags.mode
   files = hasattr(type(exp), "EVAL_FILES")  # FilesDataset: its eval and decode sets
-  if mode == "eval" and not any(not i.is_training for i in inputs):
+  what = "--eval_during_decode" if mode != "eval" else "--mode=eval"
+  if ((mode == "eval" or argv_flags.eval_during_decode)
+      and not any(not i.is_training for i in inputs)):
     raise UserError(f"{name} has no eval datasets (no input in datasets() with "
-                    "is_training=False), so --mode=eval has nothing to evaluate; add one" +
+                    f"is_training=False), so {what} has nothing to evaluate; add one" +
                     (" or set EVAL_FILES" if files else "") + ".")
   if decode_inputs:
     return
   add = "add one" + (" or set EVAL_FILES to rows with targets" if files else "")
-  if mode == "decode":
+  if mode in ("decode", "decode_once"):
     raise UserError(f"{name} has no decode datasets (decode_datasets() returns none), so "
-                    f"--mode=decode has nothing to decode; {add}.")
+                    f"--mode={mode} has nothing to decode; {add}.")
   if mode == "train" and argv_flags.decode_during_train:
     raise UserError(f"--decode_during_train: {name} has no decode datasets (decode_datasets() "
                     f"returns none), so there is nothing to decode; drop the flag, or {add}.")
@@ -584,8 +632,9 @@ def _train_options(built: _Built, partitioner: Any, job_log_dir: str,
                                              options.peak_flops_per_device,
                                              "peak_flops_source": peak_source,
                                              **({"pipeline": pipeline} if pipeline else {})})
+  evals = built.eval_inputs if argv_flags.mode != "train" or argv_flags.eval_on_test else []
   options.evaluator = evaluator.Evaluator(
-      model, partitioner, built.eval_inputs, built.decode_inputs,
+      model, partitioner, evals, built.decode_inputs,
       job_log_dir, enable_summary_writer=argv_flags.enable_summary_writer,
       settings=decode_settings(argv_flags, model))
   options.decode_during_train = argv_flags.decode_during_train
@@ -597,14 +646,36 @@ def _train_options(built: _Built, partitioner: Any, job_log_dir: str,
 
 def _run_on_restored(built: _Built, partitioner: Any, job_log_dir: str,
                      argv_flags: flags.FlagValues, options: Any, export_job: Any) -> int:
-  """eval, decode, infer or export on the restored (or INIT_FROM) state."""
-  from paxlike import decoding, evaluator
+  """eval, decode, infer or export on the restored (or INIT_FROM) state; eval and decode
+  beside a running trainer go on with each checkpoint it commits (follow.py)."""
+  import functools
+
+  from paxlike import decoding, evaluator, trainer
   from paxlike import export as export_lib
 
   mode = argv_flags.mode
-  state, step = evaluator.restore_for_eval(
-      built.task, built.train_input, partitioner, job_log_dir, argv_flags.restore_checkpoint_step,
-      argv_flags.restore_checkpoint_dir, init_from=options.init_from)
+  restore = functools.partial(
+      evaluator.restore_for_eval, built.task, built.train_input, partitioner, job_log_dir,
+      restore_dir=argv_flags.restore_checkpoint_dir, init_from=options.init_from,
+      program=trainer.build_train_program(built.task, built.train_input, partitioner))
+  steps = (_followed_steps(job_log_dir, argv_flags, built.task.train.num_train_steps)
+           if mode in FOLLOWING_MODES and argv_flags.restore_checkpoint_step is None else None)
+  if steps is not None:
+    for step in steps:
+      try:
+        state, step = restore(step=step)
+      except Exception:
+        if _still_there(job_log_dir, argv_flags, step):
+          raise
+        from paxlike import log
+
+        log.warning("checkpoint %d was deleted while it was read (the trainer keeps "
+                    "SAVE_MAX_TO_KEEP); going on with the next one", step)
+        continue
+      _report(options.evaluator, mode, state, step, argv_flags.eval_during_decode)
+      del state
+    return 0
+  state, step = restore(step=argv_flags.restore_checkpoint_step)
   if mode == "export":
     exporter, export_plan, export_dir = export_job
     params = decoding.decoding_model(  # a pipelined model exports its unpipelined twin
@@ -617,14 +688,47 @@ def _run_on_restored(built: _Built, partitioner: Any, job_log_dir: str,
     for name, (count, path) in options.evaluator.infer(state, step).items():
       print(f"infer {name} at step {step}: {count} predictions -> {path}")
     return 0
-  if mode == "eval":
-    results = options.evaluator.evaluate(state, step)
-  else:
-    results = options.evaluator.decode(state, step)
-  for name, metrics in results.items():
-    print(f"{mode} {name} at step {step}: " +
-          " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+  _report(options.evaluator, mode, state, step, argv_flags.eval_during_decode)
   return 0
+
+
+def _checkpoints_read(job_log_dir: str, argv_flags: flags.FlagValues) -> str:
+  from paxlike import checkpoints as ckpt_lib
+
+  if argv_flags.restore_checkpoint_dir:
+    return ckpt_lib.resolve_restore_dir(argv_flags.restore_checkpoint_dir)
+  return ckpt_lib.checkpoint_dir(job_log_dir)
+
+
+def _followed_steps(job_log_dir: str, argv_flags: flags.FlagValues, final_step: int) -> Any:
+  """The steps an eval or decode run takes from a trainer that holds the job now, or None
+  when none does and there is no checkpoint (the run then reads INIT_FROM, or says why not)."""
+  from paxlike import follow
+
+  poll = follow.folder_poll(_checkpoints_read(job_log_dir, argv_flags))
+  newest, trainer = poll()
+  if newest is None and not trainer:
+    return None
+  return follow.steps(poll, final_step)
+
+
+def _still_there(job_log_dir: str, argv_flags: flags.FlagValues, step: int) -> bool:
+  from paxlike import checkpoints as ckpt_lib
+
+  directory = _checkpoints_read(job_log_dir, argv_flags)
+  return not os.path.isdir(directory) or step in ckpt_lib.Checkpointer(
+      directory, read_only=True).all_steps()
+
+
+def _report(evaluator: Any, mode: str, state: Any, step: int, eval_during_decode: bool) -> None:
+  """Evaluates or decodes one restored step and prints a line per dataset."""
+  runs = [("eval", evaluator.evaluate)] if mode == "eval" else [("decode", evaluator.decode)]
+  if eval_during_decode:
+    runs.append(("eval", evaluator.evaluate))
+  for label, run_one in runs:
+    for name, metrics in run_one(state, step).items():
+      print(f"{label} {name} at step {step}: " +
+            " ".join(f"{k} {v:.4f}" for k, v in metrics.items()), flush=True)
 
 
 def _train(built: _Built, partitioner: Any, job_log_dir: str, options: Any) -> int:

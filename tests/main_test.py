@@ -205,6 +205,19 @@ def _error_line(proc) -> str:
                  [r"\b3\b", r"\b8\b"], id="mesh_device_mismatch"),
     pytest.param([], 1, ["--exp"], id="missing_exp"),
     pytest.param([f"--exp={TINY}", "--no_such_flag=1"], 1, ["no_such_flag"], id="unknown_flag"),
+    # Pax's flags, where the mode has nothing for them to do.
+    pytest.param([f"--exp={TINY}", "--mode=decode_once"], 1,
+                 ["--mode=decode_once has nothing to decode"], id="decode_once_nothing"),
+    pytest.param([f"--exp={TINY}", "--mode=eval", "--eval_on_test"], 1,
+                 ["--eval_on_test is read only by --mode=train"], id="eval_on_test_in_eval"),
+    pytest.param([f"--exp={TINY}", "--mode=eval", "--eval_during_decode"], 1,
+                 ["--eval_during_decode is read only by --mode=decode"],
+                 id="eval_during_decode_in_eval"),
+    pytest.param([f"--exp={TINY}", "--noeval_on_test", "--set", "TARGET_LOG_PPLX=1.0", "--set",
+                  "EVAL_INTERVAL_STEPS=5"], 1, ["TARGET_LOG_PPLX=1.0", "--noeval_on_test"],
+                 id="target_log_pplx_without_evals"),
+    pytest.param([f"--exp={TINY}", "--jax_profiler_port=0"], 1,
+                 ["--jax_profiler_port=0 is not a port"], id="jax_profiler_port_0"),
 ])
 def test_cli_errors_exit_2_with_one_error_line(tmp_path, args, devices, expected):
   proc = run_cli([*args, "--job_log_dir=job"], cwd=tmp_path, devices=devices)

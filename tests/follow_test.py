@@ -1,0 +1,120 @@
+"""--mode=eval / --mode=decode beside a running trainer follow its checkpoints (Pax's evaler).
+
+The CLI test pauses a real trainer (SIGSTOP, from the fault hook) right after its first
+checkpoint, starts an eval run beside it, and lets the trainer go on only once the eval
+has scored that checkpoint: the eval run must then wait for, and score, the trainer's
+last step, and end by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+from fault_tools import FAULT_EXP, FAULT_STEPS, command, describe, env, launch, run
+
+from paxlike import follow, job_lock
+
+EVAL_LINE = re.compile(r"^eval test at step (\d+): loss [\d.]+", re.M)
+
+
+def _fake_poll(script):
+  """poll() answering from script: [(newest step or None, trainer alive), ...]."""
+  answers = iter(script)
+  return lambda: next(answers)
+
+
+def test_steps_follow_the_trainer_to_its_last_step_and_skip_to_the_newest():
+  waits = []
+  poll = _fake_poll([(None, True), (4, True), (4, True), (12, True), (16, True)])
+  assert list(follow.steps(poll, 16, sleep=waits.append)) == [4, 12, 16]
+  assert len(waits) == 2  # once before step 4 was there, once after it was scored
+
+
+def test_steps_stop_when_the_trainer_is_gone():
+  poll = _fake_poll([(4, True), (8, True), (8, False)])
+  assert list(follow.steps(poll, 16, sleep=lambda s: None)) == [4, 8]
+  # A trainer that ended before the first look: its newest step, once.
+  assert list(follow.steps(_fake_poll([(8, False)]), 16, sleep=lambda s: None)) == [8]
+
+
+def test_live_holder_sees_a_running_trainer_and_not_a_dead_one(tmp_path):
+  assert job_lock.live_holder(str(tmp_path)) is None
+  with job_lock.JobLock(str(tmp_path), heartbeat_s=0):
+    assert job_lock.live_holder(str(tmp_path))["pid"] == os.getpid()
+  assert job_lock.live_holder(str(tmp_path)) is None
+  (tmp_path / job_lock.LOCK_NAME).write_text(json.dumps(
+      {"pid": 999999999, "host": job_lock.JobLock(str(tmp_path)).host}))
+  assert job_lock.live_holder(str(tmp_path)) is None  # a killed run's leftover lock
+
+
+def _state(pid: int) -> str:
+  with open(f"/proc/{pid}/stat") as f:
+    return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _wait_for(predicate, what: str, timeout: float = 240) -> None:
+  end = time.monotonic() + timeout
+  while not predicate():
+    assert time.monotonic() < end, f"timed out waiting for {what}"
+    time.sleep(0.2)
+
+
+def test_eval_beside_a_trainer_scores_each_new_checkpoint_until_the_last(tmp_path):
+  # The trainer pauses itself as step 5 starts: checkpoint 4 is committed (saves are
+  # synchronous here), it still holds the job, and it goes on only when told.
+  trainer = launch([FAULT_EXP, "--job_log_dir=job", "--nojax_fully_async_checkpoint",
+                    "--set", "EVAL_INTERVAL_STEPS=0"], tmp_path,
+                   PAXLIKE_TEST_FAULT="stop:step:5")
+  evaler = None
+  try:
+    _wait_for(lambda: trainer.poll() is not None or _state(trainer.pid) == "T",
+              "the trainer to pause after its first checkpoint")
+    assert trainer.poll() is None, describe(trainer)
+    # Once: a run given a step reads it and ends, trainer or not.
+    once = run([FAULT_EXP, "--job_log_dir=job", "--mode=eval", "--restore_checkpoint_step=4"],
+               tmp_path)
+    assert once.returncode == 0 and EVAL_LINE.findall(once.stdout) == ["4"], describe(once)
+    log = tmp_path / "evaler.out"
+    with open(log, "w") as out:
+      evaler = subprocess.Popen(command([FAULT_EXP, "--job_log_dir=job", "--mode=eval"]),
+                                cwd=tmp_path, env=env(), stdout=out, stderr=subprocess.PIPE,
+                                text=True)
+    _wait_for(lambda: EVAL_LINE.search(log.read_text()) or evaler.poll() is not None,
+              "the eval run to score checkpoint 4")
+    assert evaler.poll() is None, "the eval run ended while the trainer still held the job"
+    assert EVAL_LINE.findall(log.read_text()) == ["4"]
+    os.kill(trainer.pid, signal.SIGCONT)
+    t_out, t_err = trainer.communicate(timeout=300)
+    assert trainer.returncode == 0, f"trainer: exit {trainer.returncode}\n{t_err[-3000:]}"
+    _, e_err = evaler.communicate(timeout=120)
+  finally:
+    for proc in (trainer, evaler):
+      if proc is not None and proc.poll() is None:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.communicate()
+  steps = [int(s) for s in EVAL_LINE.findall(log.read_text())]
+  assert evaler.returncode == 0, f"evaler: exit {evaler.returncode}\n{e_err[-3000:]}"
+  assert steps[0] == 4 and steps[-1] == FAULT_STEPS, steps
+  assert steps == sorted(set(steps)), steps
+  assert "waiting for the trainer's next checkpoint" in e_err
+
+
+
+def test_noeval_on_test_trains_without_running_the_eval_datasets(tmp_path):
+  args = [FAULT_EXP, "--job_log_dir=job", "--set", "NUM_TRAIN_STEPS=8"]
+  proc = run([*args, "--noeval_on_test"], tmp_path)
+  assert proc.returncode == 0, describe(proc)
+  assert "trained steps 0..8" in proc.stdout
+  assert "eval_test_test at step" not in proc.stdout  # FaultTiny evals every 4 steps otherwise
+  assert not (tmp_path / "job" / "summaries" / "eval_test_test").exists()
+  # Pax's flag as a Pax user writes it: the evals run (here: continuing to step 12).
+  proc = run([FAULT_EXP, "--job_log_dir=job", "--set", "NUM_TRAIN_STEPS=12", "--eval_on_test"],
+             tmp_path)
+  assert proc.returncode == 0, describe(proc)
+  assert "eval_test_test at step 12" in proc.stdout
