@@ -37,7 +37,10 @@ flags.DEFINE_bool("jax_fully_async_checkpoint", True, "Save checkpoints in the b
 flags.DEFINE_bool("enable_summary_writer", True, "Write TensorBoard summaries.")
 flags.DEFINE_string("restore_checkpoint_dir", None,
                     "A checkpoints/ folder to initialise from when job_log_dir has none.")
-flags.DEFINE_integer("restore_checkpoint_step", None, "Restore this step, not the latest.")
+flags.DEFINE_multi_integer("restore_checkpoint_step", None, "Restore this step, not the "
+                           "latest; --mode=eval, decode and decode_once take several (the "
+                           "flag repeated) and run on each in turn.")
+SEVERAL_STEP_MODES = ("eval", "decode", "decode_once")  # modes that read several such steps
 flags.DEFINE_bool("restore_fallback", False,
                   "If the checkpoint to restore is damaged, move it aside (checkpoint_N.damaged) "
                   "and restore the newest older step.")
@@ -328,6 +331,11 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
   if argv_flags["eval_on_test"].present and argv_flags.mode != "train":
     raise UserError(f"--eval_on_test is read only by --mode=train, not --mode={argv_flags.mode}"
                     "; drop it (--mode=eval runs the eval datasets).")
+  asked = argv_flags.restore_checkpoint_step or []
+  if len(asked) > 1 and argv_flags.mode not in SEVERAL_STEP_MODES:
+    raise UserError(f"--restore_checkpoint_step is given {len(asked)} times "
+                    f"({', '.join(map(str, asked))}); only --mode=eval, decode and decode_once "
+                    f"run on several steps, --mode={argv_flags.mode} on one: pass one.")
   if argv_flags.eval_during_decode and argv_flags.mode not in ("decode", "decode_once"):
     raise UserError(f"--eval_during_decode is read only by --mode=decode and decode_once, not "
                     f"--mode={argv_flags.mode}; drop it.")
@@ -539,10 +547,10 @@ def _preflight(exp: Any, built: _Built, job_log_dir: str,
   init_from = initial.InitFrom.of(exp, argv_flags.init_from)
   exporter = export_lib.get(argv_flags.export_format) if mode == "export" else None
   with experiment.user_config_errors(f"initialising {type(exp).__name__}'s model"):
-    source = resume.preflight_task(
+    source, *_ = [resume.preflight_task(  # every step asked for, before anything is read
         task, built.train_input, job_log_dir, mode, argv_flags.restore_checkpoint_dir,
-        argv_flags.restore_checkpoint_step, argv_flags.restore_fallback,
-        will_save=argv_flags.enable_checkpoint_saving, init_from=init_from)
+        step, argv_flags.restore_fallback, will_save=argv_flags.enable_checkpoint_saving,
+        init_from=init_from) for step in _restore_steps(argv_flags)]
   if mode == "train":  # a pipeline's microbatches, before anything is written
     rows, slices = built.train_input.get_global_batch_size(), task.train.num_microbatches
     if rows % slices == 0:  # else the trainer's accumulation check says so
@@ -608,7 +616,7 @@ def _train_options(built: _Built, partitioner: Any, job_log_dir: str,
       async_checkpoint=argv_flags.jax_fully_async_checkpoint,
       enable_summary_writer=argv_flags.enable_summary_writer,
       restore_checkpoint_dir=argv_flags.restore_checkpoint_dir,
-      restore_checkpoint_step=argv_flags.restore_checkpoint_step,
+      restore_checkpoint_step=_restore_steps(argv_flags)[0],
       checkpoint_format="msgpack" if (partitioner.kind == "pmap"
                                       and not argv_flags.pmap_use_tensorstore) else "tensorstore")
   options.init_from = init_from
@@ -659,7 +667,7 @@ def _run_on_restored(built: _Built, partitioner: Any, job_log_dir: str,
       restore_dir=argv_flags.restore_checkpoint_dir, init_from=options.init_from,
       program=trainer.build_train_program(built.task, built.train_input, partitioner))
   steps = (_followed_steps(job_log_dir, argv_flags, built.task.train.num_train_steps)
-           if mode in FOLLOWING_MODES and argv_flags.restore_checkpoint_step is None else None)
+           if mode in FOLLOWING_MODES and not argv_flags.restore_checkpoint_step else None)
   if steps is not None:
     for step in steps:
       try:
@@ -670,12 +678,18 @@ def _run_on_restored(built: _Built, partitioner: Any, job_log_dir: str,
         from paxlike import log
 
         log.warning("checkpoint %d was deleted while it was read (the trainer keeps "
-                    "SAVE_MAX_TO_KEEP); going on with the next one", step)
+                    "CHECKPOINT_MAX_TO_KEEP); going on with the next one", step)
         continue
       _report(options.evaluator, mode, state, step, argv_flags.eval_during_decode)
       del state
     return 0
-  state, step = restore(step=argv_flags.restore_checkpoint_step)
+  if mode in SEVERAL_STEP_MODES:
+    for asked in _restore_steps(argv_flags):
+      state, step = restore(step=asked)
+      _report(options.evaluator, mode, state, step, argv_flags.eval_during_decode)
+      del state
+    return 0
+  state, step = restore(step=_restore_steps(argv_flags)[0])
   if mode == "export":
     exporter, export_plan, export_dir = export_job
     params = decoding.decoding_model(  # a pipelined model exports its unpipelined twin
@@ -687,9 +701,12 @@ def _run_on_restored(built: _Built, partitioner: Any, job_log_dir: str,
   if mode == "infer":  # predictions only: no metrics, no summaries
     for name, (count, path) in options.evaluator.infer(state, step).items():
       print(f"infer {name} at step {step}: {count} predictions -> {path}")
-    return 0
-  _report(options.evaluator, mode, state, step, argv_flags.eval_during_decode)
   return 0
+
+
+def _restore_steps(argv_flags: flags.FlagValues) -> list[int | None]:
+  """--restore_checkpoint_step's steps in the order given; [None]: the newest."""
+  return list(argv_flags.restore_checkpoint_step or [None])
 
 
 def _checkpoints_read(job_log_dir: str, argv_flags: flags.FlagValues) -> str:

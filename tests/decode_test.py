@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import flax.linen as nn
 import jax
@@ -89,19 +90,23 @@ def test_eval_and_decode_modes_reuse_the_latest_checkpoint(arithmetic_job):
   assert proc.returncode == 0, describe(proc)
   assert f"eval test at step {TEST_STEPS}" in proc.stdout
   assert "num_examples 500.0000" in proc.stdout
-  decode = ["--exp=ArithmeticAdditionTiny", f"--job_log_dir={job}", "--mode=decode",
+  decode = ["--exp=ArithmeticAdditionTiny", f"--job_log_dir={job}", "--mode=decode_once",
             "--restore_checkpoint_step=500"]
   proc = run_cli(decode, job.parent)
   assert proc.returncode == 0, describe(proc)
   out = job / "decoder_out" / "test"
   first = (out / "decode_00000500.jsonl").read_text()
   # A re-decode at the same step writes beside the first, as infer does; nothing is replaced.
-  proc = run_cli([*decode, "--decode_max_length=1"], job.parent)
+  # Pax's decode_once takes the steps in the order given (the flag repeated).
+  proc = run_cli([*decode, "--restore_checkpoint_step=1000", "--decode_max_length=1"],
+                 job.parent)
   assert proc.returncode == 0, describe(proc)
+  assert re.findall(r"^decode test at step (\d+):", proc.stdout, re.M) == ["500", "1000"]
   assert (out / "decode_00000500.jsonl").read_text() == first
   again = (out / "decode_00000500-2.jsonl").read_text().splitlines()
   assert len(again) == 500 and again != first.splitlines()
   assert json.loads((out / "metrics_00000500-2.json").read_text())["num_examples"] == 500
+  assert len((out / "decode_00001000.jsonl").read_text().splitlines()) == 500
 
 
 def test_eval_without_a_checkpoint_is_a_clear_error(tmp_path):

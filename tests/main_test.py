@@ -216,6 +216,9 @@ def _error_line(proc) -> str:
     pytest.param([f"--exp={TINY}", "--noeval_on_test", "--set", "TARGET_LOG_PPLX=1.0", "--set",
                   "EVAL_INTERVAL_STEPS=5"], 1, ["TARGET_LOG_PPLX=1.0", "--noeval_on_test"],
                  id="target_log_pplx_without_evals"),
+    pytest.param([f"--exp={TINY}", "--restore_checkpoint_step=2",
+                  "--restore_checkpoint_step=4"], 1, ["given 2 times", "--mode=train on one"],
+                 id="several_steps_to_train_from"),
     pytest.param([f"--exp={TINY}", "--jax_profiler_port=0"], 1,
                  ["--jax_profiler_port=0 is not a port"], id="jax_profiler_port_0"),
 ])
