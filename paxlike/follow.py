@@ -12,8 +12,8 @@ between skipped.
 A run on a job that no trainer holds, or with --restore_checkpoint_step, or
 in --mode=decode_once, reads one checkpoint and ends, as it always did.
 
-In a multi-process run process 0 looks at the folder and the lock, and
-every process follows its answer (one broadcast per look).
+In a multi-process run every process looks at the folder (orbax's reads
+are collective) and all follow process 0's answer (one broadcast per look).
 """
 
 from __future__ import annotations
@@ -86,23 +86,24 @@ def folder_poll(directory: str) -> Callable[[], tuple[int | None, bool]]:
   job_log_dir = job_of(directory)
   found: list[ckpt_lib.Checkpointer] = []  # made once the trainer has made the folder
 
-  def look() -> tuple[int | None, bool]:
-    trainer = job_lock.live_holder(job_log_dir) is not None  # the lock first: see steps()
-    if not found and os.path.isdir(directory):
-      found.append(ckpt_lib.Checkpointer(directory, read_only=True))
-    if not found:
-      return None, trainer
-    found[0].reload()
-    return found[0].latest_step(), trainer
-
-  def poll() -> tuple[int | None, bool]:
+  def agreed(values: list[int]) -> list[int]:
     if jax.process_count() == 1:
-      return look()
+      return values
     from jax.experimental import multihost_utils
 
-    newest, trainer = look() if jax.process_index() == 0 else (None, False)
-    got = multihost_utils.broadcast_one_to_all(
-        np.array([-1 if newest is None else newest, int(trainer)], np.int32))
-    return (None if got[0] < 0 else int(got[0])), bool(got[1])
+    return [int(v) for v in multihost_utils.broadcast_one_to_all(np.array(values, np.int32))]
+
+  def poll() -> tuple[int | None, bool]:
+    trainer = job_lock.live_holder(job_log_dir) is not None  # the lock first: see steps()
+    # Every process makes and reads the manager (orbax syncs them), so all must agree on
+    # when the folder is there.
+    if not found and agreed([os.path.isdir(directory)])[0]:
+      found.append(ckpt_lib.Checkpointer(directory, read_only=True))
+    newest = None
+    if found:
+      found[0].reload()
+      newest = found[0].latest_step()
+    step, alive = agreed([-1 if newest is None else newest, int(trainer)])
+    return (None if step < 0 else step), bool(alive)
 
   return poll

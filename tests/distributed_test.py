@@ -104,15 +104,23 @@ def test_two_processes_evaluate_and_decode_a_finite_set_exactly(tmp_path):
   args = ["--exp=ArithmeticAdditionTiny", "--set", "NUM_TRAIN_STEPS=2", "--set",
           "EVAL_BATCH_SIZE=120", "--set", "DCN_MESH_SHAPE=[2,1,1]", "--set",
           "PERCORE_BATCH_SIZE=8", f"--job_log_dir={job}"]
-  port = free_port()
-  env = subprocess_env(1)
-  procs = [subprocess.Popen(
-      [sys.executable, "-m", "paxlike.main", *args, f"--coordinator_address=127.0.0.1:{port}",
-       "--num_processes=2", f"--process_id={i}", "--distributed_timeout_s=120"],
-      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in (0, 1)]
-  outs = [p.communicate(timeout=300) for p in procs]
-  for p, (out, err) in zip(procs, outs, strict=True):
-    assert p.returncode == 0, f"exit {p.returncode}\n{out}\n{err[-3000:]}"
+
+  def two_processes(extra: list[str]) -> list[str]:
+    port = free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "paxlike.main", *args, f"--coordinator_address=127.0.0.1:{port}",
+         "--num_processes=2", f"--process_id={i}", "--distributed_timeout_s=120", *extra],
+        env=subprocess_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+      assert p.returncode == 0, f"exit {p.returncode}\n{out}\n{err[-3000:]}"
+    return [out for out, _ in outs]
+
+  for out in two_processes([]):
     assert "eval_test_test at step 2" in out and "num_examples 500.0000" in out
   rows = (job / "decoder_out" / "test" / "decode_00000002.jsonl").read_text().splitlines()
   assert len(rows) == 500
+  # --mode=eval: both processes follow what process 0 sees (here: the last checkpoint).
+  for out in two_processes(["--mode=eval"]):
+    assert "eval test at step 2:" in out and "num_examples 500.0000" in out
