@@ -62,6 +62,9 @@ flags.DEFINE_integer("decode_num_beams", 1, "Beam search with this many beams (1
 flags.DEFINE_float("decode_alpha", 0.6, "Beam search brevity penalty ((5 + length) / 6) ** alpha.")
 flags.DEFINE_integer("decode_max_length", None, "Generate at most this many tokens (default: "
                      "the rest of the LM's row, or T5's MAX_TARGET_LEN).")
+flags.DEFINE_string("tfds_data_dir", None, "The TFDS directory every SeqIO TFDS source of the "
+                    "experiment reads, whatever data dir its task names (Pax's flag; needs the "
+                    "seqio extra).")
 flags.DEFINE_string("infer_input", None, "--mode=infer: a .jsonl file of inputs to predict "
                     "on, one {\"inputs\": ...} object a line (the field is the decode "
                     "dataset's input_key); default: the experiment's decode datasets.")
@@ -124,7 +127,7 @@ flags.DEFINE_float("device_memory_gib", None, "--mode=train: the memory a device
 # --help lists main's flags in these groups (paxlike.flag_help; a flag in none is listed
 # under "Other").
 HELP_GROUPS = (
-    ("Run", ("exp", "job_log_dir", "mode", "set", "list_experiments")),
+    ("Run", ("exp", "job_log_dir", "mode", "set", "list_experiments", "tfds_data_dir")),
     ("Training, checkpoints and initial weights", (
         "init_from", "restore_checkpoint_dir", "restore_checkpoint_step", "restore_fallback",
         "enable_checkpoint_saving", "jax_fully_async_checkpoint", "pmap_use_tensorstore",
@@ -450,6 +453,8 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
 
   name = type(exp).__name__
   configs = experiment.build_checked(exp)  # refuses hyperparameters nothing read
+  if argv_flags.tfds_data_dir:  # before any SeqIO input is built
+    _use_tfds_data_dir(name, [*configs.datasets, *configs.decode_datasets], argv_flags)
   init_from = initial.InitFrom.of(exp, argv_flags.init_from)
   init_dir = init_from.vocabulary_dir() if init_from else None
   text.resolve_vocabularies([*configs.datasets, *configs.decode_datasets], init_dir, job_log_dir)
@@ -487,6 +492,18 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
     raise UserError(f"{name}'s early_stopping_fn is called after each eval while training, "
                     "and --noeval_on_test runs none; drop --noeval_on_test.")
   return _Built(configs.task, configs.datasets, task, inputs, decode_inputs)
+
+
+def _use_tfds_data_dir(name: str, dataset_cfgs: list[Any], argv_flags: flags.FlagValues) -> None:
+  """--tfds_data_dir: refused for an experiment with no SeqIO input, else set for them all."""
+  import fiddle as fdl
+
+  from paxlike.inputs import seqio_input
+
+  if not any(isinstance(fdl.get_callable(c), type)
+             and issubclass(fdl.get_callable(c), seqio_input.SeqIOInput) for c in dataset_cfgs):
+    raise UserError(f"--tfds_data_dir is read by SeqIO inputs, and {name} has none; drop it.")
+  argv_flags.tfds_data_dir = seqio_input.set_tfds_data_dir(argv_flags.tfds_data_dir)
 
 
 def _check_work(exp: Any, argv_flags: flags.FlagValues, inputs: list[Any],
@@ -597,6 +614,7 @@ def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: fl
       "experiment": f"{cls.__module__}.{cls.__qualname__}",
       "mode": argv_flags.mode, "partitioner": partitioner.kind,
       "mesh": mesh_desc, "overrides": argv_flags.set, **flag_plan.record(),
+      **({"tfds_data_dir": argv_flags.tfds_data_dir} if argv_flags.tfds_data_dir else {}),
       **({"vocabulary": vocab.spec} if vocab is not None else {})}))
   # Each new attention choice (logged once) is added as programs are lowered.
   attention.on_choice(lambda rec: xla_flags.update_run_env(job_log_dir, {"attention": rec}))

@@ -219,6 +219,9 @@ def _error_line(proc) -> str:
     pytest.param([f"--exp={TINY}", "--restore_checkpoint_step=2",
                   "--restore_checkpoint_step=4"], 1, ["given 2 times", "--mode=train on one"],
                  id="several_steps_to_train_from"),
+    pytest.param([f"--exp={TINY}", "--tfds_data_dir=/tmp"], 1,
+                 ["--tfds_data_dir is read by SeqIO inputs", "LmCloudSpmdTiny has none"],
+                 id="tfds_data_dir_without_seqio"),
     pytest.param([f"--exp={TINY}", "--jax_profiler_port=0"], 1,
                  ["--jax_profiler_port=0 is not a port"], id="jax_profiler_port_0"),
 ])

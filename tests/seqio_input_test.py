@@ -56,3 +56,84 @@ def test_seqio_shards_hosts_disjointly_and_resumes():
   again = seqio_input(split_name="train", batch_size=8, seed=5)
   again.set_state(state)
   np.testing.assert_array_equal(again.get_next()["ids"], expected["ids"])
+
+
+TFDS_EXPERIMENT = '''
+import seqio
+
+from experiments.lm.arithmetic import ArithmeticAdditionSeqIO
+from paxlike import experiment_registry
+from tasks import seqio_tasks
+
+if "paxlike_tfds_sums" not in seqio.TaskRegistry.names():
+  seqio.TaskRegistry.add(
+      "paxlike_tfds_sums",
+      # A data dir this machine does not have, as Pax's c4.py names its bucket.
+      source=seqio.TfdsDataSource("paxlike_sums:1.0.0", tfds_data_dir="/nonexistent/tfds"),
+      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
+      output_features={"inputs": seqio.Feature(seqio_tasks.VOCAB, add_eos=False),
+                       "targets": seqio.Feature(seqio_tasks.VOCAB, add_eos=True)},
+      metric_fns=[seqio_tasks._exact_match])
+
+
+@experiment_registry.register
+class SumsFromTfds(ArithmeticAdditionSeqIO):
+  def _input(self, split, training, name):
+    cfg = super()._input(split, training, name)
+    cfg.mixture_name, cfg.task_module = "paxlike_tfds_sums", "tfds_exps"
+    return cfg
+'''
+
+
+def _write_tfds_sums(data_dir) -> None:
+  """A TFDS dataset `paxlike_sums:1.0.0` of the arithmetic task's rows, under data_dir."""
+  import tensorflow_datasets as tfds
+
+  from tasks import arithmetic
+
+  class PaxlikeSums(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+          {"inputs": tfds.features.Text(), "targets": tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples("train", 256),
+              "test": self._generate_examples("test", 16)}
+
+    def _generate_examples(self, split, n):
+      for i, row in enumerate(arithmetic.examples(split)[:n]):
+        yield i, {"inputs": row["inputs"], "targets": row["targets"]}
+
+  PaxlikeSums(data_dir=str(data_dir)).download_and_prepare()
+
+
+def test_tfds_data_dir_points_a_tasks_tfds_source_at_local_data(tmp_path):
+  import json
+
+  from conftest import describe, run_cli
+
+  _write_tfds_sums(tmp_path / "tfds")
+  (tmp_path / "tfds_exps.py").write_text(TFDS_EXPERIMENT)
+  args = ["--exp=tfds_exps.SumsFromTfds", "--set", "NUM_TRAIN_STEPS=3", "--set",
+          "EVAL_INTERVAL_STEPS=0"]
+  proc = run_cli([*args, "--job_log_dir=job", f"--tfds_data_dir={tmp_path / 'tfds'}"],
+                 tmp_path, pythonpath=[tmp_path])
+  assert proc.returncode == 0, describe(proc)
+  assert "trained steps 0..3" in proc.stdout
+  assert "decode_test at step 3: exact_match" in proc.stdout
+  run_env = json.loads((tmp_path / "job" / "run_env.json").read_text())
+  assert run_env["tfds_data_dir"] == str(tmp_path / "tfds")
+  # Without the override the task's own data dir is read, which is not there: one sentence.
+  import seqio
+
+  from paxlike.errors import UserError
+
+  exec(compile(TFDS_EXPERIMENT.split("@experiment_registry")[0], "tfds_exps", "exec"), {})
+  seqio.set_tfds_data_dir_override(None)
+  with pytest.raises(UserError, match=r"paxlike_sums:1.0.0 from /nonexistent/tfds.*"
+                                      r"--tfds_data_dir=DIR"):
+    SeqIOInput(name="t", mixture_name="paxlike_tfds_sums", split_name="test",
+               task_feature_lengths={"inputs": 6, "targets": 6}, num_infeed_hosts=1,
+               infeed_host_index=0, batch_size=4, is_training=False).get_next()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 from typing import Any
 
 import numpy as np
@@ -40,12 +41,32 @@ ENC_DEC_FEATURES = {
     "encoder_positions": np.int32, "decoder_positions": np.int32}
 
 
-def _seqio():
+def _seqio(what: str = "this experiment reads SeqIO data"):
   try:
     return importlib.import_module("seqio")
   except ImportError:
-    raise UserError("this experiment reads SeqIO data, which needs the seqio extra; run "
-                    "pip install -e '.[seqio]'.") from None
+    raise UserError(f"{what}, which needs the seqio extra; run pip install -e '.[seqio]'.") \
+        from None
+
+
+def set_tfds_data_dir(path: str) -> str:
+  """--tfds_data_dir (Pax's flag): every SeqIO TFDS source reads this directory, whatever
+  data dir its task names (seqio's override; a gs:// path is read by TensorFlow).
+
+  Returns:
+    The directory, made absolute when local.
+
+  Raises:
+    UserError: no seqio extra, or a local path that is not a directory.
+  """
+  seqio = _seqio("--tfds_data_dir points SeqIO's TFDS sources at a directory")
+  if "://" not in path:
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isdir(path):
+      raise UserError(f"--tfds_data_dir {path} is not a directory; pass the folder that "
+                      "holds the TFDS datasets (<dataset>/<version>/...).")
+  seqio.set_tfds_data_dir_override(path)
+  return path
 
 
 @dataclasses.dataclass
@@ -96,13 +117,30 @@ class SeqIOInput(BaseInput):
   def _dataset(self):
     num_hosts, host = self.hosts
     shuffle = self.is_training if self.shuffle is None else self.shuffle
-    ds = self._seqio.get_dataset(
-        self.mixture_name, task_feature_lengths=dict(self.task_feature_lengths),
-        dataset_split=self.split_name, shuffle=shuffle,
-        num_epochs=None if self.repeat else 1, feature_converter=self._converter(),
-        shard_info=self._seqio.ShardInfo(index=host, num_shards=num_hosts),
-        use_cached=self.use_cached, seed=self.seed)
+    try:
+      ds = self._seqio.get_dataset(
+          self.mixture_name, task_feature_lengths=dict(self.task_feature_lengths),
+          dataset_split=self.split_name, shuffle=shuffle,
+          num_epochs=None if self.repeat else 1, feature_converter=self._converter(),
+          shard_info=self._seqio.ShardInfo(index=host, num_shards=num_hosts),
+          use_cached=self.use_cached, seed=self.seed)
+    except Exception as e:
+      # TFDS's: no such dataset in that dir, or (its builder known) no data generated there.
+      if not (type(e).__name__ == "DatasetNotFoundError"
+              or (isinstance(e, KeyError) and "not been generated" in str(e))):
+        raise
+      raise UserError(self._tfds_not_found(e)) from None
     return ds.batch(self.batch_size, drop_remainder=self.repeat).as_numpy_iterator()
+
+  def _tfds_not_found(self, error: Exception) -> str:
+    tasks = getattr(self._task, "tasks", None) or [self._task]
+    where = [f"{s.tfds_dataset.name} from {s.tfds_dataset.data_dir or 'the default TFDS dir'}"
+             for s in (t.source for t in tasks) if hasattr(s, "tfds_dataset")]
+    text = str(error).strip().strip("\"'")
+    first = text.splitlines()[0] if text else type(error).__name__
+    return (f"input {self.name!r}: SeqIO task {self.mixture_name!r} reads TFDS "
+            f"{', '.join(where) or 'data'}, and it is not there ({first}); pass "
+            "--tfds_data_dir=DIR for a folder that has it.")
 
   def get_next(self) -> dict[str, np.ndarray]:
     if self._iter is None:
