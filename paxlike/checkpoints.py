@@ -202,10 +202,13 @@ class Checkpointer:
     async_save: write in the background while training continues.
     read_only: restore only (never create or delete anything).
     state_format: how save() writes the state, one of FORMATS.
+    todelete_subdir: steps past max_to_keep move into directory/<this> instead of being
+      deleted (Pax's --checkpoint_todelete_subdir).
   """
 
   def __init__(self, directory: str, max_to_keep: int | None = 10, async_save: bool = True,
-               read_only: bool = False, state_format: str = "tensorstore") -> None:
+               read_only: bool = False, state_format: str = "tensorstore",
+               todelete_subdir: str | None = None) -> None:
     if state_format not in FORMATS:
       raise ValueError(f"state_format must be one of {FORMATS}, got {state_format!r}")
     self.directory = directory
@@ -222,6 +225,7 @@ class Checkpointer:
           create=not read_only,
           read_only=read_only,
           cleanup_tmp_directories=not read_only,
+          todelete_subdir=todelete_subdir,
       )
       self._manager = ocp.CheckpointManager(
           epath.Path(directory), options=options, item_names=("state", "input"))

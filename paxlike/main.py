@@ -41,6 +41,9 @@ flags.DEFINE_multi_integer("restore_checkpoint_step", None, "Restore this step, 
                            "latest; --mode=eval, decode and decode_once take several (the "
                            "flag repeated) and run on each in turn.")
 SEVERAL_STEP_MODES = ("eval", "decode", "decode_once")  # modes that read several such steps
+flags.DEFINE_string("checkpoint_todelete_subdir", None, "--mode=train: checkpoints past "
+                    "CHECKPOINT_MAX_TO_KEEP move into checkpoints/<this>/ instead of being "
+                    "deleted (Pax's flag).")
 flags.DEFINE_bool("restore_fallback", False,
                   "If the checkpoint to restore is damaged, move it aside (checkpoint_N.damaged) "
                   "and restore the newest older step.")
@@ -130,7 +133,8 @@ HELP_GROUPS = (
     ("Run", ("exp", "job_log_dir", "mode", "set", "list_experiments", "tfds_data_dir")),
     ("Training, checkpoints and initial weights", (
         "init_from", "restore_checkpoint_dir", "restore_checkpoint_step", "restore_fallback",
-        "enable_checkpoint_saving", "jax_fully_async_checkpoint", "pmap_use_tensorstore",
+        "enable_checkpoint_saving", "jax_fully_async_checkpoint", "checkpoint_todelete_subdir",
+        "pmap_use_tensorstore",
         "enable_summary_writer", "skip_nonfinite_steps", "decode_during_train",
         "eval_on_test")),
     ("Decode and infer", (
@@ -334,6 +338,15 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
   if argv_flags["eval_on_test"].present and argv_flags.mode != "train":
     raise UserError(f"--eval_on_test is read only by --mode=train, not --mode={argv_flags.mode}"
                     "; drop it (--mode=eval runs the eval datasets).")
+  subdir = argv_flags.checkpoint_todelete_subdir
+  if subdir is not None and argv_flags.mode != "train":
+    raise UserError(f"--checkpoint_todelete_subdir is read only by --mode=train, not "
+                    f"--mode={argv_flags.mode}; drop it.")
+  if subdir is not None and (not subdir or subdir in (".", "..") or "/" in subdir
+                             or os.sep in subdir or subdir.startswith("checkpoint_")):
+    raise UserError(f"--checkpoint_todelete_subdir={subdir!r} must be a plain folder name "
+                    "(checkpoints/<name>/ holds the old checkpoints), not a path or a step's "
+                    "name.")
   asked = argv_flags.restore_checkpoint_step or []
   if len(asked) > 1 and argv_flags.mode not in SEVERAL_STEP_MODES:
     raise UserError(f"--restore_checkpoint_step is given {len(asked)} times "
@@ -665,6 +678,7 @@ def _train_options(built: _Built, partitioner: Any, job_log_dir: str,
       settings=decode_settings(argv_flags, model))
   options.decode_during_train = argv_flags.decode_during_train
   options.restore_fallback = argv_flags.restore_fallback
+  options.checkpoint_todelete_subdir = argv_flags.checkpoint_todelete_subdir
   options.skip_nonfinite_steps = argv_flags.skip_nonfinite_steps
   options.profile = profile_plan
   return options

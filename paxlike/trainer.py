@@ -63,6 +63,7 @@ class TrainOptions:
   skip_nonfinite_steps: bool = False  # NaN/Inf loss or gradient: skip the update, don't stop
   profile: prof_lib.ProfilePlan | None = None  # trace these steps into job_log_dir/profile
   device_memory_bytes: int | None = None  # --device_memory_gib: checked before step 1
+  checkpoint_todelete_subdir: str | None = None  # old checkpoints move into it, not deleted
 
 
 @dataclasses.dataclass
@@ -250,7 +251,8 @@ class _TrainRun:
       logging.info("model has %s parameters", f"{num_params:,}")
     self.ckpt = ckpt_lib.Checkpointer(
         ckpt_lib.checkpoint_dir(job_log_dir), max_to_keep=self.settings.max_checkpoints_to_keep,
-        async_save=options.async_checkpoint, state_format=options.checkpoint_format)
+        async_save=options.async_checkpoint, state_format=options.checkpoint_format,
+        todelete_subdir=options.checkpoint_todelete_subdir)
 
   def restore(self) -> None:
     """The run's start: a checkpoint, INIT_FROM's weights or a fresh state (resume.start)."""

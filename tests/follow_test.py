@@ -109,10 +109,15 @@ def test_eval_beside_a_trainer_scores_each_new_checkpoint_until_the_last(tmp_pat
 
 
 
-def test_noeval_on_test_trains_without_running_the_eval_datasets(tmp_path):
-  args = [FAULT_EXP, "--job_log_dir=job", "--set", "NUM_TRAIN_STEPS=8"]
-  proc = run([*args, "--noeval_on_test"], tmp_path)
+def test_pax_train_flags_noeval_on_test_and_checkpoint_todelete_subdir(tmp_path):
+  args = [FAULT_EXP, "--job_log_dir=job", "--set", "NUM_TRAIN_STEPS=8", "--set",
+          "CHECKPOINT_MAX_TO_KEEP=1"]
+  proc = run([*args, "--noeval_on_test", "--checkpoint_todelete_subdir=old"], tmp_path)
   assert proc.returncode == 0, describe(proc)
   assert "trained steps 0..8" in proc.stdout
   assert "eval_test_test at step" not in proc.stdout  # FaultTiny evals every 4 steps otherwise
   assert not (tmp_path / "job" / "summaries" / "eval_test_test").exists()
+  # The step past CHECKPOINT_MAX_TO_KEEP was moved aside whole, not deleted.
+  ckpts = tmp_path / "job" / "checkpoints"
+  assert sorted(p.name for p in ckpts.glob("checkpoint_*")) == ["checkpoint_00000008"]
+  assert (ckpts / "old" / "checkpoint_00000004" / "state").is_dir()

@@ -222,6 +222,9 @@ def _error_line(proc) -> str:
     pytest.param([f"--exp={TINY}", "--tfds_data_dir=/tmp"], 1,
                  ["--tfds_data_dir is read by SeqIO inputs", "LmCloudSpmdTiny has none"],
                  id="tfds_data_dir_without_seqio"),
+    pytest.param([f"--exp={TINY}", "--checkpoint_todelete_subdir=../old"], 1,
+                 ["--checkpoint_todelete_subdir='../old' must be a plain folder name"],
+                 id="checkpoint_todelete_subdir_path"),
     pytest.param([f"--exp={TINY}", "--jax_profiler_port=0"], 1,
                  ["--jax_profiler_port=0 is not a port"], id="jax_profiler_port_0"),
 ])
