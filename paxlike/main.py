@@ -98,6 +98,26 @@ PAX_ALIASES = {"server_addr": "coordinator_address", "num_hosts": "num_processes
                "host_idx": "process_id"}  # Pax's names for the multi-host flags
 for _alias, _target in PAX_ALIASES.items():
   flags.DEFINE_alias(_alias, _target)
+_FIDDLE = "paxlike builds the experiment from --exp; --set KEY=VALUE overrides a hyperparameter " \
+          "or a model_params.txt path"
+_TUNING = "Pax's automated tuning (Vizier) is not in paxlike; --mode=tune times step layouts"
+# Pax main.py flags paxlike does not define: what a Pax launch script gets instead of
+# absl's "Unknown command line flag".
+PAX_FLAGS_NOT_HERE = {
+    "fdl": _FIDDLE, "fdl_config": _FIDDLE, "fdl_config_file": _FIDDLE, "fdl_set": _FIDDLE,
+    "enable_auto_sharding": "paxlike shards by the experiment's mesh and its logical-axis "
+                            "rules; XLA's auto-sharding is not wired in",
+    "enforce_restore_shape_check": "paxlike always checks restored shapes (a changed model is "
+                                   "refused before anything is written)",
+    "exit_after_ondemand_checkpoint": "paxlike always exits (status 42) after the checkpoint "
+                                      "a SIGTERM asks for",
+    "tensorstore_use_ocdbt": "paxlike saves in orbax's default tensorstore format",
+    "maybe_use_persistence_checkpointing": "paxlike saves with orbax",
+    "decode_output_pickle": "paxlike writes decoder_out/<name>/decode_<step>.jsonl, no pickle",
+    "globally_use_hardware_rng": "paxlike uses JAX's default PRNG",
+    "study": _TUNING, "controller_mode": _TUNING, "tuner_group": _TUNING,
+    "metrics_from": _TUNING, "num_trials": _TUNING, "pythia_port": _TUNING,
+}
 flags.DEFINE_float("peak_tflops_per_device", None,
                    "Peak TFLOP/s of one device for MFU (default: the device table; on a "
                    "CPU, a matmul calibration).")
@@ -852,6 +872,12 @@ def _parse_flags(argv: list[str]) -> list[str]:
   if "--helpfull" in args:
     print(FLAGS.get_help())
     sys.exit(0)
+  for arg in args:
+    name = arg.lstrip("-").split("=", 1)[0] if arg.startswith("-") else ""
+    name = name[2:] if name.startswith("no") and name[2:] in PAX_FLAGS_NOT_HERE else name
+    if name in PAX_FLAGS_NOT_HERE:
+      _fail(f"--{name} is a Pax flag paxlike does not take: {PAX_FLAGS_NOT_HERE[name]}; "
+            "drop it (docs/flags.md lists the Pax flags paxlike takes).")
   try:
     return FLAGS(argv)
   except flags.Error as e:

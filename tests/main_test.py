@@ -205,6 +205,11 @@ def _error_line(proc) -> str:
                  [r"\b3\b", r"\b8\b"], id="mesh_device_mismatch"),
     pytest.param([], 1, ["--exp"], id="missing_exp"),
     pytest.param([f"--exp={TINY}", "--no_such_flag=1"], 1, ["no_such_flag"], id="unknown_flag"),
+    pytest.param([f"--exp={TINY}", "--fdl_set=task.model.num_layers=4"], 1,
+                 ["--fdl_set is a Pax flag", "--set KEY=VALUE"], id="pax_fdl_set"),
+    pytest.param([f"--exp={TINY}", "--noenforce_restore_shape_check"], 1,
+                 ["--enforce_restore_shape_check is a Pax flag", "always checks"],
+                 id="pax_flag_with_no_prefix"),
     # Pax's flags, where the mode has nothing for them to do.
     pytest.param([f"--exp={TINY}", "--mode=decode_once"], 1,
                  ["--mode=decode_once has nothing to decode"], id="decode_once_nothing"),
