@@ -30,7 +30,8 @@ POLL_S = 2.0  # seconds between looks at the checkpoints folder while the traine
 def steps(poll: Callable[[], tuple[int | None, bool]], final_step: int, *,
           poll_s: float = POLL_S, sleep: Callable[[float], None] = time.sleep
           ) -> Iterator[int]:
-  """The steps to evaluate, newest first seen, until final_step or the trainer is gone.
+  """The steps to evaluate, in order: each poll's newest step not done yet, until
+  final_step is done or the trainer is gone.
 
   Args:
     poll: () -> (the newest committed step or None, whether a trainer holds the

@@ -23,6 +23,7 @@ from paxlike.errors import UserError  # noqa: E402
 FLAGS = flags.FLAGS
 MODES = ("train", "eval", "decode", "decode_once", "infer", "export", "dry_run", "tune")
 FOLLOWING_MODES = ("eval", "decode")  # beside a running trainer: each new checkpoint (follow.py)
+SEVERAL_STEP_MODES = ("eval", "decode", "decode_once")  # take several --restore_checkpoint_step
 EXPORT_FORMATS = ("hf", "stablehlo", "savedmodel")  # paxlike.export.EXPORTERS
 
 flags.DEFINE_string("exp", None, "Experiment: module.Class (looked up in that module; "
@@ -40,7 +41,6 @@ flags.DEFINE_string("restore_checkpoint_dir", None,
 flags.DEFINE_multi_integer("restore_checkpoint_step", None, "Restore this step, not the "
                            "latest; --mode=eval, decode and decode_once take several (the "
                            "flag repeated) and run on each in turn.")
-SEVERAL_STEP_MODES = ("eval", "decode", "decode_once")  # modes that read several such steps
 flags.DEFINE_string("checkpoint_todelete_subdir", None, "--mode=train: checkpoints past "
                     "CHECKPOINT_MAX_TO_KEEP move into checkpoints/<this>/ instead of being "
                     "deleted (Pax's flag).")
@@ -154,9 +154,8 @@ HELP_GROUPS = (
     ("Training, checkpoints and initial weights", (
         "init_from", "restore_checkpoint_dir", "restore_checkpoint_step", "restore_fallback",
         "enable_checkpoint_saving", "jax_fully_async_checkpoint", "checkpoint_todelete_subdir",
-        "pmap_use_tensorstore",
-        "enable_summary_writer", "skip_nonfinite_steps", "decode_during_train",
-        "eval_on_test")),
+        "pmap_use_tensorstore", "enable_summary_writer", "skip_nonfinite_steps",
+        "decode_during_train", "eval_on_test")),
     ("Decode and infer", (
         "decode_temperature", "decode_top_k", "decode_top_p", "decode_num_beams",
         "decode_alpha", "decode_max_length", "eval_during_decode", "infer_input")),
@@ -165,8 +164,7 @@ HELP_GROUPS = (
     ("Performance: MFU, PGLE, profiles, dry run", (
         "peak_tflops_per_device", "pgle", "pgle_profile_path", "pgle_profiling_runs",
         "pgle_aggregation_percentile", "profile_steps", "profile_start_step",
-        "jax_profiler_port", "target",
-        "dry_run_layouts", "device_memory_gib")),
+        "jax_profiler_port", "target", "dry_run_layouts", "device_memory_gib")),
     ("Multi-host", (
         "coordinator_address", "num_processes", "process_id", "distributed_timeout_s",
         "multiprocess_gpu")),
