@@ -348,6 +348,12 @@ class Checkpointer:
       self._manager.close()
 
 
+def read_dir(job_log_dir: str, restore_dir: str | None) -> str:
+  """The checkpoints/ folder an eval, decode, infer or export run reads: that of
+  --restore_checkpoint_dir (resolved) when given, else job_log_dir's."""
+  return resolve_restore_dir(restore_dir) if restore_dir else checkpoint_dir(job_log_dir)
+
+
 def resolve_restore_dir(path: str) -> str:
   """--restore_checkpoint_dir as a checkpoints/ folder (a job_log_dir is accepted too).
 

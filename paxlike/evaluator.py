@@ -411,7 +411,7 @@ def restore_for_eval(task: Any, train_input: BaseInput, partitioner: Any, job_lo
   from paxlike import initial, resume, trainer
 
   program = program or trainer.build_train_program(task, train_input, partitioner)
-  directory = restore_dir or ckpt_lib.checkpoint_dir(job_log_dir)
+  directory = ckpt_lib.read_dir(job_log_dir, restore_dir)
   has_dir = os.path.isdir(directory)
   ckpt = ckpt_lib.Checkpointer(directory, read_only=True) if has_dir else None
   latest = ckpt.latest_step() if ckpt else None

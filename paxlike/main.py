@@ -759,20 +759,13 @@ def _restore_steps(argv_flags: flags.FlagValues) -> list[int | None]:
   return list(argv_flags.restore_checkpoint_step or [None])
 
 
-def _checkpoints_read(job_log_dir: str, argv_flags: flags.FlagValues) -> str:
-  from paxlike import checkpoints as ckpt_lib
-
-  if argv_flags.restore_checkpoint_dir:
-    return ckpt_lib.resolve_restore_dir(argv_flags.restore_checkpoint_dir)
-  return ckpt_lib.checkpoint_dir(job_log_dir)
-
-
 def _followed_steps(job_log_dir: str, argv_flags: flags.FlagValues, final_step: int) -> Any:
   """The steps an eval or decode run takes from a trainer that holds the job now, or None
   when none does and there is no checkpoint (the run then reads INIT_FROM, or says why not)."""
+  from paxlike import checkpoints as ckpt_lib
   from paxlike import follow
 
-  poll = follow.folder_poll(_checkpoints_read(job_log_dir, argv_flags))
+  poll = follow.folder_poll(ckpt_lib.read_dir(job_log_dir, argv_flags.restore_checkpoint_dir))
   newest, trainer = poll()
   if newest is None and not trainer:
     return None
@@ -782,7 +775,7 @@ def _followed_steps(job_log_dir: str, argv_flags: flags.FlagValues, final_step: 
 def _still_there(job_log_dir: str, argv_flags: flags.FlagValues, step: int) -> bool:
   from paxlike import checkpoints as ckpt_lib
 
-  directory = _checkpoints_read(job_log_dir, argv_flags)
+  directory = ckpt_lib.read_dir(job_log_dir, argv_flags.restore_checkpoint_dir)
   return not os.path.isdir(directory) or step in ckpt_lib.Checkpointer(
       directory, read_only=True).all_steps()
 

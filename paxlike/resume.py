@@ -185,8 +185,7 @@ def preflight_task(task: Any, train_input: Any, job_log_dir: str, mode: str,
   """
   abstract = abstract_train_state(task, train_input)
   if mode != "train":
-    directory = (ckpt_lib.resolve_restore_dir(restore_checkpoint_dir) if restore_checkpoint_dir
-                 else ckpt_lib.checkpoint_dir(job_log_dir))
+    directory = ckpt_lib.read_dir(job_log_dir, restore_checkpoint_dir)
     source = find_source(_read_only(directory), None, restore_checkpoint_step)
     if source.step is not None:
       check_compatible(Source(source.checkpointer, source.step, not restore_checkpoint_dir),

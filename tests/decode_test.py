@@ -90,6 +90,11 @@ def test_eval_and_decode_modes_reuse_the_latest_checkpoint(arithmetic_job):
   assert proc.returncode == 0, describe(proc)
   assert f"eval test at step {TEST_STEPS}" in proc.stdout
   assert "num_examples 500.0000" in proc.stdout
+  # Another job's directory as --restore_checkpoint_dir (its checkpoints/ folder is read).
+  proc = run_cli(["--exp=ArithmeticAdditionTiny", f"--job_log_dir={job.parent / 'scored'}",
+                  "--mode=eval", f"--restore_checkpoint_dir={job}"], job.parent)
+  assert proc.returncode == 0, describe(proc)
+  assert f"eval test at step {TEST_STEPS}" in proc.stdout
   decode = ["--exp=ArithmeticAdditionTiny", f"--job_log_dir={job}", "--mode=decode_once",
             "--restore_checkpoint_step=500"]
   proc = run_cli(decode, job.parent)
