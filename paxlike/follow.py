@@ -85,7 +85,7 @@ def folder_poll(directory: str) -> Callable[[], tuple[int | None, bool]]:
   from paxlike import job_lock
 
   job_log_dir = job_of(directory)
-  found: list[ckpt_lib.Checkpointer] = []  # made once the trainer has made the folder
+  checkpointer: ckpt_lib.Checkpointer | None = None  # made once the trainer has made the folder
 
   def agreed(values: list[int]) -> list[int]:
     if jax.process_count() == 1:
@@ -95,15 +95,16 @@ def folder_poll(directory: str) -> Callable[[], tuple[int | None, bool]]:
     return [int(v) for v in multihost_utils.broadcast_one_to_all(np.array(values, np.int32))]
 
   def poll() -> tuple[int | None, bool]:
+    nonlocal checkpointer
     trainer = job_lock.live_holder(job_log_dir) is not None  # the lock first: see steps()
     # Every process makes and reads the manager (orbax syncs them), so all must agree on
     # when the folder is there.
-    if not found and agreed([os.path.isdir(directory)])[0]:
-      found.append(ckpt_lib.Checkpointer(directory, read_only=True))
+    if checkpointer is None and agreed([os.path.isdir(directory)])[0]:
+      checkpointer = ckpt_lib.Checkpointer(directory, read_only=True)
     newest = None
-    if found:
-      found[0].reload()
-      newest = found[0].latest_step()
+    if checkpointer is not None:
+      checkpointer.reload()
+      newest = checkpointer.latest_step()
     step, alive = agreed([-1 if newest is None else newest, int(trainer)])
     return (None if step < 0 else step), bool(alive)
 

@@ -716,26 +716,20 @@ def _run_on_restored(built: _Built, partitioner: Any, job_log_dir: str,
       evaluator.restore_for_eval, built.task, built.train_input, partitioner, job_log_dir,
       restore_dir=argv_flags.restore_checkpoint_dir, init_from=options.init_from,
       program=trainer.build_train_program(built.task, built.train_input, partitioner))
-  steps = (_followed_steps(job_log_dir, argv_flags, built.task.train.num_train_steps)
-           if mode in FOLLOWING_MODES and not argv_flags.restore_checkpoint_step else None)
-  if steps is not None:
-    for step in steps:
+  if mode in SEVERAL_STEP_MODES:
+    followed = (_followed_steps(job_log_dir, argv_flags, built.task.train.num_train_steps)
+                if mode in FOLLOWING_MODES and not argv_flags.restore_checkpoint_step else None)
+    for asked in followed or _restore_steps(argv_flags):
       try:
-        state, step = restore(step=step)
+        state, step = restore(step=asked)
       except Exception:
-        if _still_there(job_log_dir, argv_flags, step):
+        if followed is None or _still_there(job_log_dir, argv_flags, asked):
           raise
         from paxlike import log
 
         log.warning("checkpoint %d was deleted while it was read (the trainer keeps "
-                    "CHECKPOINT_MAX_TO_KEEP); going on with the next one", step)
+                    "CHECKPOINT_MAX_TO_KEEP); going on with the next one", asked)
         continue
-      _report(options.evaluator, mode, state, step, argv_flags.eval_during_decode)
-      del state
-    return 0
-  if mode in SEVERAL_STEP_MODES:
-    for asked in _restore_steps(argv_flags):
-      state, step = restore(step=asked)
       _report(options.evaluator, mode, state, step, argv_flags.eval_during_decode)
       del state
     return 0
