@@ -2,6 +2,8 @@
 
 Flags -> experiment -> mesh and partitioner -> trainer -> job_log_dir.
 Every UserError becomes `error: <sentence>` on stderr and exit status 2.
+JAX's own options are flags too (--jax_debug_nans, --jax_compilation_cache_dir,
+...), as in Pax's main.py; --helpfull lists them.
 """
 
 from __future__ import annotations
@@ -226,7 +228,7 @@ def run(argv_flags: flags.FlagValues) -> int:
   -> mesh and partitioner -> built task and inputs -> job_log_dir -> preflight
   -> records -> trainer, or evaluator / infer / export on a restored state.
   """
-  from paxlike import log, profiler, registry
+  from paxlike import jax_flags, log, profiler, registry, xla_flags
 
   if (shadowing := registry.shadowing_module(argv_flags.exp)) is not None:
     raise UserError(shadowing)  # before anything imports JAX, which would run that file
@@ -234,6 +236,7 @@ def run(argv_flags: flags.FlagValues) -> int:
   if argv_flags.list_experiments:
     return _list_experiments(argv_flags.exp)
   _refuse_remote_paths(argv_flags)
+  jax_flags.check(argv_flags)
   exp = _experiment(argv_flags)
   profile_plan = profiler.make_plan(argv_flags.profile_steps, argv_flags.profile_start_step, exp)
   # Nothing is created in job_log_dir until the experiment's configs are built and
@@ -248,6 +251,7 @@ def run(argv_flags: flags.FlagValues) -> int:
       and argv_flags.mode == "train")
   if argv_flags.mode == "tune":
     return _tune(exp, job_log_dir, argv_flags)
+  cache = jax_flags.CacheReport()
   partitioner, mesh_desc = _partitioner(exp)
   built = _build(exp, argv_flags, job_log_dir)
   created = not os.path.exists(job_log_dir)
@@ -259,14 +263,20 @@ def run(argv_flags: flags.FlagValues) -> int:
     raise
   _write_run_records(exp, built, job_log_dir, argv_flags, partitioner, mesh_desc, flag_plan)
   if layout is not None:
-    from paxlike import xla_flags
-
     xla_flags.update_run_env(job_log_dir, {"layout": layout})
   options = _train_options(built, partitioner, job_log_dir, argv_flags, init_from, run_timer,
                            flag_plan, profile_plan)
   if argv_flags.mode != "train":
-    return _run_on_restored(built, partitioner, job_log_dir, argv_flags, options, export_job)
-  return _train(built, partitioner, job_log_dir, options)
+    code = _run_on_restored(built, partitioner, job_log_dir, argv_flags, options, export_job)
+  else:
+    code = _train(built, partitioner, job_log_dir, options)
+  if (line := cache.line()) is not None:
+    import jax
+
+    log.info("%s", line)
+    if jax.process_index() == 0:
+      xla_flags.update_run_env(job_log_dir, {"compilation_cache": cache.summary()})
+  return code
 
 
 def _tuned_layout(exp: Any, job_log_dir: str) -> dict[str, Any] | None:
@@ -626,7 +636,7 @@ def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: fl
   """experiment_cls_vars.txt, model_params.txt and run_env.json (the chief writes them)."""
   import jax
 
-  from paxlike import config, experiment, xla_flags
+  from paxlike import config, experiment, jax_flags, xla_flags
   from paxlike.inputs import vocabulary as vocab_lib
   from paxlike.layers import attention
 
@@ -645,6 +655,7 @@ def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: fl
       "experiment": f"{cls.__module__}.{cls.__qualname__}",
       "mode": argv_flags.mode, "partitioner": partitioner.kind,
       "mesh": mesh_desc, "overrides": argv_flags.set, **flag_plan.record(),
+      **jax_flags.record(argv_flags),
       **({"tfds_data_dir": argv_flags.tfds_data_dir} if argv_flags.tfds_data_dir else {}),
       **({"vocabulary": vocab.spec} if vocab is not None else {})}))
   # Each new attention choice (logged once) is added as programs are lowered.
@@ -854,7 +865,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
     print(flag_help.text(FLAGS.get_flags_for_module(sys.modules[__name__]), HELP_GROUPS,
                          PAX_ALIASES, [USAGE, "", __doc__.strip().split("\n\n")[-1]]))
     sys.exit(0)
+  from paxlike import jax_flags
+
   if "--helpfull" in args:
+    jax_flags.define(FLAGS)
     print(FLAGS.get_help())
     sys.exit(0)
   for arg in args:
@@ -863,10 +877,11 @@ def _parse_flags(argv: list[str]) -> list[str]:
     if name in PAX_FLAGS_NOT_HERE:
       _fail(f"--{name} is a Pax flag paxlike does not take: {PAX_FLAGS_NOT_HERE[name]}; "
             "drop it (docs/flags.md lists the Pax flags paxlike takes).")
+  jax_flags.define_if_named(args, FLAGS)  # --jax_*: JAX's own options, as in Pax's main.py
   try:
     return FLAGS(argv)
   except flags.Error as e:
-    _fail(f"{e}.")
+    _fail(str(e).rstrip(" ?.") + ("?" if str(e).rstrip().endswith("?") else "."))
   return []
 
 

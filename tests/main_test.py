@@ -232,6 +232,14 @@ def _error_line(proc) -> str:
                  id="checkpoint_todelete_subdir_path"),
     pytest.param([f"--exp={TINY}", "--jax_profiler_port=0"], 1,
                  ["--jax_profiler_port=0 is not a port"], id="jax_profiler_port_0"),
+    # JAX's own options, as Pax's main.py takes them.
+    pytest.param([f"--exp={TINY}", "--jax_debug_nan"], 1,
+                 ["'jax_debug_nan'", "Did you mean: jax_debug_nans\\?$"], id="jax_option_typo"),
+    pytest.param([f"--exp={TINY}", "--jax_enable_pgle"], 1,
+                 ["--jax_enable_pgle is JAX's option behind paxlike's --pgle=auto"],
+                 id="jax_pgle_option"),
+    pytest.param([f"--exp={TINY}", "--mode=dry_run", "--jax_platforms=cuda"], 1,
+                 ["--jax_platforms=cuda with --mode=dry_run"], id="jax_platforms_in_dry_run"),
 ])
 def test_cli_errors_exit_2_with_one_error_line(tmp_path, args, devices, expected):
   proc = run_cli([*args, "--job_log_dir=job"], cwd=tmp_path, devices=devices)
@@ -239,6 +247,32 @@ def test_cli_errors_exit_2_with_one_error_line(tmp_path, args, devices, expected
   for pattern in expected:
     assert re.search(pattern, line), line
   assert not list((tmp_path / "job").glob("checkpoints/*"))
+
+
+def test_jax_options_as_flags_take_effect_and_are_recorded(tmp_path):
+  """Pax's main.py takes JAX's options as flags: a compilation cache fills, a second run
+  reads every compile from it, and run_env.json records the options."""
+  cache = tmp_path / "jax_cache"
+  args = [f"--exp={TINY}", "--set", "NUM_TRAIN_STEPS=2", f"--jax_compilation_cache_dir={cache}",
+          "--jax_persistent_cache_min_compile_time_secs=0", "--nojax_debug_nans"]
+  counts = []
+  for job in ("first", "second"):
+    proc = run_cli([*args, f"--job_log_dir={job}"], cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    found = re.search(rf"compilation cache {re.escape(str(cache))}: (\d+) of (\d+) compiles",
+                      proc.stdout + proc.stderr)
+    assert found, describe(proc)
+    counts.append((int(found[1]), int(found[2])))
+  assert any(cache.iterdir())
+  (first_hits, requests), (second_hits, second_requests) = counts
+  assert requests > 0 and first_hits < requests  # the first run compiled most programs
+  assert second_hits == second_requests == requests  # the second compiled none
+  env = json.loads((tmp_path / "second" / "run_env.json").read_text())
+  assert env["jax_flags"] == {"jax_compilation_cache_dir": str(cache), "jax_debug_nans": False,
+                              "jax_persistent_cache_min_compile_time_secs": 0.0}
+  assert env["compilation_cache"] == {"dir": str(cache), "hits": requests,
+                                      "requests": requests}
+  assert env["jax_env"]["JAX_PLATFORMS"] == "cpu"  # JAX_* variables are recorded too
 
 
 def test_cli_error_for_an_unwritable_job_log_dir(tmp_path):
