@@ -7,6 +7,8 @@ rules (the flag --init_from overrides the source):
     INIT_FROM = "paxlike:jobs/flan_add"        # a paxlike job_log_dir or its checkpoints/
     INIT_FROM = "paxlike:jobs/flan_add@2000"   # ... at a step (default: the latest)
     INIT_FROM = "hf:/path/to/flan-t5-base"     # a Hugging Face save_pretrained directory
+    INIT_FROM = "t5x:gs_copy/flan_t5_base"     # a T5X checkpoint_<step> folder or model_dir
+                                               #   (@STEP as for paxlike; paxlike.interop.t5x)
     INIT_FROM_RULES = [                        # target name regex -> source name, or None
         (r"decoder/logits_dense/.*", None),    #   None: keep this one freshly initialised
         (r"(.*)", r"\\1"),                      #   the rest under the same names
@@ -44,7 +46,9 @@ from typing import Any
 
 from paxlike.errors import UserError
 
-KINDS = ("hf", "paxlike")
+KINDS = ("hf", "paxlike", "t5x")
+STEPPED = ("paxlike", "t5x")  # kinds that take DIR@STEP
+STREAMED = ("hf", "t5x")  # kinds read tensor by tensor onto the devices (start_state)
 IDENTITY = ((r"(.*)", r"\1"),)
 
 
@@ -74,24 +78,27 @@ class InitFrom:
     kind, sep, rest = self.spec.partition(":")
     if not sep or kind not in KINDS or not rest:
       raise UserError(f"INIT_FROM / --init_from {self.spec!r} is not one of hf:DIR, "
-                      "paxlike:DIR or paxlike:DIR@STEP; e.g. hf:/path/to/flan-t5-base.")
+                      "paxlike:DIR[@STEP] or t5x:DIR[@STEP]; e.g. hf:/path/to/flan-t5-base.")
     step = None
-    if kind == "paxlike" and "@" in rest:
+    if kind in STEPPED and "@" in rest:
       rest, _, step_text = rest.rpartition("@")
       if not step_text.isdigit():
         raise UserError(f"INIT_FROM {self.spec!r}: the step after '@' must be a number.")
       step = int(step_text)
-    if kind == "hf" and self.optimizer:
+    if kind != "paxlike" and self.optimizer:
       raise UserError("INIT_FROM_OPTIMIZER=True needs a paxlike source; a Hugging Face "
-                      "directory holds no optimizer state.")
+                      "directory holds no optimizer state, and a T5X one's is not read.")
     return kind, os.path.abspath(os.path.expanduser(rest)), step
 
-  def vocabulary_dir(self) -> str:
+  def vocabulary_dir(self) -> str | None:
     """Where the source's tokenizer lies: the Hugging Face directory, or the paxlike job's
-    recorded vocabulary (paxlike.inputs.vocabulary.JOB_DIR)."""
+    recorded vocabulary (paxlike.inputs.vocabulary.JOB_DIR); None for a T5X checkpoint,
+    which holds none (the experiment's VOCABULARY names it)."""
     from paxlike.inputs.vocabulary import JOB_DIR
 
     kind, path, _ = self.source()
+    if kind == "t5x":
+      return None
     if kind == "hf":
       return path
     job = os.path.dirname(path) if os.path.basename(path) == "checkpoints" else path
@@ -195,6 +202,8 @@ def _source_metadata(init: InitFrom, model: Any, abstract: Any) -> tuple[dict[st
   from paxlike.interop import hf
 
   kind, path, step = init.source()
+  if kind == "t5x":
+    return flat_names(_lazy_source(init, model)), None
   if kind == "hf":
     model.hf_config()  # a family with no Hugging Face layout says so first
     hf.check_config(hf.read_config(path), model)
@@ -206,6 +215,16 @@ def _source_metadata(init: InitFrom, model: Any, abstract: Any) -> tuple[dict[st
   if restack is not None:
     stored = restack.abstract_of(stored, abstract)
   return flat_names(_field(stored, "params")), _field(stored, "opt_state")
+
+
+def _lazy_source(init: InitFrom, model: Any) -> dict[str, Any]:
+  """A Hugging Face or T5X source as the model's tree of LazyParams (checked, unread)."""
+  from paxlike.interop import hf, t5x
+
+  kind, path, step = init.source()
+  if kind == "t5x":
+    return t5x.lazy_params(path, step, model)
+  return hf.lazy_params(path, model)
 
 
 def _restack(stored: Any, model: Any) -> Any:
@@ -243,7 +262,7 @@ def check(init: InitFrom, model: Any, abstract: Any) -> Plan:
 
 def load(init: InitFrom, model: Any, abstract: Any, fresh: Any) -> tuple[Any, Plan]:
   """The initial TrainState (host arrays) from a paxlike source: fresh's values where the
-  plan says fresh. (A Hugging Face source streams onto the devices: start_state.)
+  plan says fresh. (Hugging Face and T5X sources stream onto the devices: start_state.)
 
   Args:
     init: the source and rules.
@@ -264,7 +283,7 @@ def load(init: InitFrom, model: Any, abstract: Any, fresh: Any) -> tuple[Any, Pl
   kind, path, step = init.source()
   if kind != "paxlike":
     raise ValueError(f"load() reads paxlike sources, not {init.spec!r} (start_state streams "
-                     "Hugging Face ones).")
+                     "Hugging Face and T5X ones).")
   opt_state = fresh.opt_state
   ckpt = _paxlike_checkpointer(path)
   step = _paxlike_step(ckpt, step, init.spec)
@@ -291,9 +310,10 @@ def start_state(init: InitFrom, model: Any, abstract: Any, partitioner: Any,
                 fresh: Any) -> tuple[Any, Plan]:
   """The step-0 state in the partitioner's layout, from INIT_FROM and a fresh state.
 
-  A Hugging Face source streams: each parameter is read from the
-  safetensors files and placed on its devices on its own (block by block,
-  in its sharding), and the fresh parameter it replaces is freed at once,
+  A Hugging Face or T5X source streams: each parameter is read from the
+  safetensors files (T5X: its TensorStore arrays) and placed on its devices
+  on its own (block by block, in its sharding), and the fresh parameter it
+  replaces is freed at once,
   so the host never holds the model, only one tensor and one block. A
   paxlike source is read through load().
 
@@ -307,15 +327,13 @@ def start_state(init: InitFrom, model: Any, abstract: Any, partitioner: Any,
   """
   import jax
 
-  from paxlike.interop import hf
-
-  kind, path, _ = init.source()
-  if kind != "hf":
+  kind, _, _ = init.source()
+  if kind not in STREAMED:
     host = jax.device_get(partitioner.to_saveable(fresh))
     state, out = load(init, model, abstract, host)
     return partitioner.shard_state(state), out
   out = check(init, model, abstract)
-  source = flat_names(hf.lazy_params(path, model))
+  source = flat_names(_lazy_source(init, model))
   names = list(flat_names(abstract.params))
   leaves = []
   for name, like in zip(names, jax.tree.leaves(fresh.params), strict=True):

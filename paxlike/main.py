@@ -75,8 +75,9 @@ flags.DEFINE_string("infer_input", None, "--mode=infer: a .jsonl file of inputs 
                     "dataset's input_key); default: the experiment's decode datasets.")
 flags.DEFINE_string("init_from", None, "With no checkpoint in job_log_dir, start from these "
                     "weights (overrides the experiment's INIT_FROM; its INIT_FROM_RULES apply): "
-                    "hf:DIR (a Hugging Face save_pretrained directory) or paxlike:DIR[@STEP] "
-                    "(a paxlike job_log_dir or checkpoints/ folder).")
+                    "hf:DIR (a Hugging Face save_pretrained directory), paxlike:DIR[@STEP] "
+                    "(a paxlike job_log_dir or checkpoints/ folder) or t5x:DIR[@STEP] (a T5X "
+                    "checkpoint folder or model_dir).")
 flags.DEFINE_enum("export_format", "hf", EXPORT_FORMATS, "--mode=export: what to write (hf: a "
                   "Hugging Face directory that from_pretrained loads; stablehlo: the decode "
                   "(--decode_* flags) as jax.export StableHLO + weights + run.py; savedmodel: a "
@@ -498,7 +499,9 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
     _use_tfds_data_dir(name, [*configs.datasets, *configs.decode_datasets], argv_flags)
   init_from = initial.InitFrom.of(exp, argv_flags.init_from)
   init_dir = init_from.vocabulary_dir() if init_from else None
-  text.resolve_vocabularies([*configs.datasets, *configs.decode_datasets], init_dir, job_log_dir)
+  text.resolve_vocabularies(
+      [*configs.datasets, *configs.decode_datasets], init_dir, job_log_dir,
+      init_from.spec if init_from and init_from.source()[0] == "t5x" else None)
   decode_cfgs = configs.decode_datasets
   with experiment.user_config_errors(f"building {name}'s task"):
     task = config.build(configs.task)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import t5x_files
 from conftest import describe, parse_trained_line, run_cli
 
 EXP = "FlanT5ArithmeticTiny"
@@ -57,6 +58,38 @@ def test_eval_of_the_imported_weights_equals_the_run_they_came_from(exported):
                   f"--init_from=hf:{hf_dir}"], root)
   assert proc.returncode == 0, describe(proc)
   assert eval_loss(proc.stdout) == pytest.approx(trained_loss, rel=1e-5)
+
+
+def test_eval_from_a_t5x_checkpoint_equals_the_run_it_came_from(exported):
+  """A T5X user's checkpoint (T5X's msgpack + TensorStore format, some arrays inline, some
+  copied down from GCS) of the same weights scores as the run that trained them; T5X's
+  Orbax format is read through the same checks."""
+  root, hf_dir, trained_loss = exported
+  model_dir = root / "t5x_model"
+  t5x_files.write_from_hf(str(hf_dir), str(model_dir), step=1000)
+  args = [f"--exp={EXP}", f"--job_log_dir={root / 't5x_score'}", "--mode=eval",
+          f"--init_from=t5x:{model_dir}"]
+  # A T5X checkpoint holds no tokenizer: the inputs must name theirs.
+  proc = run_cli(args, root)
+  assert proc.returncode == 2, describe(proc)
+  assert "holds none; set VOCABULARY" in proc.stderr.strip().splitlines()[-1], describe(proc)
+  proc = run_cli([*args, "--set", "VOCABULARY=byte"], root)  # the job's own
+  assert proc.returncode == 0, describe(proc)
+  assert "using the weights of t5x:" in proc.stderr, describe(proc)
+  assert eval_loss(proc.stdout) == pytest.approx(trained_loss, rel=1e-5)
+  # The same weights in T5X's Orbax format, read into a model of another shape: one line,
+  # nothing written.
+  orbax_dir = root / "t5x_orbax"
+  t5x_files.write_orbax_from_hf(str(hf_dir), str(orbax_dir), step=1000)
+  job = root / "t5x_wrong_shape"
+  proc = run_cli([f"--exp={EXP}", f"--job_log_dir={job}", "--mode=eval", "--set",
+                  "HIDDEN_DIMS=96", "--set", "VOCABULARY=byte",
+                  f"--init_from=t5x:{orbax_dir}@1000"], root)
+  assert proc.returncode == 2, describe(proc)
+  error = proc.stderr.strip().splitlines()[-1]
+  assert "has encoder/layers_0/mlp/wi_0/kernel of shape [64, 128]" in error, error
+  assert "needs [64, 96]" in error, error
+  assert not job.exists()
 
 
 def test_training_from_an_import_starts_at_its_loss_and_lowers_it(exported):

@@ -153,20 +153,30 @@ def packing_efficiency(batch: dict[str, np.ndarray]) -> float:
 
 
 def resolve_vocabularies(cfgs: Sequence[Any], source_dir: str | None,
-                         job_log_dir: str | None) -> None:
+                         job_log_dir: str | None, tokenizerless_source: str | None = None
+                         ) -> None:
   """Sets the concrete vocabulary on each TextInput config whose spec is 'hf' or None.
 
   See paxlike.inputs.vocabulary.resolve; the configs are changed in place, so the
-  run's model_params.txt shows the tokenizer it read.
+  run's model_params.txt shows the tokenizer it read. tokenizerless_source: the
+  INIT_FROM of a run whose initial weights come with no tokenizer (a T5X
+  checkpoint), where 'hf' or None has nothing to read.
 
   Raises:
-    UserError: an input's vocabulary is not the tokenizer the job recorded.
+    UserError: an input's vocabulary is not the tokenizer the job recorded, or
+      names the tokenizer of a source that has none.
   """
   import fiddle as fdl
 
   for cfg in cfgs:
     fn = fdl.get_callable(cfg) if isinstance(cfg, fdl.Buildable) else None
     if isinstance(fn, type) and issubclass(fn, TextInput):
+      if (tokenizerless_source and cfg.vocabulary in (None, vocab_lib.HF)
+          and vocab_lib.recorded(job_log_dir) is None):
+        raise UserError(f"input {cfg.name!r} reads text with the tokenizer of INIT_FROM, but "
+                        f"{tokenizerless_source} holds none; set VOCABULARY to the model's "
+                        "SentencePiece file (T5X's sentencepiece.model) or a Hugging Face "
+                        "directory with its tokenizer.")
       cfg.vocabulary = vocab_lib.resolve(cfg.vocabulary, source_dir, job_log_dir)
       vocab_lib.check_recorded(cfg.vocabulary, job_log_dir,
                                f"the vocabulary {cfg.vocabulary} of input {cfg.name!r}")
