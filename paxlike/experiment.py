@@ -119,9 +119,10 @@ class BaseExperiment:
       if isinstance(shape, list | tuple) and len(shape) == 4 and axes == 3:
         raise UserError(
             f"{name}={list(shape)} has four axes: Pax uses them for pipelines ([stage, "
-            "replica, data, mdl]: a TransformerLmSpmdPipelineAdafactor / Adam experiment "
-            "with NUM_STAGES) and expert parallelism ([replica, data, data_expert, mdl], "
-            "MoE, which paxlike does not run yet); this experiment's meshes are "
+            "replica, data, mdl]: a TransformerLmSpmdPipelineAdafactor / Adam or "
+            "LlamaSpmdPipelineAdam experiment with NUM_STAGES) and expert parallelism "
+            "([replica, data, data_expert, mdl], MoE, which paxlike does not run yet); this "
+            "experiment's meshes are "
             "[replica, data, mdl].")
       if (not isinstance(shape, list | tuple) or len(shape) != axes
           or not all(isinstance(d, int) and d > 0 for d in shape)):
@@ -422,8 +423,9 @@ PAX_PIPELINE = ("NUM_STAGES", "MICROBATCH_SIZE", "CIRCULAR_REPEAT", "STREAM_IO",
 
 def _describe_unread(name: str, known: list[str]) -> str:
   if name in PAX_PIPELINE:
-    return ("only a pipelined experiment reads it: subclass TransformerLmSpmdPipelineAdafactor "
-            "or TransformerLmSpmdPipelineAdam (a 4-axis [stage, replica, data, mdl] mesh)")
+    return ("only a pipelined experiment reads it: subclass TransformerLmSpmdPipelineAdafactor, "
+            "TransformerLmSpmdPipelineAdam or LlamaSpmdPipelineAdam (a 4-axis [stage, replica, "
+            "data, mdl] mesh)")
   if name in PAX_RENAMED:
     return f"paxlike calls it {PAX_RENAMED[name]} (Pax's name)"
   if name in PAX_UNMODELED:

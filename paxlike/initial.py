@@ -79,6 +79,10 @@ class InitFrom:
     if not sep or kind not in KINDS or not rest:
       raise UserError(f"INIT_FROM / --init_from {self.spec!r} is not one of hf:DIR, "
                       "paxlike:DIR[@STEP] or t5x:DIR[@STEP]; e.g. hf:/path/to/flan-t5-base.")
+    if re.match(r"^[a-z][a-z0-9+.-]*://", rest):
+      raise UserError(f"INIT_FROM / --init_from {self.spec!r}: remote paths are not read; copy "
+                      f"the checkpoint to a local folder (e.g. gsutil -m cp -r {rest} .) or "
+                      "mount the bucket (gcsfuse).")
     step = None
     if kind in STEPPED and "@" in rest:
       rest, _, step_text = rest.rpartition("@")

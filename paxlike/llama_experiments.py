@@ -23,6 +23,7 @@ from paxlike.file_data import FilesDataset
 from paxlike.inputs.synthetic import SyntheticLmInput
 from paxlike.inputs.text import TextInput
 from paxlike.layers.llama import rope_type
+from paxlike.lm_experiments import PipelineHParams
 from paxlike.models.llama import LlamaModel
 from paxlike.training_experiment import AdamTraining
 
@@ -97,6 +98,26 @@ class LlamaSpmdAdam(AdamTraining):
       if pad is None:
         pad = vocab.pad_id if vocab else 0
     return {"eos_id": eos, "pad_id": pad}
+
+
+class LlamaSpmdPipelineAdam(PipelineHParams, LlamaSpmdAdam):
+  """A Llama-family decoder pipelined over a 4-axis [stage, replica, data, mdl] mesh, with
+  Pax's pipeline hyperparameters (NUM_STAGES, NUM_MICROBATCHES or MICROBATCH_SIZE,
+  CIRCULAR_REPEAT, STREAM_IO; PipelineHParams): MaxText's pipeline parallelism for Llama.
+
+  The decoder layers run in the pipeline (paxlike.layers.pipeline); the embedding,
+  final norm and head run data-parallel over every core, stages included. Decoding and
+  `--export_format=hf` use the same weights unpipelined, and `--init_from=hf:DIR`
+  places a Hugging Face checkpoint's layers straight into the stages.
+  """
+
+  USE_REPEATED_LAYER = False  # Pax: the pipeline already loops over stages
+
+  def model(self) -> fdl.Config[LlamaModel]:
+    cfg = super().model()
+    for name, value in self.pipeline_fields().items():
+      setattr(cfg, name, value)
+    return cfg
 
 
 def checkpoint_vocabulary(vocabulary: str | None, init_from: str | None) -> Any:

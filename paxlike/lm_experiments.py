@@ -196,27 +196,20 @@ class TransformerLmSpmdAdafactor(TransformerLmSpmdAdam):
   LR_LRED_DECAY_END = 100000  # Pax's DECAY_END for Adafactor
 
 
-class TransformerLmSpmdPipelineAdafactor(TransformerLmSpmdAdafactor):
-  """Pax's model_params.TransformerLmSpmdPipelineAdafactor: the LM pipelined over a
-  4-axis [stage, replica, data, mdl] mesh (paxlike.layers.pipeline).
+class PipelineHParams:
+  """Pax's pipeline hyperparameters and their checks, for a pipelined template (the LM's
+  and the Llama family's; paxlike.layers.pipeline).
 
   NUM_LAYERS / (NUM_STAGES x CIRCULAR_REPEAT) layers per stage; the global
   batch runs in NUM_MICROBATCHES pieces, or pieces of MICROBATCH_SIZE rows
   (set one; praxis derives the other from the batch); CIRCULAR_REPEAT > 1
   passes every microbatch R times over the stages, each time through other
   layers. STREAM_IO shards the pipeline's input/output buffer over the stages
-  instead of keeping it on every stage. EMB_W_DATA_DIMS: the mesh axes the
-  embedding/softmax table's embed dim is split over. On a pipelined
-  experiment NUM_MICROBATCHES is the pipeline's (as in Pax's files);
-  gradient accumulation is GRADIENT_ACCUMULATION_STEPS.
+  instead of keeping it on every stage. On a pipelined experiment
+  NUM_MICROBATCHES is the pipeline's (as in Pax's files); gradient
+  accumulation is GRADIENT_ACCUMULATION_STEPS. The mesh has 4 axes,
+  [stage, replica, data, mdl].
   """
-
-  NUM_LAYERS = 10
-  HIDDEN_DIMS = None  # 4 x MODEL_DIMS
-  USE_REPEATED_LAYER = False  # Pax: the pipeline already loops over stages
-  CHECKPOINT_EVERY_N_STEPS = 5000
-  SUMMARY_INTERVAL_STEPS = 100
-  CHECKPOINT_MAX_TO_KEEP = 10
 
   NUM_STAGES: int | None = None
   CIRCULAR_REPEAT = 1
@@ -227,7 +220,6 @@ class TransformerLmSpmdPipelineAdafactor(TransformerLmSpmdAdafactor):
   ICI_MESH_SHAPE = None  # a subclass sets [NUM_STAGES, replica, data, mdl]
   DCN_MESH_SHAPE = [1, 1, 1, 1]
   MESH_AXIS_NAMES = ["stage", "replica", "data", "mdl"]
-  EMB_W_DATA_DIMS: Any = "data"
   STREAM_IO = False
 
   def validate(self) -> None:
@@ -259,18 +251,44 @@ class TransformerLmSpmdPipelineAdafactor(TransformerLmSpmdAdafactor):
     if self.PIPELINE_BROADCAST_INPUTS:
       raise UserError("PIPELINE_BROADCAST_INPUTS=True: paxlike feeds the microbatches to the "
                       "first stage only (praxis's default); drop it.")
-    names = ("replica", "data", "mdl")
-    dims = self.EMB_W_DATA_DIMS
-    dims = [dims] if isinstance(dims, str) or dims is None else list(dims)
-    if any(d not in names for d in dims if d is not None):
-      raise UserError(f"EMB_W_DATA_DIMS={self.EMB_W_DATA_DIMS!r} names an axis that is not "
-                      f"one of {list(names)}.")
 
   def mesh_axes(self) -> int:
     return 4
 
   def accumulation_steps(self) -> int:
     return self.GRADIENT_ACCUMULATION_STEPS
+
+  def pipeline_fields(self) -> dict[str, Any]:
+    """The model config's pipeline fields."""
+    return {"num_stages": self.NUM_STAGES, "circular_repeat": self.CIRCULAR_REPEAT,
+            "num_microbatches": self.NUM_MICROBATCHES, "microbatch_size": self.MICROBATCH_SIZE,
+            "stream_io": self.STREAM_IO}
+
+
+class TransformerLmSpmdPipelineAdafactor(PipelineHParams, TransformerLmSpmdAdafactor):
+  """Pax's model_params.TransformerLmSpmdPipelineAdafactor: the LM pipelined over a
+  4-axis [stage, replica, data, mdl] mesh (PipelineHParams, paxlike.layers.pipeline).
+
+  EMB_W_DATA_DIMS: the mesh axes the embedding/softmax table's embed dim is
+  split over.
+  """
+
+  NUM_LAYERS = 10
+  HIDDEN_DIMS = None  # 4 x MODEL_DIMS
+  USE_REPEATED_LAYER = False  # Pax: the pipeline already loops over stages
+  CHECKPOINT_EVERY_N_STEPS = 5000
+  SUMMARY_INTERVAL_STEPS = 100
+  CHECKPOINT_MAX_TO_KEEP = 10
+  EMB_W_DATA_DIMS: Any = "data"
+
+  def validate(self) -> None:
+    super().validate()
+    names = ("replica", "data", "mdl")
+    dims = self.EMB_W_DATA_DIMS
+    dims = [dims] if isinstance(dims, str) or dims is None else list(dims)
+    if any(d not in names for d in dims if d is not None):
+      raise UserError(f"EMB_W_DATA_DIMS={self.EMB_W_DATA_DIMS!r} names an axis that is not "
+                      f"one of {list(names)}.")
 
   def emb_w_data_dims(self) -> Any:
     dims = self.EMB_W_DATA_DIMS
@@ -279,11 +297,8 @@ class TransformerLmSpmdPipelineAdafactor(TransformerLmSpmdAdafactor):
   def model(self) -> fdl.Config[LanguageModel]:
     cfg = super().model()
     self.emb_w_data_dims()  # read with the model: mesh.rules_for applies it after the read check
-    cfg.num_stages = self.NUM_STAGES
-    cfg.circular_repeat = self.CIRCULAR_REPEAT
-    cfg.num_microbatches = self.NUM_MICROBATCHES
-    cfg.microbatch_size = self.MICROBATCH_SIZE
-    cfg.stream_io = self.STREAM_IO
+    for name, value in self.pipeline_fields().items():
+      setattr(cfg, name, value)
     return cfg
 
 

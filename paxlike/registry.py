@@ -5,9 +5,10 @@ Keys are `module.Class`. How `get` (and so `--exp`) resolves a name:
 1. A full key resolves to its class.
 2. A dotted name `M.Class` looks in the module M names, and only there. M is
    the first of `M`, `experiments.M` and (for a name that starts with
-   `tasks.`) `paxlike.pax.M` that imports: your own module on PYTHONPATH
-   first, then the shipped experiments (`lm.c4.X` -> `experiments.lm.c4.X`),
-   then Pax's paths (`tasks.lm.params.c4.X`). The class is M's attribute
+   `tasks.` or `paxml.tasks.`) `paxlike.pax.M` that imports: your own module
+   on PYTHONPATH first, then the shipped experiments (`lm.c4.X` ->
+   `experiments.lm.c4.X`), then Pax's paths (`tasks.lm.params.c4.X`, or Pax's
+   registry key `paxml.tasks.lm.params.c4.X`). The class is M's attribute
    `Class` when that is registered, so a re-export such as
    `paxlike.pax.tasks.lm.params.c4` resolves to the class it imports; a class
    M has that nobody registered is refused, naming the decorator, and so is a
@@ -159,6 +160,8 @@ def _named_module(module_name: str) -> str | None:
   candidates = [module_name, f"{SHIPPED_PACKAGE}.{module_name}"]
   if module_name.startswith("tasks."):  # Pax's own paths: tasks.lm.params.c4
     candidates.append(f"{PAX_PACKAGE}.{module_name}")
+  if module_name.startswith("paxml.tasks."):  # ... and Pax's registry keys, paxml.tasks...
+    candidates.append(f"{PAX_PACKAGE}.{module_name.removeprefix('paxml.')}")
   for candidate in candidates:
     if _try_import(candidate):
       return candidate

@@ -65,6 +65,9 @@ def test_bad_specs_and_rules_are_user_errors():
                               INIT_FROM_STRICT=True, INIT_FROM_OPTIMIZER=False)
   with pytest.raises(UserError, match="is not one of hf:DIR, paxlike:DIR"):
     initial.InitFrom.of(exp, None)
+  exp.INIT_FROM = "t5x:gs://t5-data/pretrained_models/t5x/flan_t5_base/checkpoint_1184000"
+  with pytest.raises(UserError, match="remote paths are not read; copy the checkpoint"):
+    initial.InitFrom.of(exp, None)
   exp.INIT_FROM, exp.INIT_FROM_RULES = "paxlike:/x", [("(unclosed", None)]
   with pytest.raises(UserError, match="not a regular expression"):
     initial.InitFrom.of(exp, None)

@@ -215,6 +215,7 @@ def test_pax_paths_resolve_to_the_classes_their_modules_reexport():
 
   assert registry.get("tasks.lm.params.c4.C4SpmdAdam") is shipped.C4SpmdAdam
   assert registry.get("paxlike.pax.tasks.lm.params.c4.C4SpmdAdam") is shipped.C4SpmdAdam
+  assert registry.get("paxml.tasks.lm.params.c4.C4SpmdAdam") is shipped.C4SpmdAdam  # Pax's key
   with pytest.raises(UserError, match=r"C4SpmdAdamBf16 .*it is experiments\.lm\.c4\."
                      r"C4SpmdAdamBf16\) is not a registered experiment"):
     registry.get("tasks.lm.params.c4.C4SpmdAdamBf16")

@@ -25,7 +25,12 @@ The big ones are checked on a CPU with --mode=dry_run.
 import jax.numpy as jnp
 
 from paxlike import experiment_registry
-from paxlike.llama_experiments import LlamaSpmdAdam, SyntheticLlamaDataset, TextLlamaDataset
+from paxlike.llama_experiments import (
+    LlamaSpmdAdam,
+    LlamaSpmdPipelineAdam,
+    SyntheticLlamaDataset,
+    TextLlamaDataset,
+)
 
 LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -174,6 +179,17 @@ class LlamaTiny(SyntheticLlamaDataset, LlamaSpmdAdam):
   NUM_TRAIN_STEPS = 100
   SUMMARY_INTERVAL_STEPS = 10
   CHECKPOINT_EVERY_N_STEPS = 100
+
+
+@experiment_registry.register
+class LlamaPipelineTiny(LlamaSpmdPipelineAdam, LlamaTiny):
+  """LlamaTiny with 4 layers pipelined: 2 stages of 2 layers on 2 devices (set
+  XLA_FLAGS=--xla_force_host_platform_device_count=2 on a CPU), 4 microbatches."""
+
+  NUM_LAYERS = 4
+  NUM_STAGES = 2
+  NUM_MICROBATCHES = 4
+  ICI_MESH_SHAPE = [2, 1, 1, 1]
 
 
 @experiment_registry.register

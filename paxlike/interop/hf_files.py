@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -65,6 +66,60 @@ class LazyParam:
       out[row] = piece
       del piece
     return out if out is not None else np.empty((0, *self.shape[1:]), np.float32)
+
+
+@dataclasses.dataclass
+class LazyGrid(LazyParam):
+  """A pipelined layer parameter, read from the checkpoint only when asked: its `lead`
+  leading dims ([circular_repeat, stage] and, scanned, [layer slot]) index layers, and
+  layer_of(position) names the logical layer (paxlike.layers.pipeline's order) whose
+  reader fills that position. A block reads only the layers it covers."""
+
+  lead: int = 2
+  layer_of: Callable[[tuple[int, ...]], int] = lambda position: 0
+
+  def read(self, index: tuple[slice, ...] | None = None) -> np.ndarray:
+    index = tuple(index) if index is not None else ()
+    index = index + (slice(None),) * max(0, self.lead - len(index))
+    ranges = [range(n)[i] for n, i in zip(self.shape[:self.lead], index[:self.lead],
+                                          strict=True)]
+    out = None
+    for position in itertools.product(*(range(len(r)) for r in ranges)):
+      layer = self.layer_of(tuple(r[p] for r, p in zip(ranges, position, strict=True)))
+      piece = self.readers[layer]()[index[self.lead:]]
+      if out is None:
+        out = np.empty((*(len(r) for r in ranges), *piece.shape), piece.dtype)
+      out[position] = piece
+      del piece
+    if out is None:  # an empty block
+      rest = np.empty(self.shape[self.lead:], np.float32)[index[self.lead:]].shape
+      out = np.empty((*(len(r) for r in ranges), *rest), np.float32)
+    return out
+
+
+def lazy_pipeline(stack: dict[str, Any], layout: Any) -> dict[str, Any]:
+  """A scanned stack of LazyParams ({'repeat': tree}, one reader per layer) as the
+  pipelined `layout`'s stack subtree (paxlike.layers.pipeline.from_layers' layout), still
+  unread."""
+  s, per = layout.num_stages, layout.layers_per_stage
+  r = layout.circular_repeat
+
+  def grid(leaf: LazyParam, slot: int | None) -> LazyGrid:
+    one = tuple(leaf.shape[1:])
+    if slot is None:  # each stage's layers scanned: [R, S, L, ...]
+      return LazyGrid((r, s, per, *one), leaf.readers, True, 3,
+                      lambda p: (p[0] * s + p[1]) * per + p[2])
+    return LazyGrid((r, s, *one), leaf.readers, True, 2,
+                    lambda p, j=slot: (p[0] * s + p[1]) * per + j)
+
+  def each(tree: Any, slot: int | None) -> Any:
+    if isinstance(tree, LazyParam):
+      return grid(tree, slot)
+    return {k: each(v, slot) for k, v in tree.items()}
+
+  if layout.use_repeated_layer:
+    return {"pipeline": {"repeat": each(stack["repeat"], None)}}
+  return {"pipeline": {f"x_layers_{j}": each(stack["repeat"], j) for j in range(per)}}
 
 
 def lazy_tree(entries: Iterable[tuple[tuple[str, ...], int | None, Callable[[], np.ndarray],

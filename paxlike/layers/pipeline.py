@@ -24,6 +24,7 @@ between layouts.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -73,6 +74,30 @@ class Layout:
     if self.circular_repeat > 1:
       text += f", circular repeat {self.circular_repeat}"
     return text
+
+
+class PipelinedModel:
+  """layout / check_batch / unpipelined of a model with Pax's pipeline fields (num_layers,
+  use_repeated_layer, num_stages, circular_repeat, num_microbatches, microbatch_size,
+  stream_io): the LM's and the Llama family's. Mixed in before BaseModel."""
+
+  def layout(self) -> Layout:
+    return Layout(self.num_layers, self.use_repeated_layer, self.num_stages,
+                  self.circular_repeat)
+
+  def check_batch(self, rows: int) -> None:
+    if self.num_stages is not None:
+      check_batch(rows, self.num_stages, self.num_microbatches, self.microbatch_size,
+                  self.circular_repeat)
+
+  def unpipelined(self) -> Any:
+    """The same model without a pipeline (its layers scanned), for decoding and export;
+    its parameters are these restacked (the model's restack_params)."""
+    if self.num_stages is None:
+      return self
+    return self.clone(num_stages=None, circular_repeat=1, num_microbatches=None,
+                      microbatch_size=None, stream_io=False, use_repeated_layer=True,
+                      parent=None)
 
 
 def bubble_fraction(num_stages: int, num_microbatches: int, circular_repeat: int = 1) -> float:
@@ -211,6 +236,46 @@ def run(stage_fn: Any, weights: Any, x: jax.Array, *, num_stages: int, num_micro
   state = jnp.zeros((s_count, *xs.shape[1:]), xs.dtype)
   (_, io), _ = jax.lax.scan(body, (state, io), jnp.arange(iterations(s_count, m, r_count)))
   return merge(io)
+
+
+def stacked(module: nn.Module, layout: Layout, x: jax.Array, *, init_stage: Any,
+            apply_stage: Any, num_microbatches: int | None, microbatch_size: int | None,
+            policy: Any, remat: bool, stream_io: bool, segment_ids: jax.Array | None = None,
+            positions: jax.Array | None = None, rng: jax.Array | None = None) -> jax.Array:
+  """A pipelined layer stack inside `module`'s compact call: its `pipeline` parameter and
+  the schedule (run) over x [B, T, D].
+
+  init_stage(rng, sample [1, T, D]) -> one stage's params tree (boxed, with its
+  logical names); apply_stage(weights, h, segment_ids, positions, rng) -> h: one
+  stage's layers. The parameter stacks R x S stage inits on [circular_repeat,
+  stage] axes.
+  """
+  s, r = layout.num_stages, layout.circular_repeat
+
+  def init(key: jax.Array) -> Any:
+    sample = jnp.zeros((1, *x.shape[1:]), x.dtype)
+    tree = jax.vmap(lambda k: init_stage(k, sample))(jax.random.split(key, r * s))
+
+    def lead(leaf: Any) -> Any:
+      boxed = isinstance(leaf, nn.meta.AxisMetadata)
+      value = leaf.value if boxed else leaf  # .value: unbox() would constrain its old names
+      value = value.reshape(r, s, *value.shape[1:])
+      if boxed:
+        return leaf.replace(value=value, names=(REPEAT_AXIS, STAGE_AXIS, *leaf.names))
+      return value
+
+    return jax.tree.map(lead, tree, is_leaf=lambda v: isinstance(v, nn.meta.AxisMetadata))
+
+  weights = module.param(PIPELINE_PARAM, init)
+  if module.is_initializing():
+    return x  # the weights are made; init needs no schedule (its sample has one row)
+  m, _ = microbatch_sizes(x.shape[0], num_microbatches, microbatch_size)
+  if m < 1 or x.shape[0] % m:
+    m = math.gcd(x.shape[0], max(m, 1))  # a batch the train-time check did not see (eval)
+  check_batch(x.shape[0], s, m, None, r)
+  return run(apply_stage, weights, x, num_stages=s, num_microbatches=m, circular_repeat=r,
+             policy=policy, remat=remat, stream_io=stream_io, segment_ids=segment_ids,
+             positions=positions, rng=rng)
 
 
 # --------------------------------------------------------- layout changes

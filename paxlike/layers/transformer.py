@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import math
 from typing import Any
 
 import flax.linen as nn
@@ -177,7 +176,6 @@ class StackedTransformer(nn.Module):
   def _pipelined(self, x: jax.Array, segment_ids: jax.Array | None,
                  positions: jax.Array | None) -> jax.Array:
     layout = self.layout()
-    s, r = layout.num_stages, layout.circular_repeat
     # One stage's layers, applied as a function of its weights; the pipeline's
     # iteration is rematerialised as a whole, so the stage itself saves everything.
     stage = StackedTransformer(
@@ -186,24 +184,6 @@ class StackedTransformer(nn.Module):
         activation=self.activation, combine_qkv=self.combine_qkv,
         use_repeated_layer=self.use_repeated_layer, checkpoint_policy="SAVE_EVERYTHING",
         dtype=self.dtype, layer_kwargs=self.layer_kwargs, parent=None)
-
-    def init(rng: jax.Array) -> Any:
-      sample = jnp.zeros((1, *x.shape[1:]), x.dtype)
-      one = lambda k: stage.init({"params": k}, sample)["params"]  # noqa: E731
-      tree = jax.vmap(one)(jax.random.split(rng, r * s))
-
-      def lead(leaf: Any) -> Any:
-        boxed = isinstance(leaf, nn.meta.AxisMetadata)
-        value = leaf.value if boxed else leaf  # .value: unbox() would constrain its old names
-        value = value.reshape(r, s, *value.shape[1:])
-        if boxed:
-          return leaf.replace(value=value,
-                              names=(pipeline.REPEAT_AXIS, pipeline.STAGE_AXIS, *leaf.names))
-        return value
-
-      return jax.tree.map(lead, tree, is_leaf=lambda v: isinstance(v, nn.meta.AxisMetadata))
-
-    weights = self.param(pipeline.PIPELINE_PARAM, init)
     rate = dict(self.layer_kwargs).get("dropout_rate", 0.0)
     rng = self.make_rng("dropout") if dropout_active(self, rate) else None
 
@@ -211,15 +191,10 @@ class StackedTransformer(nn.Module):
       rngs = {} if key is None else {"dropout": key}
       return stage.apply({"params": w}, h, None, None, seg, pos, rngs=rngs)
 
-    if self.is_initializing():
-      return x  # the weights are made; init needs no schedule (its sample has one row)
-    m, _ = pipeline.microbatch_sizes(x.shape[0], self.num_microbatches, self.microbatch_size)
-    if m < 1 or x.shape[0] % m:
-      m = math.gcd(x.shape[0], max(m, 1))  # a batch the train-time check did not see (eval)
-    pipeline.check_batch(x.shape[0], s, m, None, r)
-    return pipeline.run(
-        stage_fn, weights, x, num_stages=s, num_microbatches=m, circular_repeat=r,
-        policy=remat_policy(self.checkpoint_policy),
+    return pipeline.stacked(
+        self, layout, x, init_stage=lambda k, sample: stage.init({"params": k}, sample)["params"],
+        apply_stage=stage_fn, num_microbatches=self.num_microbatches,
+        microbatch_size=self.microbatch_size, policy=remat_policy(self.checkpoint_policy),
         remat=policy_name(self.checkpoint_policy) != "SAVE_EVERYTHING",
         stream_io=self.stream_io, segment_ids=segment_ids, positions=positions, rng=rng)
 

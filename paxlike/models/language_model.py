@@ -108,7 +108,7 @@ def weighted_loss(logits: jax.Array, labels: jax.Array, weights: jax.Array
   return loss, metrics
 
 
-class LanguageModel(BaseModel):
+class LanguageModel(pipeline.PipelinedModel, BaseModel):
   """Token ids -> next-token logits, with Pax's shared embedding/softmax.
 
   Batches are dicts with int `ids` and `labels` [batch, length] and float
@@ -297,24 +297,6 @@ class LanguageModel(BaseModel):
     return jax.tree.map(lambda x: jnp.take(x, indices, axis=axis), cache)
 
   # -------------------------------------------------------- plain methods
-
-  def layout(self) -> pipeline.Layout:
-    return pipeline.Layout(self.num_layers, self.use_repeated_layer, self.num_stages,
-                           self.circular_repeat)
-
-  def check_batch(self, rows: int) -> None:
-    if self.num_stages is not None:
-      pipeline.check_batch(rows, self.num_stages, self.num_microbatches, self.microbatch_size,
-                           self.circular_repeat)
-
-  def unpipelined(self) -> LanguageModel:
-    """The same model without a pipeline (its layers scanned), for decoding; its
-    parameters are these restacked (restack_params)."""
-    if self.num_stages is None:
-      return self
-    return self.clone(num_stages=None, circular_repeat=1, num_microbatches=None,
-                      microbatch_size=None, stream_io=False, use_repeated_layer=True,
-                      parent=None)
 
   def restack_params(self, params: Any) -> Any:
     """params (of any layer layout, read off the tree itself) in this model's layout."""

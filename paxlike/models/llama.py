@@ -8,7 +8,9 @@ the rotary positions restart with it. Decoding reads `ids` and `prompt_lens`
 as the LM does (row r's prompt is ids[r, :prompt_lens[r]]).
 
 Parameter tree (Hugging Face's names; `layers` scanned with a leading
-'layers' axis, or `layers_{i}`):
+'layers' axis, or `layers_{i}`; pipelined (NUM_STAGES, as the LM's),
+`layers/pipeline/{repeat|x_layers_j}` with leading [circular_repeat, stage]
+axes, which decoding and export restack to the scanned layout):
 
     embed_tokens/embedding               [vocab, embed]
     layers/input_layernorm/scale, layers/self_attn/{q,k,v}_proj/w (and /b with
@@ -20,6 +22,7 @@ Parameter tree (Hugging Face's names; `layers` scanned with a leading
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import flax.linen as nn
@@ -29,16 +32,18 @@ import numpy as np
 
 from paxlike import decoding, flops
 from paxlike.errors import UserError
+from paxlike.layers import pipeline
 from paxlike.layers.llama import (
-    EMBED_AXES,
-    EXTEND,
-    FULL,
-    PREFILL,
-    LlamaDecoderLayer,
-    RmsNorm,
-    VocabHead,
-    rope_inv_freq,
+  EMBED_AXES,
+  EXTEND,
+  FULL,
+  PREFILL,
+  LlamaDecoderLayer,
+  RmsNorm,
+  VocabHead,
+  rope_inv_freq,
 )
+from paxlike.layers.transformer import policy_name, remat_policy
 from paxlike.models.base import BaseModel
 from paxlike.models.language_model import LanguageModel, weighted_loss
 from paxlike.models.t5 import run_layers
@@ -46,7 +51,7 @@ from paxlike.models.t5 import run_layers
 Dtype = Any
 
 
-class LlamaModel(BaseModel):
+class LlamaModel(pipeline.PipelinedModel, BaseModel):
   """Token ids -> next-token logits: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
 
   vocab_size: int
@@ -67,6 +72,12 @@ class LlamaModel(BaseModel):
   fprop_dtype: Dtype = jnp.float32
   eos_id: int = 1
   pad_id: int = 0
+  # Pax's pipeline (NUM_STAGES; None: none), as the LM's (paxlike.layers.pipeline).
+  num_stages: int | None = None
+  circular_repeat: int = 1
+  num_microbatches: int | None = None  # the pipeline's; or microbatch_size
+  microbatch_size: int | None = None
+  stream_io: bool = False
 
   def setup(self) -> None:
     if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
@@ -87,6 +98,13 @@ class LlamaModel(BaseModel):
                       self.head_dim, self.rope_theta, self.rope_scaling)),
                   qkv_bias=self.qkv_bias, norm_epsilon=self.norm_epsilon,
                   dtype=self.fprop_dtype, mode=mode)
+    if self.num_stages is not None:
+      if mode != FULL:
+        raise UserError("a pipelined Llama decodes through its unpipelined model "
+                        "(LlamaModel.unpipelined); it has no KV cache of its own.")
+      return _PipelinedLayers(tuple(kwargs.items()), self.layout(), self.checkpoint_policy,
+                              self.num_microbatches, self.microbatch_size, self.stream_io,
+                              name="layers")(x, inputs)
     return run_layers(LlamaDecoderLayer, kwargs, self.num_layers, x, inputs,
                       scanned=self.use_repeated_layer, checkpoint_policy=self.checkpoint_policy,
                       remat=mode == FULL)
@@ -111,12 +129,15 @@ class LlamaModel(BaseModel):
     if index is not None:
       inputs["index"] = index
     x = self._layers(x, inputs, mode)
+    # Outside a pipeline the head runs data-parallel over every core, stages included.
+    batch_axis = "batch" if self.num_stages is None else "pipeline_batch"
+    x = nn.with_logical_constraint(x, (batch_axis, "length", "activation_embed"))
     x = self.norm(x)
     if self.tie_embeddings:
       logits = jnp.einsum("btd,vd->btv", x, self.embed_tokens.astype(self.fprop_dtype))
     else:
       logits = self.lm_head(x)
-    logits = nn.with_logical_constraint(logits, ("batch", "length", "activation_vocab"))
+    logits = nn.with_logical_constraint(logits, (batch_axis, "length", "activation_vocab"))
     return logits.astype(jnp.float32)
 
   def fprop(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -164,6 +185,37 @@ class LlamaModel(BaseModel):
     axis = 1 if self.use_repeated_layer else 0  # scanned leaves lead with the layer axis
     return jax.tree.map(lambda x: jnp.take(x, indices, axis=axis), cache)
 
+  # ------------------------------------------------------ layer layouts
+
+  def restack_params(self, params: Any) -> Any:
+    """params (of any layer layout, read off the tree itself) in this model's layout."""
+    return from_stack(pipeline.restack(to_stack(params), self.num_layers, self.layout()),
+                      params)
+
+  # paxlike.relayout reads layer stacks as `transformer` subtrees (the LM's form): these
+  # put a stored state's Llama layers in that form and back, at every params-like node
+  # (the parameters and each optimizer slot mirroring them).
+
+  def to_stack_form(self, tree: Any) -> Any:
+    return _map_params_nodes(tree, lambda node: {
+        **{k: v for k, v in node.items() if k != "layers" and not _UNROLLED.match(k)},
+        STACK_KEY: to_stack(node)})
+
+  def from_stack_form(self, tree: Any) -> Any:
+    return _map_params_nodes(tree, lambda node: from_stack(
+        node[STACK_KEY], {k: v for k, v in node.items() if k != STACK_KEY}))
+
+  def stack_form_name(self, name: str) -> str:
+    """A parameter or slot name (`params/layers_3/mlp/...`) as to_stack_form names it."""
+    parts = name.split("/")
+    for i, part in enumerate(parts):
+      if part == "layers" or _UNROLLED.match(part):
+        nested = parts[i + 1:i + 2] == [pipeline.PIPELINE_PARAM]
+        new = ([STACK_KEY] if nested else [STACK_KEY, "repeat"]) if part == "layers" \
+            else [STACK_KEY, f"x_{part}"]
+        return "/".join([*parts[:i], *new, *parts[i + 1:]])
+    return name
+
   # -------------------------------------------------------- plain methods
 
   def input_features(self) -> tuple[str, ...]:
@@ -201,3 +253,94 @@ class LlamaModel(BaseModel):
     from paxlike.interop import hf_llama
 
     return hf_llama.model_config(self)
+
+
+class _LlamaStage(nn.Module):
+  """One pipeline stage: num_layers decoder layers, scanned (`repeat`) or unrolled
+  (`x_layers_j`), the names paxlike.layers.pipeline's layouts use."""
+
+  layer_kwargs: tuple[tuple[str, Any], ...]
+  num_layers: int
+  scanned: bool
+
+  @nn.compact
+  def __call__(self, x: jax.Array, inputs: dict[str, Any]) -> jax.Array:
+    return run_layers(LlamaDecoderLayer, dict(self.layer_kwargs), self.num_layers, x, inputs,
+                      scanned=self.scanned, checkpoint_policy="SAVE_EVERYTHING", remat=False,
+                      names=("repeat", "x_layers_{}"))
+
+
+class _PipelinedLayers(nn.Module):
+  """The decoder layers pipelined over the mesh's 'stage' axis (the parameter `pipeline`)."""
+
+  layer_kwargs: tuple[tuple[str, Any], ...]
+  layout: pipeline.Layout
+  checkpoint_policy: str
+  num_microbatches: int | None
+  microbatch_size: int | None
+  stream_io: bool
+
+  @nn.compact
+  def __call__(self, x: jax.Array, inputs: dict[str, Any]) -> jax.Array:
+    # The pipeline's iteration is rematerialised as a whole: the stage saves everything.
+    stage = _LlamaStage(self.layer_kwargs, self.layout.layers_per_stage,
+                        self.layout.use_repeated_layer, parent=None)
+
+    def init_stage(key: jax.Array, sample: jax.Array) -> Any:
+      positions = jnp.arange(sample.shape[1], dtype=jnp.int32)[None]
+      return stage.init({"params": key}, sample, {"positions": positions})["params"]
+
+    def apply_stage(w: Any, h: jax.Array, seg: Any, pos: Any, key: Any) -> jax.Array:
+      del key  # the Llama family has no dropout
+      stage_inputs = {"positions": pos, **({} if seg is None else {"segment_ids": seg})}
+      return stage.apply({"params": w}, h, stage_inputs)
+
+    return pipeline.stacked(
+        self, self.layout, x, init_stage=init_stage, apply_stage=apply_stage,
+        num_microbatches=self.num_microbatches, microbatch_size=self.microbatch_size,
+        policy=remat_policy(self.checkpoint_policy),
+        remat=policy_name(self.checkpoint_policy) != "SAVE_EVERYTHING",
+        stream_io=self.stream_io, segment_ids=inputs.get("segment_ids"),
+        positions=inputs["positions"])
+
+
+_UNROLLED = re.compile(r"layers_(\d+)$")
+STACK_KEY = "transformer"  # paxlike.relayout's layer stack key
+
+
+def _map_params_nodes(tree: Any, fn: Any) -> Any:
+  """tree with fn applied to every dict that holds a Llama parameter tree's top level
+  (its `embed_tokens`), through dicts, lists and tuples."""
+  if isinstance(tree, dict):
+    if "embed_tokens" in tree:
+      return fn(tree)
+    return {k: _map_params_nodes(v, fn) for k, v in tree.items()}
+  if isinstance(tree, list | tuple) and not hasattr(tree, "_fields"):
+    return type(tree)(_map_params_nodes(v, fn) for v in tree)
+  return tree
+
+
+def to_stack(params: dict[str, Any]) -> dict[str, Any]:
+  """A Llama params tree's layers as paxlike.layers.pipeline's stack subtree: `layers`
+  scanned -> {'repeat'}, `layers_i` -> {'x_layers_i'}, `layers/pipeline` as it is.
+  Leaves may be boxed, numpy or jax."""
+  layers = params.get("layers")
+  if isinstance(layers, dict) and pipeline.PIPELINE_PARAM in layers:
+    stack = layers
+  elif layers is not None:
+    stack = {"repeat": layers}
+  else:
+    stack = {f"x_{k}": v for k, v in params.items() if _UNROLLED.match(k)}
+  return stack
+
+
+def from_stack(stack: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+  """to_stack's inverse: params with its layers replaced by `stack`'s."""
+  out = {k: v for k, v in params.items() if k != "layers" and not _UNROLLED.match(k)}
+  if pipeline.PIPELINE_PARAM in stack:
+    out["layers"] = stack
+  elif "repeat" in stack:
+    out["layers"] = stack["repeat"]
+  else:
+    out.update({k[2:]: v for k, v in stack.items()})
+  return out

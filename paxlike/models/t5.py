@@ -61,12 +61,13 @@ VOCAB_AXES = ("batch", "length", "activation_vocab")
 
 def run_layers(layer_cls: type[nn.Module], kwargs: dict[str, Any], num_layers: int,
                x: jax.Array, inputs: dict[str, Any], *, scanned: bool, checkpoint_policy: str,
-               remat: bool) -> jax.Array:
+               remat: bool, names: tuple[str, str] = ("layers", "layers_{}")) -> jax.Array:
   """num_layers layers over x, each reading the same `inputs` (biases, masks, cache index).
 
   Scanned: one `layers` module whose parameters (and caches) lead with a
-  'layers' axis; otherwise `layers_0`, `layers_1`, ... Must be called from a
-  compact method (the layers become the caller's children).
+  'layers' axis; otherwise `layers_0`, `layers_1`, ... (`names`: the scanned
+  module's name and the unrolled ones' pattern). Must be called from a compact
+  method (the layers become the caller's children).
   """
   if remat and checkpoint_policy != "SAVE_EVERYTHING":
     layer_cls = nn.remat(layer_cls, policy=remat_policy(checkpoint_policy),
@@ -75,10 +76,10 @@ def run_layers(layer_cls: type[nn.Module], kwargs: dict[str, Any], num_layers: i
     stack = nn.scan(layer_cls, variable_axes={"params": 0, "cache": 0},
                     split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
                     length=num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-    x, _ = stack(**kwargs, name="layers")(x, inputs)
+    x, _ = stack(**kwargs, name=names[0])(x, inputs)
     return x
   for i in range(num_layers):
-    x, _ = layer_cls(**kwargs, name=f"layers_{i}")(x, inputs)
+    x, _ = layer_cls(**kwargs, name=names[1].format(i))(x, inputs)
   return x
 
 
