@@ -16,12 +16,9 @@ import jax
 import numpy as np
 import pytest
 from conftest import describe, parse_trained_line, run_cli
-from pipeline_test import STEPS, _train, assert_trains_as_plain
+from pipeline_test import STEPS, assert_trains_as_plain, plain_run
 
 from paxlike import config, experiment, registry
-from paxlike import mesh as mesh_lib
-from paxlike import train_state as ts
-from paxlike.partitioning import SpmdPartitioner
 
 SMALL = ["MAX_SEQ_LEN=16", "VOCAB_SIZE=64"]
 BATCH, SEQ = 16, 16
@@ -51,15 +48,7 @@ def _batches(vocab: int) -> list[dict[str, np.ndarray]]:
 def reference():
   """The plain (unpipelined, scanned) model's run on one device."""
   _, task = _task([])
-  plain = task.model.unpipelined()
-  batches = _batches(plain.vocab_size)
-  sample = plain.init_batch({k: jax.ShapeDtypeStruct(v.shape, v.dtype)
-                             for k, v in batches[0].items()})
-  params = jax.tree.map(np.asarray, jax.device_get(
-      ts.init_fn(plain, task.learner.transform(), sample)(jax.random.key(3)).params))
-  partitioner = SpmdPartitioner(mesh_lib.build([1, 1, 1], devices=jax.devices()[:1]))
-  losses, final = _train(plain, task, params, batches, partitioner)
-  return params, batches, losses, final
+  return plain_run(task, _batches(task.model.vocab_size))
 
 
 @pytest.mark.parametrize("stages,microbatches,repeat,repeated,mesh", [

@@ -62,8 +62,13 @@ def _train(model, task, params, batches, partitioner):
 def reference():
   """The plain (unpipelined, scanned) model's run on one device."""
   _, task = _task([])
+  return plain_run(task, _batches(task.model.vocab_size, 16))
+
+
+def plain_run(task, batches):
+  """(initial params, batches, losses, final params) of the task's model unpipelined, on
+  one device: what a pipelined run must reproduce (also llama_pipeline_test)."""
   plain = task.model.unpipelined()
-  batches = _batches(plain.vocab_size, 16)
   sample = plain.init_batch({k: jax.ShapeDtypeStruct(v.shape, v.dtype)
                              for k, v in batches[0].items()})
   params = jax.tree.map(np.asarray, jax.device_get(
