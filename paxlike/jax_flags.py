@@ -34,8 +34,6 @@ PAXLIKE_OWN = {
 }
 PLATFORM_OPTIONS = ("jax_platforms", "jax_platform_name")
 ENV_PREFIX = "JAX_"
-# JAX_* variables that are not JAX options (distributed setup, paxlike's test knobs).
-_NOT_OPTIONS = ("JAX_COORDINATOR_ADDRESS",)
 
 
 def _flag_name(arg: str) -> str:
@@ -62,12 +60,9 @@ def define(defined: flags.FlagValues) -> None:
 
 def given(values: flags.FlagValues) -> dict[str, Any]:
   """{option: value} of the JAX options the command line set."""
-  try:
-    import jax
-  except ImportError:  # pragma: no cover - jax is a core dependency
-    return {}
-  names = getattr(jax.config, "values", {})
-  return {n: values[n].value for n in names if n in values and values[n].present}
+  import jax
+
+  return {n: values[n].value for n in jax.config.values if n in values and values[n].present}
 
 
 def check(values: flags.FlagValues) -> None:
@@ -91,9 +86,8 @@ def check(values: flags.FlagValues) -> None:
 
 
 def environment() -> dict[str, str]:
-  """The JAX_* environment variables that set JAX options (JAX reads them at import)."""
-  return {k: v for k, v in sorted(os.environ.items())
-          if k.startswith(ENV_PREFIX) and k not in _NOT_OPTIONS}
+  """The JAX_* environment variables (JAX reads its options' at import)."""
+  return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIX)}
 
 
 def record(values: flags.FlagValues) -> dict[str, Any]:
