@@ -1,8 +1,8 @@
 """A checkpoint read into another layer layout (NUM_STAGES, CIRCULAR_REPEAT, USE_REPEATED_LAYER).
 
 A model with layer layouts (`model.layout()`, a paxlike.layers.pipeline.Layout)
-keeps its layers in one stack subtree, `transformer` (the LM; the Llama family's
-are put in that form and back by StackForm), stored scanned
+keeps its layers in one stack subtree, `transformer` (the LM; a model that keeps
+them elsewhere, the Llama family, says how through its stack_form()), stored scanned
 (`repeat` [N, ...]), unrolled (`x_layers_i`) or pipelined (`pipeline`
 [R, S, ...]). A checkpoint's layout is read off its own tree
 (pipeline.layout_of on the stored metadata); when it differs from this run's
@@ -34,27 +34,6 @@ from paxlike import log as logging
 from paxlike.layers import pipeline
 
 STACK = "transformer"  # the key of a layer stack subtree (language_model.restack_tree's)
-
-
-class StackForm:
-  """A model's stored trees in the `transformer` stack form this module reads, and back.
-
-  The LM keeps its layers there already (identity); a model that keeps them
-  elsewhere (the Llama family's top-level `layers`, `layers_i`) provides
-  to_stack_form / from_stack_form / stack_form_name.
-  """
-
-  def __init__(self, model: Any):
-    self.model = model if hasattr(model, "to_stack_form") else None
-
-  def to(self, tree: Any) -> Any:
-    return tree if self.model is None else self.model.to_stack_form(tree)
-
-  def back(self, tree: Any) -> Any:
-    return tree if self.model is None else self.model.from_stack_form(tree)
-
-  def name(self, name: str) -> str:
-    return name if self.model is None else self.model.stack_form_name(name)
 
 
 def _stacks(tree: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], dict[str, Any]]:
@@ -102,7 +81,8 @@ class Restack:
   source: pipeline.Layout
   target: pipeline.Layout
   paths: tuple[tuple[str, ...], ...]
-  model: Any = None  # a model whose stacks are not `transformer` subtrees (StackForm)
+  # How the model's stored trees hold the stack (model.stack_form(); the LM's: as is).
+  form: pipeline.StackForm = dataclasses.field(default_factory=pipeline.StackForm)
 
   def describe(self) -> str:
     return f"from {self.source.describe()} to {self.target.describe()}"
@@ -118,9 +98,8 @@ class Restack:
     Returns:
       (the restacked tree, the names of the slot arrays that start from zeros).
     """
-    form = StackForm(self.model)
-    want = {form.name(k): v for k, v in ckpt_lib.flat(abstract).items()}
-    stored = form.to(stored)
+    want = {self.form.name(k): v for k, v in ckpt_lib.flat(abstract).items()}
+    stored = self.form.to(stored)
     params = stored["params"]
     param_stacks = {p: _get(params, p) for p in self.paths}
     fresh: list[str] = []
@@ -144,7 +123,7 @@ class Restack:
         done.add(path)
       return {k: v if (k,) in done else visit(v, (*prefix, k)) for k, v in out.items()}
 
-    return form.back(visit(stored, ())), fresh
+    return self.form.back(visit(stored, ())), fresh
 
   def _slot(self, slot: Any, pstack: Any, prefix: tuple[str, ...], want: dict[str, Any],
             fresh: list[str], exact: bool) -> Any:
@@ -206,9 +185,11 @@ def change(stored: Any, model: Any) -> Restack | str | None:
     the same layers, the problem in words.
   """
   layout = getattr(model, "layout", None)
-  stored = StackForm(model).to(stored)
-  params = stored.get("params") if isinstance(stored, dict) else None
-  if layout is None or not isinstance(params, dict):
+  if layout is None or not isinstance(stored, dict):
+    return None
+  form = model.stack_form()
+  params = form.to(stored).get("params")
+  if not isinstance(params, dict):
     return None
   target = layout()
   stacks = _stacks(params)
@@ -221,8 +202,7 @@ def change(stored: Any, model: Any) -> Restack | str | None:
   if source.num_layers != target.num_layers:
     return (f"its layer stack holds {source.num_layers} layers ({source.describe()}) but "
             f"this run's holds {target.num_layers}")
-  return Restack(source, target, tuple(stacks),
-                 model if hasattr(model, "to_stack_form") else None)
+  return Restack(source, target, tuple(stacks), form)
 
 
 def compare(stored: Any, abstract: Any, model: Any) -> tuple[Restack | None, str | None]:

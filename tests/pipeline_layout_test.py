@@ -307,6 +307,9 @@ def test_adafactor_slots_without_a_per_layer_form_start_from_zeros_with_one_warn
     def layout(self):
       return target
 
+    def stack_form(self):
+      return pipeline.StackForm()
+
   plan = relayout.change(stored, Model())
   assert plan == relayout.Restack(source, target, (("transformer",),))
   restacked, fresh = plan.apply(stored, abstract)

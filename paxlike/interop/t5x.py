@@ -269,7 +269,11 @@ def lazy_params(path: str, step: int | None, model: Any) -> dict[str, Any]:
   """
   from paxlike.interop import hf
 
-  if not hasattr(model, "num_encoder_layers"):
+  try:
+    model_type = model.hf_config().get("model_type")  # T5X's T5 is Hugging Face's "t5"
+  except UserError:  # a family with no checkpoint layout (Pax's LM)
+    model_type = None
+  if model_type != "t5":
     raise UserError(f"t5x:{path}: T5X checkpoints are read into T5 experiments (FlanT5*, "
                     f"T5*); this experiment's model is a {type(model).__name__}.")
   location = find(path, step)

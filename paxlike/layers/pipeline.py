@@ -76,6 +76,26 @@ class Layout:
     return text
 
 
+@dataclasses.dataclass(frozen=True)
+class StackForm:
+  """How a model's stored trees (parameters, optimizer slots) hold its layer stack, for
+  paxlike.relayout, which reads stacks as `transformer` subtrees ({'repeat'},
+  {'x_layers_i'} or {'pipeline'}). This one: they already are (the LM). A model that
+  keeps its layers elsewhere returns a subclass from its stack_form()."""
+
+  def to(self, tree: Any) -> Any:
+    """tree with its layers as `transformer` subtrees."""
+    return tree
+
+  def back(self, tree: Any) -> Any:
+    """to's inverse."""
+    return tree
+
+  def name(self, name: str) -> str:
+    """A parameter or slot name as `to` names it."""
+    return name
+
+
 class PipelinedModel:
   """layout / check_batch / unpipelined of a model with Pax's pipeline fields (num_layers,
   use_repeated_layer, num_stages, circular_repeat, num_microbatches, microbatch_size,

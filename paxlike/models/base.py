@@ -96,6 +96,13 @@ class BaseModel(nn.Module):
     """params in this model's layer layout (a layout-changing model restacks them)."""
     return params
 
+  def stack_form(self) -> Any:
+    """How paxlike.relayout finds this model's layer stack in a stored tree
+    (paxlike.layers.pipeline.StackForm: as `transformer` subtrees, the LM's)."""
+    from paxlike.layers.pipeline import StackForm
+
+    return StackForm()
+
   def input_features(self) -> tuple[str, ...]:
     raise NotImplementedError
 

@@ -22,6 +22,7 @@ axes, which decoding and export restack to the scanned layout):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -192,29 +193,8 @@ class LlamaModel(pipeline.PipelinedModel, BaseModel):
     return from_stack(pipeline.restack(to_stack(params), self.num_layers, self.layout()),
                       params)
 
-  # paxlike.relayout reads layer stacks as `transformer` subtrees (the LM's form): these
-  # put a stored state's Llama layers in that form and back, at every params-like node
-  # (the parameters and each optimizer slot mirroring them).
-
-  def to_stack_form(self, tree: Any) -> Any:
-    return _map_params_nodes(tree, lambda node: {
-        **{k: v for k, v in node.items() if k != "layers" and not _UNROLLED.match(k)},
-        STACK_KEY: to_stack(node)})
-
-  def from_stack_form(self, tree: Any) -> Any:
-    return _map_params_nodes(tree, lambda node: from_stack(
-        node[STACK_KEY], {k: v for k, v in node.items() if k != STACK_KEY}))
-
-  def stack_form_name(self, name: str) -> str:
-    """A parameter or slot name (`params/layers_3/mlp/...`) as to_stack_form names it."""
-    parts = name.split("/")
-    for i, part in enumerate(parts):
-      if part == "layers" or _UNROLLED.match(part):
-        nested = parts[i + 1:i + 2] == [pipeline.PIPELINE_PARAM]
-        new = ([STACK_KEY] if nested else [STACK_KEY, "repeat"]) if part == "layers" \
-            else [STACK_KEY, f"x_{part}"]
-        return "/".join([*parts[:i], *new, *parts[i + 1:]])
-    return name
+  def stack_form(self) -> LlamaStackForm:
+    return LlamaStackForm()
 
   # -------------------------------------------------------- plain methods
 
@@ -306,6 +286,34 @@ class _PipelinedLayers(nn.Module):
 
 _UNROLLED = re.compile(r"layers_(\d+)$")
 STACK_KEY = "transformer"  # paxlike.relayout's layer stack key
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaStackForm(pipeline.StackForm):
+  """paxlike.relayout reads layer stacks as `transformer` subtrees (the LM's form): this
+  puts a stored state's Llama layers (top-level `layers`, `layers_i`) in that form and
+  back, at every params-like node (the parameters and each optimizer slot mirroring
+  them)."""
+
+  def to(self, tree: Any) -> Any:
+    return _map_params_nodes(tree, lambda node: {
+        **{k: v for k, v in node.items() if k != "layers" and not _UNROLLED.match(k)},
+        STACK_KEY: to_stack(node)})
+
+  def back(self, tree: Any) -> Any:
+    return _map_params_nodes(tree, lambda node: from_stack(
+        node[STACK_KEY], {k: v for k, v in node.items() if k != STACK_KEY}))
+
+  def name(self, name: str) -> str:
+    """A parameter or slot name (`params/layers_3/mlp/...`) as `to` names it."""
+    parts = name.split("/")
+    for i, part in enumerate(parts):
+      if part == "layers" or _UNROLLED.match(part):
+        nested = parts[i + 1:i + 2] == [pipeline.PIPELINE_PARAM]
+        new = ([STACK_KEY] if nested else [STACK_KEY, "repeat"]) if part == "layers" \
+            else [STACK_KEY, f"x_{part}"]
+        return "/".join([*parts[:i], *new, *parts[i + 1:]])
+    return name
 
 
 def _map_params_nodes(tree: Any, fn: Any) -> Any:
