@@ -336,9 +336,12 @@ def start_state(init: InitFrom, model: Any, abstract: Any, partitioner: Any,
     host = jax.device_get(partitioner.to_saveable(fresh))
     state, out = load(init, model, abstract, host)
     return partitioner.shard_state(state), out
-  out = check(init, model, abstract)
+  # The lazy source is checked against the model as it is made (names, shapes): the plan
+  # needs nothing else, so the checkpoint's metadata is read once here, not again by check().
   source = flat_names(_lazy_source(init, model))
-  names = list(flat_names(abstract.params))
+  target = flat_names(abstract.params)
+  out = plan(init, target, source)
+  names = list(target)
   leaves = []
   for name, like in zip(names, jax.tree.leaves(fresh.params), strict=True):
     if out.mapping[name] is None:

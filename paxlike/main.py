@@ -501,7 +501,7 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
   init_dir = init_from.vocabulary_dir() if init_from else None
   text.resolve_vocabularies(
       [*configs.datasets, *configs.decode_datasets], init_dir, job_log_dir,
-      init_from.spec if init_from and init_from.source()[0] == "t5x" else None)
+      init_from.spec if init_from and init_dir is None else None)
   decode_cfgs = configs.decode_datasets
   with experiment.user_config_errors(f"building {name}'s task"):
     task = config.build(configs.task)

@@ -18,6 +18,7 @@ import os
 import re
 
 import numpy as np
+from flax import traverse_util
 
 VERSION = 3
 # HF T5 tensor -> T5X name (layer i as {i}); every kernel is transposed ([out, in] -> [in, out]).
@@ -82,17 +83,6 @@ def _target(hf_dir: str) -> dict[str, np.ndarray]:
   return out
 
 
-def _nest(flat: dict[str, object]) -> dict:
-  tree: dict = {}
-  for name, leaf in flat.items():
-    node = tree
-    *parents, last = name.split("/")
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[last] = leaf
-  return tree
-
-
 def write_orbax_from_hf(hf_dir: str, model_dir: str, step: int) -> str:
   """T5X's Orbax format (train.py's default): checkpoint_<step>/state/ is an Orbax PyTree
   checkpoint of {"target": params, "state": {"step", "param_states"}}, as T5X's
@@ -103,8 +93,8 @@ def write_orbax_from_hf(hf_dir: str, model_dir: str, step: int) -> str:
   folder = os.path.join(model_dir, f"checkpoint_{step}")
   state = {"step": np.int32(step), "param_states": {"token_embedder": {"embedding": {
       "v_row": np.zeros(target["token_embedder/embedding"].shape[0], np.float32)}}}}
-  ocp.PyTreeCheckpointer().save(os.path.join(folder, "state"),
-                                {"target": _nest(target), "state": state})
+  tree = {"target": traverse_util.unflatten_dict(target, sep="/"), "state": state}
+  ocp.PyTreeCheckpointer().save(os.path.join(folder, "state"), tree)
   return folder
 
 
@@ -137,7 +127,7 @@ def write_from_hf(hf_dir: str, model_dir: str, step: int, gcs_stack: str = "deco
     local.pop("path", None)
     ts.open(local, create=True, open=True).result().write(arr).result()
     leaves[name] = ts.Spec(spec)
-  tree = _nest(leaves)
+  tree = traverse_util.unflatten_dict(leaves, sep="/")
   # An Adafactor-like optimizer state beside the target: paxlike does not read it.
   state = {"step": np.int32(step),
            "param_states": {"token_embedder": {"embedding": {

@@ -325,7 +325,7 @@ def _torch_shape(kind: str, value_shape: tuple[int, ...]) -> tuple[int, ...]:
   return (value_shape[2], value_shape[0] * value_shape[1])
 
 
-def _shape_of(model: Any, path: tuple[str, ...]) -> tuple[int, ...]:
+def t5_param_shape(model: Any, path: tuple[str, ...]) -> tuple[int, ...]:
   """The shape of one (unstacked) paxlike parameter, from the last names of its path."""
   d, f, n, h, v = (model.model_dims, model.hidden_dims, model.num_heads, model.dim_per_head,
                    model.vocab_size)
@@ -381,7 +381,7 @@ def lazy_params(directory: str, model: Any) -> dict[str, Any]:
     if source not in ckpt:
       raise UserError(f"the checkpoint in {directory} has no tensor {hf_name}; it is not a "
                       "complete T5 checkpoint of this shape (re-save it with save_pretrained).")
-    shape = _shape_of(model, path)
+    shape = t5_param_shape(model, path)
     got = ckpt.shape(source)
     if got != _torch_shape(kind, shape):
       raise UserError(f"the checkpoint in {directory} has {source} of shape {list(got)} but "

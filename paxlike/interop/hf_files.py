@@ -75,8 +75,8 @@ class LazyGrid(LazyParam):
   layer_of(position) names the logical layer (paxlike.layers.pipeline's order) whose
   reader fills that position. A block reads only the layers it covers."""
 
-  lead: int = 2
-  layer_of: Callable[[tuple[int, ...]], int] = lambda position: 0
+  lead: int
+  layer_of: Callable[[tuple[int, ...]], int]
 
   def read(self, index: tuple[slice, ...] | None = None) -> np.ndarray:
     index = tuple(index) if index is not None else ()

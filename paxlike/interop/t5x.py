@@ -39,6 +39,7 @@ import re
 from typing import Any
 
 import numpy as np
+from flax import traverse_util
 
 from paxlike.errors import UserError
 from paxlike.interop.hf_files import lazy_tree
@@ -123,9 +124,10 @@ def read_target(location: str) -> dict[str, Any]:
   target = state.get("target") if isinstance(state, dict) else None
   if not isinstance(target, dict):
     raise UserError(f"{location} holds no `target` parameters; keys: {sorted(contents)[:5]}.")
-  out: dict[str, Any] = {}
-  _flatten(target, (), out, os.path.dirname(location))
-  return out
+  folder = os.path.dirname(location)
+  flat = traverse_util.flatten_dict(target, is_leaf=lambda _, value: _is_spec(value))
+  return {"/".join(path): _local_spec(leaf, folder) if _is_spec(leaf) else np.asarray(leaf)
+          for path, leaf in flat.items() if leaf is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,34 +169,12 @@ def _orbax_target(state_dir: str) -> dict[str, Any]:
     hint = "; a paxlike job's checkpoint is read with paxlike:DIR" if "params" in keys else ""
     raise UserError(f"the Orbax checkpoint in {state_dir} holds no `target` parameters (keys: "
                     f"{keys}){hint}.")
-  out: dict[str, Any] = {}
-
-  def walk(node: dict[str, Any], prefix: tuple[str, ...]) -> None:
-    for key, value in node.items():
-      if isinstance(value, dict):
-        walk(value, (*prefix, key))
-      elif value is not None:
-        out["/".join((*prefix, key))] = _OrbaxLeaf(state_dir, ("target", *prefix, key),
-                                                   tuple(value.shape), value.dtype)
-
-  walk(target, ())
-  return out
+  return {"/".join(path): _OrbaxLeaf(state_dir, ("target", *path), tuple(m.shape), m.dtype)
+          for path, m in traverse_util.flatten_dict(target).items() if m is not None}
 
 
 def _is_spec(x: Any) -> bool:
   return isinstance(x, dict) and "driver" in x and "kvstore" in x
-
-
-def _flatten(tree: dict[str, Any], prefix: tuple[str, ...], out: dict[str, Any],
-             folder: str) -> None:
-  for key, value in tree.items():
-    path = (*prefix, str(key))
-    if _is_spec(value):
-      out["/".join(path)] = _local_spec(value, folder)
-    elif isinstance(value, dict):
-      _flatten(value, path, out, folder)
-    elif value is not None:
-      out["/".join(path)] = np.asarray(value)
 
 
 def _local_spec(spec: dict[str, Any], folder: str) -> dict[str, Any]:
@@ -285,7 +265,7 @@ def lazy_params(path: str, step: int | None, model: Any) -> dict[str, Any]:
                     for p in ours)
     if ours[-1] == "rel_embedding":
       kind = "rel"
-    shape = hf._shape_of(model, ours)  # noqa: SLF001 - the T5 shape table
+    shape = hf.t5_param_shape(model, ours)
     if name not in source:
       hint = (" (T5X's logits_via_embedding=True model: set TIE_EMBEDDINGS=True)"
               if name == "decoder/logits_dense/kernel" else "")
