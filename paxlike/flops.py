@@ -236,17 +236,28 @@ def pipeline_schedule(model: Any, rows: int) -> dict[str, Any] | None:
 
   m, size = pipeline.microbatch_sizes(rows, model.num_microbatches, model.microbatch_size)
   r = model.circular_repeat
+  layout = model.layout()
   return {"schedule": "circular" if r > 1 else "gpipe", "stages": stages, "microbatches": m,
           "microbatch_size": size, "circular_repeat": r,
-          "layers_per_stage": model.num_layers // (stages * r), "stream_io": bool(model.stream_io),
+          "layers_per_stage": layout.layers_per_stage, "stream_io": bool(model.stream_io),
+          "scanned_stage": layout.use_repeated_layer,
+          "layer_remat": layout.stage_policy(model.checkpoint_policy) != "SAVE_EVERYTHING",
           "iterations": pipeline.iterations(stages, m, r),
           "bubble_fraction": pipeline.bubble_fraction(stages, m, r)}
+
+
+def stages_text(rec: dict[str, Any]) -> str:
+  """'S stages x L layers (scanned, each layer rematerialised)' for a pipeline_schedule record."""
+  form = "scanned" if rec["scanned_stage"] else "unrolled"
+  if rec["layer_remat"]:
+    form += ", each layer rematerialised"
+  return f"{rec['stages']} stages x {rec['layers_per_stage']} layers ({form})"
 
 
 def describe_pipeline(rec: dict[str, Any]) -> str:
   """One line for a pipeline_schedule record: the schedule, its bubble, and what MFU counts."""
   name = "GPipe" if rec["schedule"] == "gpipe" else f"circular (repeat {rec['circular_repeat']})"
-  return (f"pipeline: {name}, {rec['stages']} stages x {rec['layers_per_stage']} layers, "
+  return (f"pipeline: {name}, {stages_text(rec)}, "
           f"{rec['microbatches']} microbatches of {rec['microbatch_size']} rows, "
           f"{rec['iterations']} iterations, bubble {100 * rec['bubble_fraction']:.1f}%"
           f"{', stream_io' if rec['stream_io'] else ''}; MFU counts model FLOPs only, so the "

@@ -255,8 +255,8 @@ class PipelineHParams:
   def mesh_axes(self) -> int:
     return 4
 
-  def accumulation_steps(self) -> int:
-    return self.GRADIENT_ACCUMULATION_STEPS
+  def accumulation_knob(self) -> str:
+    return "GRADIENT_ACCUMULATION_STEPS"
 
   def pipeline_fields(self) -> dict[str, Any]:
     """The model config's pipeline fields."""

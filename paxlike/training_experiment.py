@@ -156,10 +156,15 @@ class AdamTraining(BaseExperiment):
             target_log_pplx=self.TARGET_LOG_PPLX,
             num_microbatches=self.accumulation_steps()))
 
+  def accumulation_knob(self) -> str:
+    """The hyperparameter that splits the batch into gradient-accumulation slices:
+    NUM_MICROBATCHES (a pipelined experiment reads that as the pipeline's and
+    accumulates GRADIENT_ACCUMULATION_STEPS)."""
+    return "NUM_MICROBATCHES"
+
   def accumulation_steps(self) -> int:
-    """The batch's gradient-accumulation slices: NUM_MICROBATCHES (a pipelined LM
-    reads it as the pipeline's and accumulates GRADIENT_ACCUMULATION_STEPS)."""
-    return self.NUM_MICROBATCHES
+    """The batch's gradient-accumulation slices: accumulation_knob's value."""
+    return getattr(self, self.accumulation_knob())
 
   def per_host_batch_size(self) -> int:
     """PERCORE_BATCH_SIZE x this host's device count, by Pax's rule for fractions."""

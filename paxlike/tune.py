@@ -36,7 +36,10 @@ from typing import Any
 from paxlike import log as logging
 from paxlike.errors import UserError
 
-TUNED = ("USE_REPEATED_LAYER", "CHECKPOINT_POLICY", "NUM_MICROBATCHES")
+# The knobs varied: USE_REPEATED_LAYER, CHECKPOINT_POLICY, and for a layout that does not
+# fit whole the experiment's accumulation_knob(): NUM_MICROBATCHES, or a pipelined
+# experiment's GRADIENT_ACCUMULATION_STEPS (its NUM_MICROBATCHES being the pipeline's).
+ACCUMULATION_KNOBS = ("NUM_MICROBATCHES", "GRADIENT_ACCUMULATION_STEPS")
 # The policies tried: from saving nothing (least memory) to saving everything (no remat).
 POLICIES = ("SAVE_NOTHING", "SAVE_DOT_WITH_NO_BATCH_DIM", "SAVE_CONTEXT_AND_OUT_PROJ",
             "SAVE_EVERYTHING")
@@ -70,8 +73,9 @@ class Candidate:
       parts.append("scanned" if o["USE_REPEATED_LAYER"] else "unrolled")
     if "CHECKPOINT_POLICY" in o:
       parts.append(o["CHECKPOINT_POLICY"])
-    if o.get("NUM_MICROBATCHES", 1) > 1:
-      parts.append(f"{o['NUM_MICROBATCHES']} microbatches")
+    for knob in ACCUMULATION_KNOBS:
+      if o.get(knob, 1) > 1:
+        parts.append(f"{o[knob]} gradient-accumulation slices")
     return ", ".join(parts) or "as configured"
 
 
@@ -258,19 +262,21 @@ def untimed_table(exp: Any, overrides: list[str], job_log_dir: str, budget: int,
 
 
 def sweep(exp: Any, measure: Callable[[Candidate], None]) -> list[Candidate]:
-  """Measures every candidate, in a shuffled order; one that does not fit is retried in
-  microbatches (unless the user set NUM_MICROBATCHES). Returns the candidates, retries last.
+  """Measures every candidate, in a shuffled order; one that does not fit is retried with
+  the batch in gradient-accumulation slices (unless the user set the experiment's
+  accumulation_knob()). Returns the candidates, retries last.
   """
   cands = candidates(exp)
+  knob = exp.accumulation_knob()
   order = list(range(len(cands)))
   random.Random(0).shuffle(order)  # no candidate always runs first (warm caches, clocks)
   extra: list[Candidate] = []
   for i in order:
     c = cands[i]
     _try(c, measure)
-    if c.fits is False and not user_set(exp, "NUM_MICROBATCHES"):
+    if c.fits is False and not user_set(exp, knob):
       for k in MICROBATCHES:
-        m = Candidate({**c.overrides, "NUM_MICROBATCHES": k})
+        m = Candidate({**c.overrides, knob: k})
         _try(m, measure)
         extra.append(m)
         if m.fits:

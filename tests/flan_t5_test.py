@@ -97,7 +97,7 @@ def test_training_from_an_import_starts_at_its_loss_and_lowers_it(exported):
   job = root / "finetune"
   args = [f"--exp={EXP}", f"--job_log_dir={job}", f"--init_from=hf:{hf_dir}",
           *short(FINETUNE_STEPS)]
-  proc = run_cli(args, root, timeout=600)
+  proc = run_cli(args, root, timeout=600, optimized=True)
   assert proc.returncode == 0, describe(proc)
   assert "starting from the parameters of hf:" in proc.stderr
   trained = parse_trained_line(proc.stdout)
@@ -106,7 +106,7 @@ def test_training_from_an_import_starts_at_its_loss_and_lowers_it(exported):
   assert trained["first_loss"] == pytest.approx(trained_loss, rel=0.25), (trained, trained_loss)
   assert trained["last_loss"] < trained["first_loss"], trained
   # A rerun resumes from the job's own checkpoint, not from the import.
-  proc = run_cli([*args[:3], *short(FINETUNE_STEPS + 10)], root, timeout=600)
+  proc = run_cli([*args[:3], *short(FINETUNE_STEPS + 10)], root, timeout=600, optimized=True)
   assert proc.returncode == 0, describe(proc)
   assert parse_trained_line(proc.stdout)["start_step"] == FINETUNE_STEPS
   assert "starting from the parameters" not in proc.stderr

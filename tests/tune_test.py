@@ -130,3 +130,20 @@ def test_timing_in_turns_cancels_a_machine_that_slows_down_while_tuning():
   # The measured order is the true order.
   assert [c.overrides["CHECKPOINT_POLICY"] for c in sorted(cands, key=lambda c: c.step_seconds)
           ] == list(costs)
+
+
+@pytest.mark.parametrize("name,knob", [(TINY, "NUM_MICROBATCHES"),
+                                       ("LmCloudSpmdPipelineTiny", "GRADIENT_ACCUMULATION_STEPS")])
+def test_a_layout_that_does_not_fit_is_retried_with_the_batch_in_slices(name, knob):
+  """The retry splits the batch for gradient accumulation: NUM_MICROBATCHES, but on a
+  pipelined experiment (whose NUM_MICROBATCHES is the pipeline's) GRADIENT_ACCUMULATION_STEPS."""
+  exp = experiment.instantiate(registry.get(name), ["CHECKPOINT_POLICY=SAVE_NOTHING"])
+
+  def measure(c):  # fits only in 4 slices
+    c.fits = c.overrides.get(knob, 1) >= 4
+
+  cands = tune.sweep(exp, measure)
+  retries = [c.overrides for c in cands[2:]]
+  assert [r[knob] for r in retries] == [2, 4, 2, 4], retries
+  assert all(set(r) == {"USE_REPEATED_LAYER", knob} for r in retries), retries
+  assert cands[-1].label().endswith("4 gradient-accumulation slices")

@@ -66,6 +66,19 @@ class Layout:
       return self.num_layers
     return self.num_layers // (self.num_stages * self.circular_repeat)
 
+  def stage_policy(self, checkpoint_policy: str) -> str:
+    """The remat policy of the layers inside a pipeline stage, as Pax sets it.
+
+    The pipeline's iteration is rematerialised by checkpoint_policy (pipeline.run)
+    either way. A scanned stage (Pax's StackedTransformerRepeated, which takes
+    CHECKPOINT_POLICY too) also rematerialises each of its layers by it, so an
+    iteration's backward pass holds one layer's activations at a time rather
+    than every layer's of the stage (their scores included), for one more
+    forward pass of each layer; an unrolled stage (Pax's StackedTransformer)
+    saves everything within the iteration.
+    """
+    return checkpoint_policy if self.use_repeated_layer else "SAVE_EVERYTHING"
+
   def describe(self) -> str:
     inner = "scanned" if self.use_repeated_layer else "unrolled"
     if self.num_stages is None:

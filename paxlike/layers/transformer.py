@@ -176,13 +176,15 @@ class StackedTransformer(nn.Module):
   def _pipelined(self, x: jax.Array, segment_ids: jax.Array | None,
                  positions: jax.Array | None) -> jax.Array:
     layout = self.layout()
-    # One stage's layers, applied as a function of its weights; the pipeline's
-    # iteration is rematerialised as a whole, so the stage itself saves everything.
+    # One stage's layers, applied as a function of its weights (each layer
+    # rematerialised inside the iteration's remat when the stage is scanned:
+    # Layout.stage_policy).
     stage = StackedTransformer(
         num_layers=layout.layers_per_stage, num_heads=self.num_heads,
         dim_per_head=self.dim_per_head, hidden_dims=self.hidden_dims,
         activation=self.activation, combine_qkv=self.combine_qkv,
-        use_repeated_layer=self.use_repeated_layer, checkpoint_policy="SAVE_EVERYTHING",
+        use_repeated_layer=self.use_repeated_layer,
+        checkpoint_policy=layout.stage_policy(self.checkpoint_policy),
         dtype=self.dtype, layer_kwargs=self.layer_kwargs, parent=None)
     rate = dict(self.layer_kwargs).get("dropout_rate", 0.0)
     rng = self.make_rng("dropout") if dropout_active(self, rate) else None

@@ -242,12 +242,13 @@ class _LlamaStage(nn.Module):
   layer_kwargs: tuple[tuple[str, Any], ...]
   num_layers: int
   scanned: bool
+  checkpoint_policy: str  # pipeline.Layout.stage_policy
 
   @nn.compact
   def __call__(self, x: jax.Array, inputs: dict[str, Any]) -> jax.Array:
     return run_layers(LlamaDecoderLayer, dict(self.layer_kwargs), self.num_layers, x, inputs,
-                      scanned=self.scanned, checkpoint_policy="SAVE_EVERYTHING", remat=False,
-                      names=("repeat", "x_layers_{}"))
+                      scanned=self.scanned, checkpoint_policy=self.checkpoint_policy,
+                      remat=True, names=("repeat", "x_layers_{}"))
 
 
 class _PipelinedLayers(nn.Module):
@@ -262,9 +263,9 @@ class _PipelinedLayers(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, inputs: dict[str, Any]) -> jax.Array:
-    # The pipeline's iteration is rematerialised as a whole: the stage saves everything.
     stage = _LlamaStage(self.layer_kwargs, self.layout.layers_per_stage,
-                        self.layout.use_repeated_layer, parent=None)
+                        self.layout.use_repeated_layer,
+                        self.layout.stage_policy(self.checkpoint_policy), parent=None)
 
     def init_stage(key: jax.Array, sample: jax.Array) -> Any:
       positions = jnp.arange(sample.shape[1], dtype=jnp.int32)[None]
