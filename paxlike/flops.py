@@ -221,22 +221,22 @@ def mfu(model_flops_per_step: float, step_seconds: float, num_devices: int,
 def pipeline_schedule(model: Any, rows: int) -> dict[str, Any] | None:
   """A pipelined model's schedule for a step of `rows` rows, or None without a pipeline.
 
-  Read off the model's pipeline fields (Pax's num_stages, circular_repeat,
-  num_microbatches or microbatch_size, stream_io; a model without them is
-  not pipelined). `rows`: the rows one forward pass gets (the global batch
+  Read off the model's layout() (a model whose layout has no stages is not
+  pipelined) and its pipeline fields (num_microbatches or microbatch_size,
+  stream_io). `rows`: the rows one forward pass gets (the global batch
   over the gradient-accumulation steps). The bubble is each stage's idle
   share of the schedule's iterations, (S-1) / (M x R + S - 1): it is in the
   step time, and so in MFU, which counts model FLOPs only (the same as the
   unpipelined model's), never the idle stages' work.
   """
-  stages = getattr(model, "num_stages", None)
-  if stages is None:
+  layout = model.layout()
+  if layout is None or layout.num_stages is None:
     return None
   from paxlike.layers import pipeline
 
+  stages = layout.num_stages
   m, size = pipeline.microbatch_sizes(rows, model.num_microbatches, model.microbatch_size)
-  r = model.circular_repeat
-  layout = model.layout()
+  r = layout.circular_repeat
   return {"schedule": "circular" if r > 1 else "gpipe", "stages": stages, "microbatches": m,
           "microbatch_size": size, "circular_repeat": r,
           "layers_per_stage": layout.layers_per_stage, "stream_io": bool(model.stream_io),

@@ -184,14 +184,13 @@ def change(stored: Any, model: Any) -> Restack | str | None:
     checkpoint without a layer stack); a Restack; or, when the stacks cannot hold
     the same layers, the problem in words.
   """
-  layout = getattr(model, "layout", None)
-  if layout is None or not isinstance(stored, dict):
+  target = model.layout()
+  if target is None or not isinstance(stored, dict):
     return None
   form = model.stack_form()
   params = form.to(stored).get("params")
   if not isinstance(params, dict):
     return None
-  target = layout()
   stacks = _stacks(params)
   layouts = {stored_layout(s) for s in stacks.values()}
   if len(layouts) != 1 or None in layouts:

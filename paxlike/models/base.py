@@ -87,6 +87,12 @@ class BaseModel(nn.Module):
     (a pipeline's microbatches); most models take any batch."""
     del rows
 
+  def layout(self) -> Any:
+    """How this model stores its layer stack (paxlike.layers.pipeline.Layout: scanned or
+    unrolled, pipelined or not), or None for a model without one layer stack to
+    restack (paxlike.relayout leaves its checkpoints as they are)."""
+    return None
+
   def unpipelined(self) -> BaseModel:
     """The model decoding runs: a pipelined model's unpipelined twin; most models are
     their own (restack_params then leaves the parameters as they are)."""
