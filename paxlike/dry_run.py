@@ -289,6 +289,10 @@ def _pipeline_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
        "of each stage's iterations idle ((S-1)/(M x R + S-1)); MFU counts model FLOPs only"),
       ("pipeline in-flight memory", "included in the compiled peak above (every iteration's "
        "stage inputs, saved for the backward pass, and the io buffer of all microbatches)"),
+      ("pipeline stage memory", "one layer's activations at a time in an iteration's backward "
+       "pass" if p["layer_remat"] else "every layer's of the stage at once in an iteration's "
+       "backward pass; a scanned stage (USE_REPEATED_LAYER=True) holds one layer's at a time, "
+       "for one more forward pass of each layer"),
   ]
 
 

@@ -281,6 +281,8 @@ def test_the_dry_run_reports_the_schedule_and_the_bubble():
   assert "GPipe: 2 stages x 1 layers (unrolled), 4 microbatches of 4 rows" in table
   assert "5 / 20.0% of each stage's iterations idle" in table
   assert "in-flight memory" in table and "included in the compiled peak" in table
+  # The unrolled stage's table names the scanned one as the way to hold less.
+  assert "a scanned stage (USE_REPEATED_LAYER=True) holds one layer's at a time" in table
 
 
 def test_a_training_run_records_the_schedule_in_run_env(tmp_path):
