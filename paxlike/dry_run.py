@@ -289,11 +289,20 @@ def _pipeline_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
        "of each stage's iterations idle ((S-1)/(M x R + S-1)); MFU counts model FLOPs only"),
       ("pipeline in-flight memory", "included in the compiled peak above (every iteration's "
        "stage inputs, saved for the backward pass, and the io buffer of all microbatches)"),
-      ("pipeline stage memory", "one layer's activations at a time in an iteration's backward "
-       "pass" if p["layer_remat"] else "every layer's of the stage at once in an iteration's "
-       "backward pass; a scanned stage (USE_REPEATED_LAYER=True) holds one layer's at a time, "
-       "for one more forward pass of each layer"),
+      ("pipeline stage memory", _stage_memory(p)),
   ]
+
+
+def _stage_memory(p: dict[str, Any]) -> str:
+  """What an iteration's backward pass holds of its stage's activations."""
+  if p["layer_remat"]:
+    return "one layer's activations at a time in an iteration's backward pass"
+  if p["scanned_stage"]:  # its layers are not rematerialised: CHECKPOINT_POLICY saves everything
+    return ("every layer's activations of every iteration (CHECKPOINT_POLICY=SAVE_EVERYTHING "
+            "rematerialises nothing)")
+  return ("every layer's of the stage at once in an iteration's backward pass; a scanned stage "
+          "(USE_REPEATED_LAYER=True) holds one layer's at a time when CHECKPOINT_POLICY "
+          "rematerialises, for one more forward pass of each layer")
 
 
 def run(exp: Any, job_log_dir: str, target: str, layouts: bool = False,

@@ -283,6 +283,10 @@ def test_the_dry_run_reports_the_schedule_and_the_bubble():
   assert "in-flight memory" in table and "included in the compiled peak" in table
   # The unrolled stage's table names the scanned one as the way to hold less.
   assert "a scanned stage (USE_REPEATED_LAYER=True) holds one layer's at a time" in table
+  # A scanned stage that rematerialises nothing (SAVE_EVERYTHING) is not told to scan.
+  report["pipeline"] = {**report["pipeline"], "scanned_stage": True}
+  table = dry_run.format_table(report, "tpu_v5p")
+  assert "USE_REPEATED_LAYER=True" not in table and "rematerialises nothing" in table
 
 
 def test_a_training_run_records_the_schedule_in_run_env(tmp_path):
