@@ -280,9 +280,8 @@ def _pipeline_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     return []
   from paxlike import flops
 
-  name = "GPipe" if p["schedule"] == "gpipe" else f"circular, repeat {p['circular_repeat']}"
   return [
-      ("pipeline schedule", f"{name}: {flops.stages_text(p)}, "
+      ("pipeline schedule", f"{flops.schedule_name(p)}: {flops.stages_text(p)}, "
        f"{p['microbatches']} microbatches of {p['microbatch_size']} rows"
        f"{', stream_io' if p['stream_io'] else ''}"),
       ("pipeline iterations / bubble", f"{p['iterations']} / {100 * p['bubble_fraction']:.1f}% "

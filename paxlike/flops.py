@@ -254,10 +254,14 @@ def stages_text(rec: dict[str, Any]) -> str:
   return f"{rec['stages']} stages x {rec['layers_per_stage']} layers ({form})"
 
 
+def schedule_name(rec: dict[str, Any]) -> str:
+  """A pipeline_schedule record's schedule: "GPipe" or "circular (repeat R)"."""
+  return "GPipe" if rec["schedule"] == "gpipe" else f"circular (repeat {rec['circular_repeat']})"
+
+
 def describe_pipeline(rec: dict[str, Any]) -> str:
   """One line for a pipeline_schedule record: the schedule, its bubble, and what MFU counts."""
-  name = "GPipe" if rec["schedule"] == "gpipe" else f"circular (repeat {rec['circular_repeat']})"
-  return (f"pipeline: {name}, {stages_text(rec)}, "
+  return (f"pipeline: {schedule_name(rec)}, {stages_text(rec)}, "
           f"{rec['microbatches']} microbatches of {rec['microbatch_size']} rows, "
           f"{rec['iterations']} iterations, bubble {100 * rec['bubble_fraction']:.1f}%"
           f"{', stream_io' if rec['stream_io'] else ''}; MFU counts model FLOPs only, so the "

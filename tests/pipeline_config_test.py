@@ -287,6 +287,10 @@ def test_the_dry_run_reports_the_schedule_and_the_bubble():
   report["pipeline"] = {**report["pipeline"], "scanned_stage": True}
   table = dry_run.format_table(report, "tpu_v5p")
   assert "USE_REPEATED_LAYER=True" not in table and "rematerialises nothing" in table
+  # The table and the run's log line name a circular schedule alike.
+  report["pipeline"] = {**report["pipeline"], "schedule": "circular", "circular_repeat": 2}
+  assert "circular (repeat 2): 2 stages" in dry_run.format_table(report, "tpu_v5p")
+  assert flops.describe_pipeline(report["pipeline"]).startswith("pipeline: circular (repeat 2), ")
 
 
 def test_a_training_run_records_the_schedule_in_run_env(tmp_path):

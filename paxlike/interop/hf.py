@@ -362,15 +362,7 @@ def lazy_params(directory: str, model: Any) -> dict[str, Any]:
   if _is_llama(model.hf_config()):
     from paxlike.interop import hf_llama
 
-    plain = model.unpipelined()
-    tree = hf_llama.lazy_params(directory, plain, ckpt)
-    if plain is model:
-      return tree
-    # A pipelined model: the scanned twin's layers, placed straight into the stages.
-    from paxlike.interop.hf_files import lazy_pipeline
-    from paxlike.models.llama import from_stack, to_stack
-
-    return from_stack(lazy_pipeline(to_stack(tree), model.layout()), tree)
+    return hf_llama.lazy_params(directory, model, ckpt)
   entries = []
   used = set()
   for hf_name, path, layer, kind in t5_name_map(model):
