@@ -296,7 +296,7 @@ def _stage_memory(p: dict[str, Any]) -> str:
   """What an iteration's backward pass holds of its stage's activations."""
   if p["layer_remat"]:
     return "one layer's activations at a time in an iteration's backward pass"
-  if p["scanned_stage"]:  # its layers are not rematerialised: CHECKPOINT_POLICY saves everything
+  if not p["iteration_remat"]:
     return ("every layer's activations of every iteration (CHECKPOINT_POLICY=SAVE_EVERYTHING "
             "rematerialises nothing)")
   return ("every layer's of the stage at once in an iteration's backward pass; a scanned stage "

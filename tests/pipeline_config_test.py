@@ -252,11 +252,24 @@ def test_the_schedule_record_has_paxs_bubble(s, m, r, bubble, iters):
   assert rec == {"schedule": "gpipe" if r == 1 else "circular", "stages": s, "microbatches": m,
                  "microbatch_size": 32 // m, "circular_repeat": r,
                  "layers_per_stage": 8 // (s * r), "stream_io": False, "scanned_stage": False,
-                 "layer_remat": False, "iterations": iters,
+                 "iteration_remat": True, "layer_remat": False, "iterations": iters,
                  "bubble_fraction": pytest.approx(bubble)}
   line = flops.describe_pipeline(rec)
   assert f"bubble {100 * bubble:.1f}%" in line and "MFU counts model FLOPs only" in line
   assert flops.pipeline_schedule(model.unpipelined(), 32) is None
+
+
+@pytest.mark.parametrize("policy", [
+    "SAVE_EVERYTHING", layers.AutodiffCheckpointType.SAVE_EVERYTHING,
+    "SAVE_NOTHING", layers.AutodiffCheckpointType.SAVE_NOTHING])
+def test_the_schedule_record_reads_pax_remat_enums_as_their_names(policy):
+  class Scanned(registry.get(PIPE)):
+    CHECKPOINT_POLICY = policy
+    USE_REPEATED_LAYER = True
+
+  rec = flops.pipeline_schedule(_model(Scanned, SMALL), 16)
+  remat = "NOTHING" in str(policy)
+  assert (rec["iteration_remat"], rec["layer_remat"]) == (remat, remat)
 
 
 def test_mfu_counts_the_models_flops_not_the_pipelines():
@@ -272,7 +285,7 @@ def test_the_dry_run_reports_the_schedule_and_the_bubble():
   assert report["pipeline"] == {
       "schedule": "gpipe", "stages": 2, "microbatches": 4, "microbatch_size": 4,
       "circular_repeat": 1, "layers_per_stage": 1, "stream_io": False, "scanned_stage": False,
-      "layer_remat": False, "iterations": 5,
+      "iteration_remat": True, "layer_remat": False, "iterations": 5,
       "bubble_fraction": 0.2}
   json.dumps(report)  # dry_run.json holds it as it is
   report["fits"] = dry_run.fits(report)
@@ -283,10 +296,13 @@ def test_the_dry_run_reports_the_schedule_and_the_bubble():
   assert "in-flight memory" in table and "included in the compiled peak" in table
   # The unrolled stage's table names the scanned one as the way to hold less.
   assert "a scanned stage (USE_REPEATED_LAYER=True) holds one layer's at a time" in table
-  # A scanned stage that rematerialises nothing (SAVE_EVERYTHING) is not told to scan.
-  report["pipeline"] = {**report["pipeline"], "scanned_stage": True}
-  table = dry_run.format_table(report, "tpu_v5p")
-  assert "USE_REPEATED_LAYER=True" not in table and "rematerialises nothing" in table
+  # A stage of either form that rematerialises nothing (SAVE_EVERYTHING) is not told
+  # to scan: it holds every iteration's activations.
+  for scanned in (True, False):
+    report["pipeline"] = {**report["pipeline"], "scanned_stage": scanned,
+                          "iteration_remat": False}
+    table = dry_run.format_table(report, "tpu_v5p")
+    assert "USE_REPEATED_LAYER=True" not in table and "of every iteration" in table
   # The table and the run's log line name a circular schedule alike.
   report["pipeline"] = {**report["pipeline"], "schedule": "circular", "circular_repeat": 2}
   assert "circular (repeat 2): 2 stages" in dry_run.format_table(report, "tpu_v5p")
@@ -304,7 +320,7 @@ def test_a_training_run_records_the_schedule_in_run_env(tmp_path):
   assert env["pipeline"] == {
       "schedule": "gpipe", "stages": 2, "microbatches": 2, "microbatch_size": 2,
       "circular_repeat": 1, "layers_per_stage": 1, "stream_io": False, "scanned_stage": False,
-      "layer_remat": False, "iterations": 3,
+      "iteration_remat": True, "layer_remat": False, "iterations": 3,
       "bubble_fraction": pytest.approx(1 / 3)}
   log = proc.stdout + proc.stderr
   assert ("pipeline: GPipe, 2 stages x 1 layers (unrolled), 2 microbatches of 2 rows, "
