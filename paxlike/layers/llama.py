@@ -105,9 +105,10 @@ class GqaAttention(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, inputs: dict[str, Any]) -> jax.Array:
     n, kv, h = self.num_heads, self.num_kv_heads, self.head_dim
-    q = Linear((n, h), ("embed", "heads", "kv"), self.dtype, self.qkv_bias, name="q_proj")(x)
-    k = Linear((kv, h), ("embed", "heads", "kv"), self.dtype, self.qkv_bias, name="k_proj")(x)
-    v = Linear((kv, h), ("embed", "heads", "kv"), self.dtype, self.qkv_bias, name="v_proj")(x)
+    # The projections carry Pax's names, which CHECKPOINT_POLICY=SAVE_QKV_OUT_PROJ saves.
+    q, k, v = (checkpoint_name(Linear((heads, h), ("embed", "heads", "kv"), self.dtype,
+                                      self.qkv_bias, name=f"{short}_proj")(x), f"{pax}_proj")
+               for heads, short, pax in ((n, "q", "query"), (kv, "k", "key"), (kv, "v", "value")))
     inv_freq = np.asarray(self.inv_freq, np.float32)
     q = apply_rope(q, inputs["positions"], inv_freq)
     k = apply_rope(k, inputs["positions"], inv_freq)

@@ -282,7 +282,8 @@ class T5Attention(nn.Module):
         cached_k.value, cached_v.value = jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype)
       return None
 
-    q = constrain(query(x))
+    # The projections carry Pax's names, which CHECKPOINT_POLICY=SAVE_QKV_OUT_PROJ saves.
+    q = checkpoint_name(constrain(query(x)), "query_proj")
     if mode == EXTEND:
       cached_k = self.variable("cache", "cached_key", jnp.zeros, (0,), self.dtype)
       cached_v = self.variable("cache", "cached_value", jnp.zeros, (0,), self.dtype)
@@ -295,7 +296,8 @@ class T5Attention(nn.Module):
       k, v = cached_k.value, cached_v.value
     else:
       source = x if kv is None else kv
-      k, v = constrain(key(source)), constrain(value(source))
+      k = checkpoint_name(constrain(key(source)), "key_proj")
+      v = checkpoint_name(constrain(value(source)), "value_proj")
 
     rows, beams = k.shape[0], q.shape[0] // k.shape[0]
     if mode == EXTEND and self.cross and beams > 1:
