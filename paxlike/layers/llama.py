@@ -105,10 +105,12 @@ class GqaAttention(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, inputs: dict[str, Any]) -> jax.Array:
     n, kv, h = self.num_heads, self.num_kv_heads, self.head_dim
+    proj = lambda heads, name: Linear((heads, h), ("embed", "heads", "kv"), self.dtype,
+                                      self.qkv_bias, name=name)(x)
     # The projections carry Pax's names, which CHECKPOINT_POLICY=SAVE_QKV_OUT_PROJ saves.
-    q, k, v = (checkpoint_name(Linear((heads, h), ("embed", "heads", "kv"), self.dtype,
-                                      self.qkv_bias, name=f"{short}_proj")(x), f"{pax}_proj")
-               for heads, short, pax in ((n, "q", "query"), (kv, "k", "key"), (kv, "v", "value")))
+    q = checkpoint_name(proj(n, "q_proj"), "query_proj")
+    k = checkpoint_name(proj(kv, "k_proj"), "key_proj")
+    v = checkpoint_name(proj(kv, "v_proj"), "value_proj")
     inv_freq = np.asarray(self.inv_freq, np.float32)
     q = apply_rope(q, inputs["positions"], inv_freq)
     k = apply_rope(k, inputs["positions"], inv_freq)
