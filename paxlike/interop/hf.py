@@ -362,7 +362,18 @@ def lazy_params(directory: str, model: Any) -> dict[str, Any]:
   if _is_llama(model.hf_config()):
     from paxlike.interop import hf_llama
 
-    return hf_llama.lazy_params(directory, model, ckpt)
+    plain = model.unpipelined()
+    tree = hf_llama.lazy_params(directory, plain, ckpt)
+    if plain is model:
+      return tree
+    # A pipelined model: the scanned twin's layers, placed straight into the stages (the
+    # model's stack form puts its layers where relayout reads stacks, and back).
+    from paxlike.interop.hf_files import lazy_pipeline
+    from paxlike.relayout import STACK
+
+    form = model.stack_form()
+    staged = form.to(tree)
+    return form.back({**staged, STACK: lazy_pipeline(staged[STACK], model.layout())})
   entries = []
   used = set()
   for hf_name, path, layer, kind in t5_name_map(model):

@@ -251,22 +251,9 @@ def lazy_params(directory: str, model: Any, ckpt: Any) -> dict[str, Any]:
 
   Args:
     directory: the save_pretrained directory (for messages).
-    model: the experiment's LlamaModel, pipelined or not (config already checked).
+    model: the experiment's LlamaModel (config already checked).
     ckpt: paxlike.interop.hf's open checkpoint (tensors by name, read lazily).
   """
-  plain = model.unpipelined()
-  tree = _lazy_plain_params(directory, plain, ckpt)
-  if plain is model:
-    return tree
-  # A pipelined model: the scanned twin's layers, placed straight into the stages.
-  from paxlike.interop.hf_files import lazy_pipeline
-  from paxlike.models.llama import from_stack, to_stack
-
-  return from_stack(lazy_pipeline(to_stack(tree), model.layout()), tree)
-
-
-def _lazy_plain_params(directory: str, model: Any, ckpt: Any) -> dict[str, Any]:
-  """lazy_params of an unpipelined model."""
   from paxlike.interop.hf_files import lazy_tree
 
   entries = []
