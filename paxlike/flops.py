@@ -233,7 +233,7 @@ def pipeline_schedule(model: Any, rows: int) -> dict[str, Any] | None:
   if layout is None or layout.num_stages is None:
     return None
   from paxlike.layers import pipeline
-  from paxlike.layers.transformer import policy_name
+  from paxlike.layers.transformer import rematerialises
 
   stages = layout.num_stages
   m, size = pipeline.microbatch_sizes(rows, model.num_microbatches, model.microbatch_size)
@@ -242,9 +242,8 @@ def pipeline_schedule(model: Any, rows: int) -> dict[str, Any] | None:
           "microbatch_size": size, "circular_repeat": r,
           "layers_per_stage": layout.layers_per_stage, "stream_io": bool(model.stream_io),
           "scanned_stage": layout.use_repeated_layer,
-          "iteration_remat": policy_name(model.checkpoint_policy) != "SAVE_EVERYTHING",
-          "layer_remat":
-              policy_name(layout.stage_policy(model.checkpoint_policy)) != "SAVE_EVERYTHING",
+          "iteration_remat": rematerialises(model.checkpoint_policy),
+          "layer_remat": rematerialises(layout.stage_policy(model.checkpoint_policy)),
           "iterations": pipeline.iterations(stages, m, r),
           "bubble_fraction": pipeline.bubble_fraction(stages, m, r)}
 

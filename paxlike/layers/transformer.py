@@ -54,6 +54,12 @@ def policy_name(value: Any) -> str:
   return value.name if isinstance(value, enum.Enum) else value
 
 
+def rematerialises(policy: Any) -> bool:
+  """Whether CHECKPOINT_POLICY `policy` (a name or an AutodiffCheckpointType member)
+  rematerialises anything: every policy but SAVE_EVERYTHING."""
+  return policy_name(policy) != "SAVE_EVERYTHING"
+
+
 def remat_policy(name: Any) -> Any:
   name = policy_name(name)
   if name not in CHECKPOINT_POLICIES:
@@ -197,7 +203,7 @@ class StackedTransformer(nn.Module):
         self, layout, x, init_stage=lambda k, sample: stage.init({"params": k}, sample)["params"],
         apply_stage=stage_fn, num_microbatches=self.num_microbatches,
         microbatch_size=self.microbatch_size, policy=remat_policy(self.checkpoint_policy),
-        remat=policy_name(self.checkpoint_policy) != "SAVE_EVERYTHING",
+        remat=rematerialises(self.checkpoint_policy),
         stream_io=self.stream_io, segment_ids=segment_ids, positions=positions, rng=rng)
 
   @nn.compact
@@ -216,7 +222,7 @@ class StackedTransformer(nn.Module):
       return self._pipelined(x, segment_ids, positions)
     policy = remat_policy(self.checkpoint_policy)
     layer_cls = TransformerLayer
-    if policy_name(self.checkpoint_policy) != "SAVE_EVERYTHING" and cache_mode is None:
+    if rematerialises(self.checkpoint_policy) and cache_mode is None:
       layer_cls = nn.remat(TransformerLayer, policy=policy, prevent_cse=not self.use_repeated_layer)
     kwargs = dict(num_heads=self.num_heads, dim_per_head=self.dim_per_head,
                   hidden_dims=self.hidden_dims, activation=self.activation,

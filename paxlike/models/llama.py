@@ -44,7 +44,7 @@ from paxlike.layers.llama import (
   VocabHead,
   rope_inv_freq,
 )
-from paxlike.layers.transformer import policy_name, remat_policy
+from paxlike.layers.transformer import remat_policy, rematerialises
 from paxlike.models.base import BaseModel
 from paxlike.models.language_model import LanguageModel, weighted_loss
 from paxlike.models.t5 import run_layers
@@ -280,7 +280,7 @@ class _PipelinedLayers(nn.Module):
         self, self.layout, x, init_stage=init_stage, apply_stage=apply_stage,
         num_microbatches=self.num_microbatches, microbatch_size=self.microbatch_size,
         policy=remat_policy(self.checkpoint_policy),
-        remat=policy_name(self.checkpoint_policy) != "SAVE_EVERYTHING",
+        remat=rematerialises(self.checkpoint_policy),
         stream_io=self.stream_io, segment_ids=inputs.get("segment_ids"),
         positions=inputs["positions"])
 

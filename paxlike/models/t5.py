@@ -49,7 +49,7 @@ from paxlike.layers.t5 import (
     T5EncoderLayer,
     dropout_active,
 )
-from paxlike.layers.transformer import policy_name, remat_policy
+from paxlike.layers.transformer import remat_policy, rematerialises
 from paxlike.models.base import BaseModel
 from paxlike.models.language_model import weighted_loss
 
@@ -69,7 +69,7 @@ def run_layers(layer_cls: type[nn.Module], kwargs: dict[str, Any], num_layers: i
   module's name and the unrolled ones' pattern). Must be called from a compact
   method (the layers become the caller's children).
   """
-  if remat and policy_name(checkpoint_policy) != "SAVE_EVERYTHING":
+  if remat and rematerialises(checkpoint_policy):
     layer_cls = nn.remat(layer_cls, policy=remat_policy(checkpoint_policy),
                          prevent_cse=not scanned)
   if scanned:
