@@ -31,7 +31,7 @@
 #                 encoder layer, with the padding mask folded in
 #   profile_t5    3 profiled FlanT5Base steps (--profile_steps, CUDA graphs off so
 #                 the ops have names): where its non-GEMM time goes, to
-#                 $OUT/profile_t5.json
+#                 $OUT/profile_t5.json, with the trace and the step's HLO
 #   beam_base     4-beam against greedy decode of a FlanT5Base-sized T5
 #                 (32 x 512 -> 128; over 80 s on an H200)
 #   mfu_suite     only when named: python -m benchmarks.mfu_suite
@@ -107,6 +107,10 @@ step flan_t5_xla_attn 90 $PY -m benchmarks.train_step --exp=FlanT5Base --no-refe
 step profile_t5 120 $PY -m paxlike.main --exp=FlanT5Base --mode=train --job_log_dir=/tmp/prof_t5 \
   "${T5_BASE[@]/#/--set=}" --set=NUM_TRAIN_STEPS=8 --profile_steps=3 --enable_checkpoint_saving=false
 cp /tmp/prof_t5/profile/summary.json "$OUT/profile_t5.json" 2>/dev/null
+gzip -c /tmp/prof_t5/profile/step.hlo.txt > "$OUT/profile_t5.hlo.txt.gz" 2>/dev/null
+for f in /tmp/prof_t5/profile/plugins/profile/*/*.trace.json.gz; do
+  [[ -f $f ]] && cp "$f" "$OUT/profile_t5.trace.json.gz"
+done
 
 step beam_base 150 $PY -m benchmarks.beam_cost --size=base --batch=32 --input_len=512 \
   --steps=128 --dtype=bfloat16 --repeats=3

@@ -5,7 +5,8 @@ start .. start + N - 1 into job_log_dir/profile/ with jax.profiler: the
 plugins/profile/<run>/ folder TensorBoard's profile plugin reads, whose
 *.trace.json.gz also opens in Perfetto (ui.perfetto.dev). Each profiled
 step runs inside a StepTraceAnnotation and is waited for, so the trace's
-step markers hold the device's work.
+step markers hold the device's work. The compiled step's HLO is written
+beside it (profile/step.hlo.txt): the summary's fusion names are defined there.
 
 Then the trace's Chrome-format JSON (written on every backend; no
 TensorFlow needed) is parsed into profile/summary.json and a few log lines:
@@ -42,6 +43,7 @@ from paxlike import log as logging
 from paxlike.errors import UserError
 
 SUMMARY_FILE = "summary.json"
+HLO_FILE = "step.hlo.txt"  # the compiled step's HLO: what each fusion in the summary holds
 # Order matters: the first category whose pattern matches an op's names wins.
 CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("collectives", re.compile(r"all[-_]?reduce|all[-_]?gather|reduce[-_]?scatter"
@@ -122,6 +124,9 @@ class StepProfiler:
         except Exception as e:  # noqa: BLE001  (the summary only loses the fused-dot names)
           logging.info("profile: no HLO text of the step (%s); fusions count by name only", e)
       os.makedirs(self.out_dir, exist_ok=True)
+      if self.hlo_text:
+        with open(os.path.join(self.out_dir, HLO_FILE), "w") as f:
+          f.write(self.hlo_text)
       try:
         jax.profiler.start_trace(self.out_dir)
       except RuntimeError as e:  # another trace (--pgle=collect) holds the profiler

@@ -33,6 +33,9 @@ def test_profile_steps_writes_trace_and_summary(tmp_path):
     assert s["host_gap_ms"] < s["wall_ms"], s
   assert summary["top_ops"] and summary["top_ops"][0]["ms_per_step"] > 0
   assert "profile: 2 steps, mean" in proc.stderr
+  # The top op's name is defined in the compiled step written beside the trace.
+  hlo = (job / "profile" / profiler.HLO_FILE).read_text()
+  assert f"{summary['top_ops'][0]['name']} = " in hlo, summary["top_ops"][0]
 
 
 @pytest.mark.parametrize("flag", ["--profile_steps=-1", "--profile_start_step=0"])
