@@ -100,6 +100,26 @@ def test_summary_of_a_gpu_trace_counts_streams_once():
                   "other_ops_ms": 0.01, "collectives_ms": 0.0, "host_gap_ms": 0.03}
 
 
+def test_a_gpu_op_is_named_once_and_by_its_longest_kernels():
+  """A cuBLAS call's memset does not make its GEMM 'other'; a loop's clone is the same op."""
+  events = [
+      _meta("process_name", 1, "/host:CPU"), _meta("process_name", 2, "/device:GPU:0"),
+      _meta("thread_name", 2, "Stream #13(Compute)", tid=13),
+      _x("train", 0, 100, pid=1, tid=9, step_num=1),
+      _x("Memset 3", 0, 2, pid=2, tid=13, hlo_op="custom-call.77"),
+      _x("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT", 2, 30, pid=2, tid=13,
+         hlo_op="custom-call.77"),
+      _x("cudnn_generated_fort_native_sdpa_sm90_flash_bprop", 40, 20, pid=2, tid=13,
+         hlo_op="dot_product_attention_bwd.43"),
+      _x("cudnn_generated_fort_native_sdpa_sm90_flash_bprop", 60, 20, pid=2, tid=13,
+         hlo_op="dot_product_attention_bwd.43.double_buffer_clone"),
+  ]
+  top = profiler.summarize({"traceEvents": events})["top_ops"]
+  assert [(k["name"], k["category"], k["count"]) for k in top] == [
+      ("dot_product_attention_bwd.43", "attention", 2), ("custom-call.77", "gemm", 2)]
+  assert top[0]["ms_per_step"] == 0.04
+
+
 def test_fused_dots_from_hlo_text():
   hlo = """HloModule jit_f
 
