@@ -12,12 +12,18 @@ ratio = beam / greedy.
 --all_caches reorders every cache leaf each step and holds the encoder's
 keys/values once per beam, as paxlike did before: the beam ratio of the old
 way, in the same process, for comparison.
+
+--profile_dir=DIR then traces one more call of each with jax.profiler
+(DIR/greedy, DIR/beam, each with the compiled decode's HLO) and writes
+paxlike's per-op summary of each trace to DIR/greedy.json and DIR/beam.json
+(the JSON line gets both splits): where beam search's extra time goes, op by op.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from typing import Any
@@ -66,6 +72,25 @@ def _time(fn: Any, *args: Any) -> float:
   return time.perf_counter() - t
 
 
+def profile(fn: Any, out_dir: str, *args: Any) -> dict[str, Any]:
+  """One call of fn traced into out_dir; paxlike's per-op summary of it (also as out_dir.json)."""
+  from paxlike import profiler
+
+  hlo = fn.lower(*args).compile().as_text()  # what each fusion in the summary holds
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, profiler.HLO_FILE), "w") as f:
+    f.write(hlo)
+  jax.profiler.start_trace(out_dir)
+  with jax.profiler.StepTraceAnnotation("decode", step_num=1):
+    jax.block_until_ready(fn(*args))
+  jax.profiler.stop_trace()
+  summary = profiler.summarize(profiler.load_trace(profiler.latest_trace(out_dir)),
+                               profiler.fused_dots(hlo), top=25)
+  with open(out_dir + ".json", "w") as f:
+    json.dump(summary, f, indent=1)
+  return summary["mean"]
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--size", choices=sorted(SIZES), default="small")
@@ -77,6 +102,8 @@ def main() -> None:
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
   parser.add_argument("--all_caches", action="store_true",
                       help="reorder every cache leaf per step (paxlike's old beam search)")
+  parser.add_argument("--profile_dir", default=None,
+                      help="trace one more greedy and beam call each and summarise them here")
   args = parser.parse_args()
   if args.beams < 2 or args.repeats < 1 or min(args.batch, args.input_len, args.steps) < 1:
     parser.error("--beams must be at least 2; --repeats, --batch, --input_len and --steps "
@@ -101,11 +128,15 @@ def main() -> None:
     greedy_s.append(_time(greedy, params, batch))
     beam_s.append(_time(beam, params, batch))
   g, b = statistics.median(greedy_s), statistics.median(beam_s)
-  print(json.dumps({"device": jax.devices()[0].device_kind, "size": args.size,
-                    "batch": args.batch, "input_len": args.input_len, "steps": args.steps,
-                    "beams": args.beams, "dtype": args.dtype, "all_caches": args.all_caches,
-                    "greedy_s": round(g, 4), "beam_s": round(b, 4),
-                    "ratio": round(b / g, 2)}))
+  result = {"device": jax.devices()[0].device_kind, "size": args.size,
+            "batch": args.batch, "input_len": args.input_len, "steps": args.steps,
+            "beams": args.beams, "dtype": args.dtype, "all_caches": args.all_caches,
+            "greedy_s": round(g, 4), "beam_s": round(b, 4), "ratio": round(b / g, 2)}
+  if args.profile_dir:
+    result["profile_ms"] = {
+        name: profile(fn, os.path.join(args.profile_dir, name), params, batch)
+        for name, fn in (("greedy", greedy), ("beam", beam))}
+  print(json.dumps(result))
 
 
 if __name__ == "__main__":

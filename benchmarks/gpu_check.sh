@@ -34,6 +34,9 @@
 #                 $OUT/profile_t5.json, with the trace and the step's HLO
 #   beam_base     4-beam against greedy decode of a FlanT5Base-sized T5
 #                 (32 x 512 -> 128; over 80 s on an H200)
+#   profile_beam  only when named: one traced greedy and one traced 4-beam decode
+#                 of beam_base's shape, CUDA graphs off; the per-op summaries of
+#                 each go to $OUT/profile_greedy.json and $OUT/profile_beam.json
 #   mfu_suite     only when named: python -m benchmarks.mfu_suite
 #                 --device_kind=h100 (the 1B LM, FlanT5Base, FlanT5Large, each
 #                 against its plain-JAX reference); report.md to $OUT
@@ -57,11 +60,13 @@ fi
 nvidia-smi -L
 $PY -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"
 
+wanted() { [[ $WANTED == *" $1 "* ]]; }
+
 # step NAME LIMIT CMD...: runs CMD under LIMIT seconds if the budget still holds it.
 step() {
   local name=$1 limit=$2
   shift 2
-  [[ $WANTED == *" $name "* ]] || return
+  wanted "$name" || return
   local left=$((BUDGET - SECONDS))
   if ((left < limit / 2)); then
     echo "=== $name skipped: ${left}s of the budget left"
@@ -78,12 +83,12 @@ ONE_GPU_1B=("--set=ICI_MESH_SHAPE=[1,1,1]" --set=PERCORE_BATCH_SIZE=8 --set=COMB
             --set=ATTEN_LOGIT_CAP=-1)
 step tune_1b 300 $PY -m paxlike.main --exp=C4Spmd1BAdam4Replicas --mode=tune \
   --job_log_dir=/tmp/tune_1b "${ONE_GPU_1B[@]}"
-cp /tmp/tune_1b/tune/tune.json "$OUT/tune_1b.json" 2>/dev/null
+wanted tune_1b && cp /tmp/tune_1b/tune/tune.json "$OUT/tune_1b.json" 2>/dev/null
 if [[ -f /tmp/tune_1b/tune/tune.json ]]; then
   step train_1b 110 $PY -m paxlike.main --exp=C4Spmd1BAdam4Replicas --mode=train \
     --job_log_dir=/tmp/tune_1b "${ONE_GPU_1B[@]}" --set=NUM_TRAIN_STEPS=40 \
     --enable_checkpoint_saving=false
-  cp /tmp/tune_1b/run_env.json "$OUT/train_1b_run_env.json" 2>/dev/null
+  wanted train_1b && cp /tmp/tune_1b/run_env.json "$OUT/train_1b_run_env.json" 2>/dev/null
 fi
 
 step gpu_tests 170 $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu_attention_test.py \
@@ -106,14 +111,23 @@ step flan_t5_xla_attn 90 $PY -m benchmarks.train_step --exp=FlanT5Base --no-refe
 
 step profile_t5 120 $PY -m paxlike.main --exp=FlanT5Base --mode=train --job_log_dir=/tmp/prof_t5 \
   "${T5_BASE[@]/#/--set=}" --set=NUM_TRAIN_STEPS=8 --profile_steps=3 --enable_checkpoint_saving=false
-cp /tmp/prof_t5/profile/summary.json "$OUT/profile_t5.json" 2>/dev/null
-gzip -c /tmp/prof_t5/profile/step.hlo.txt > "$OUT/profile_t5.hlo.txt.gz" 2>/dev/null
-for f in /tmp/prof_t5/profile/plugins/profile/*/*.trace.json.gz; do
-  [[ -f $f ]] && cp "$f" "$OUT/profile_t5.trace.json.gz"
-done
+if wanted profile_t5 && [[ -f /tmp/prof_t5/profile/summary.json ]]; then
+  cp /tmp/prof_t5/profile/summary.json "$OUT/profile_t5.json"
+  gzip -c /tmp/prof_t5/profile/step.hlo.txt > "$OUT/profile_t5.hlo.txt.gz"
+  for f in /tmp/prof_t5/profile/plugins/profile/*/*.trace.json.gz; do
+    cp "$f" "$OUT/profile_t5.trace.json.gz"
+  done
+fi
 
 step beam_base 150 $PY -m benchmarks.beam_cost --size=base --batch=32 --input_len=512 \
   --steps=128 --dtype=bfloat16 --repeats=3
+step profile_beam 150 env XLA_FLAGS=--xla_gpu_enable_command_buffer= $PY -m benchmarks.beam_cost \
+  --size=base --batch=32 --input_len=512 --steps=128 --dtype=bfloat16 --repeats=1 \
+  --profile_dir=/tmp/beam_prof
+if wanted profile_beam; then
+  cp /tmp/beam_prof/greedy.json "$OUT/profile_greedy.json" 2>/dev/null
+  cp /tmp/beam_prof/beam.json "$OUT/profile_beam.json" 2>/dev/null
+fi
 step mfu_suite 400 $PY -m benchmarks.mfu_suite --device_kind=h100 --steps=8 --out=/tmp/mfu
-cp /tmp/mfu/report.md "$OUT/mfu_report.md" 2>/dev/null
+wanted mfu_suite && cp /tmp/mfu/report.md "$OUT/mfu_report.md" 2>/dev/null
 echo "=== done at ${SECONDS}s"
