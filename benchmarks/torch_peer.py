@@ -31,7 +31,6 @@ bad input.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 from collections.abc import Sequence
@@ -238,15 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   # Both frameworks share the GPU: JAX must not take 75% of it up front.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-  from paxlike import log
-
-  log.setup()
-  try:
-    record = run(args)
-  except UserError as e:
-    ts.fail(str(e))
-  print(json.dumps(record), flush=True)
-  return 0
+  return ts.print_record(run, args)
 
 
 if __name__ == "__main__":

@@ -554,6 +554,23 @@ def check_counts(args: argparse.Namespace, names: Sequence[str]) -> None:
     fail(f"--warmup must be at least 0, got {args.warmup}.")
 
 
+def print_record(run: Callable[[argparse.Namespace], dict[str, Any]],
+                 args: argparse.Namespace) -> int:
+  """A benchmark's main: paxlike's log, run(args), its record as one JSON line; 0.
+
+  A UserError (what paxlike.main would refuse) is one `error:` line, exit 2.
+  """
+  from paxlike import log
+
+  log.setup()
+  try:
+    record = run(args)
+  except UserError as e:
+    fail(str(e))
+  print(json.dumps(record), flush=True)
+  return 0
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   p = Parser(prog="python -m benchmarks.train_step",
              description="Times an experiment's train step against a plain-JAX reference.")

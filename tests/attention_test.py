@@ -205,6 +205,50 @@ def test_cudnn_inputs_mean_the_same_attention(qkv, monkeypatch):
   assert seen[3] == {"bias": None, "mask": (b, 1, t, t)}
 
 
+@pytest.fixture
+def key_mask_fold():
+  attention.set_key_mask_fold(True)
+  yield
+  attention.set_key_mask_fold(False)
+
+
+def test_a_key_mask_folded_into_the_head_dim_is_the_same_attention(qkv, monkeypatch,
+                                                                     key_mask_fold):
+  """T5's encoder on cuDNN with the fold: no mask reaches cuDNN, the bias keeps its batch of
+  1, and the attention and its gradients (q, k, v and the bias) are those of the masked call.
+  Checked through jax.nn's XLA implementation, since this host has no cuDNN."""
+  real = jax.nn.dot_product_attention
+  seen = []
+
+  def through_xla(q, k, v, *, implementation=None, **kwargs):
+    assert implementation == "cudnn"
+    seen.append((q.shape[-1], kwargs["bias"] is None or kwargs["bias"].shape,
+                 kwargs.get("mask")))
+    return real(q, k, v, implementation="xla", **kwargs)
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", through_xla)
+  q, k, v = map(jnp.asarray, qkv)
+  b, t, n, h = q.shape
+  bias = jnp.asarray(np.random.default_rng(3).normal(size=(1, n, t, t)), F32)
+  valid = jnp.asarray(np.array([[1, 1, 1, 0, 0, 0], [1] * 6], bool))[:, None, None, :]
+  for case in (dict(mask=valid, scale=1.0), dict(mask=valid, is_causal=True, scale=0.3)):
+    def loss(fn, q, k, v, bias, case=case):
+      out = fn(q, k, v, bias=bias, **case)
+      return jnp.sum(out * jnp.cos(out)), out
+
+    (_, want), want_grads = jax.value_and_grad(
+        lambda *a: loss(attention.xla_attention, *a), argnums=(0, 1, 2, 3), has_aux=True)(
+            q, k, v, bias)
+    (_, got), got_grads = jax.value_and_grad(
+        lambda *a: loss(attention.cudnn_attention, *a), argnums=(0, 1, 2, 3), has_aux=True)(
+            q, k, v, bias)
+    np.testing.assert_allclose(got, want, atol=1e-5, err_msg=str(case))
+    for name, g, w in zip(("q", "k", "v", "bias"), got_grads, want_grads, strict=True):
+      np.testing.assert_allclose(g, w, atol=1e-5, err_msg=f"d{name} {case}")
+  # h = 8 plus the mask's column, padded to 16; the bias as it came, no mask.
+  assert seen and all(s == (16, (1, n, t, t), None) for s in seen), seen
+
+
 # ------------------------------------------------- the choice as programs are lowered
 
 

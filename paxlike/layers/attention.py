@@ -191,8 +191,11 @@ def on_choice(listener: Callable[[dict[str, Any]], None] | None) -> None:
 
 def run_record() -> dict[str, Any]:
   """run_env.json's "attention": the policy and each distinct (implementation, reason)."""
-  return {"policy": _run.get("policy", _global["policy"]),
-          "choices": [{"implementation": i, "reason": r} for i, r in _run["choices"]]}
+  record = {"policy": _run.get("policy", _global["policy"]),
+            "choices": [{"implementation": i, "reason": r} for i, r in _run["choices"]]}
+  if key_mask_fold():
+    record["key_mask_fold"] = True
+  return record
 
 
 def _note(implementation: str, reason: str) -> None:
@@ -305,6 +308,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
       platform, q.dtype, policy=current_policy(), dropout=dropout, logit_cap=logit_cap,
       q_len=q.shape[1], kv_len=k.shape[1], head_dim=q.shape[-1], has_bias=bias is not None,
       max_head_dim=cudnn_max_head_dim() if platform == "cuda" else 128)
+  if implementation == CUDNN and folds_key_mask(q, mask, q_segment_ids):
+    reason = f"{reason}, key mask in the head dim"
   if implementation == CUDNN:
     try:
       out = cudnn_attention(q, k, v, bias=bias, mask=mask, is_causal=is_causal,
@@ -393,12 +398,82 @@ def _full_query_axis(x: jax.Array, q_len: int, kv_len: int) -> jax.Array:
   return jnp.broadcast_to(x, (x.shape[0], x.shape[1], q_len, kv_len))
 
 
+def set_key_mask_fold(on: bool) -> None:
+  """Whether the cuDNN path folds a key-only mask into the head dim (fold_key_mask).
+
+  Off by default: it is exact (tests/attention_test.py), but whether it is
+  faster on a GPU is measured, not assumed (`python -m benchmarks.train_step
+  --key_mask_fold`, benchmarks/gpu_check.sh's flan_t5_key_mask_fold). Read as
+  programs are traced, like the policy.
+  """
+  _global["key_mask_fold"] = bool(on)
+
+
+def key_mask_fold() -> bool:
+  return _global.get("key_mask_fold", False)
+
+
+def folds_key_mask(q: jax.Array, mask: jax.Array | None, q_segment_ids: jax.Array | None
+                   ) -> bool:
+  """Whether the cuDNN path folds this call's mask into the head dim (fold_key_mask): the
+  fold is on, the mask [b, 1, 1, s] says which keys count, the same for every query and
+  head, and the widened head dim is one cuDNN takes."""
+  return (key_mask_fold() and mask is not None and q_segment_ids is None and mask.ndim == 4
+          and mask.shape[1] == 1 and mask.shape[2] == 1
+          and folded_head_dim(q.shape[-1]) <= cudnn_max_head_dim())
+
+
+def folded_head_dim(h: int) -> int:
+  """The head dim fold_key_mask widens h to: one more, rounded up to a multiple of 8."""
+  return -(-(h + 1) // 8) * 8
+
+
+# How far a masked key's logit drops under fold_key_mask: exp(-2**14) is 0 in float32.
+MASKED_LOGIT_DROP = 2.0 ** 14
+
+
+def fold_key_mask(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array,
+                  scale: float = 1.0) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """q, k, v whose unmasked attention is that of q, k, v under key_mask [b, 1, 1, s].
+
+  One more head dim carries the mask: q gets c there, k gets -c at a masked
+  key and 0 elsewhere, so a masked key's scaled logit drops by scale * c**2
+  (at least MASKED_LOGIT_DROP; c a power of 2, exact in bf16 and fp16) and
+  every other logit is unchanged. All three are padded with zeros to a head
+  dim that is a multiple of 8 (cuDNN's rule; 64 -> 72); the attention's
+  output is the first h dims of the result. The point: T5's encoder hands
+  cuDNN its [1, n, s, s] relative-position bias as it is, instead of the
+  bias plus the padding, a [b, n, s, s] tensor cuDNN reads, whose gradient
+  it writes and XLA sums over the batch. cuDNN's own padding mask
+  (sequence lengths) cannot take a bias gradient.
+  """
+  h = q.shape[-1]
+  width = folded_head_dim(h)
+  c = 2.0 ** int(np.ceil(np.log2(np.sqrt(MASKED_LOGIT_DROP / scale))))
+
+  def widen(x: jax.Array, column: jax.Array | None) -> jax.Array:
+    parts = [x] if column is None else [x, column.astype(x.dtype)]
+    pad = width - h - (column is not None)
+    return jnp.concatenate(parts + [jnp.zeros((*x.shape[:-1], pad), x.dtype)], axis=-1)
+
+  keys = jnp.where(key_mask[:, 0, 0, :, None, None], 0.0, -c)  # [b, s, 1, 1]
+  return (widen(q, jnp.full((*q.shape[:-1], 1), c)),
+          widen(k, jnp.broadcast_to(keys, (*k.shape[:-1], 1))), widen(v, None))
+
+
 def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array | None = None,
                     mask: jax.Array | None = None, is_causal: bool = False,
                     q_segment_ids: jax.Array | None = None,
                     kv_segment_ids: jax.Array | None = None, scale: float = 1.0) -> jax.Array:
   """cuDNN's fused attention (no dropout, no cap); raises where cuDNN refuses the call."""
   t, s = q.shape[1], k.shape[1]
+  if folds_key_mask(q, mask, q_segment_ids):
+    h = q.shape[-1]
+    q, k, v = fold_key_mask(q, k, v, jnp.broadcast_to(mask, (q.shape[0], 1, 1, s)), scale)
+    if bias is not None:
+      bias = _full_query_axis(bias.astype(q.dtype), t, s)
+    return jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=is_causal, scale=scale,
+                                        implementation="cudnn")[..., :h]
   if q_segment_ids is not None:
     same = q_segment_ids[:, None, :, None] == kv_segment_ids[:, None, None, :]
     mask = same if mask is None else mask & same

@@ -1,0 +1,85 @@
+"""An experiment's train step with and without the key-mask fold, alternating, in one process.
+
+    python -m benchmarks.key_mask_fold [--exp=FlanT5Base] [--set KEY=VALUE ...]
+        [--steps=10] [--warmup=2] [--block=1]
+
+On cuDNN, attention with a mask that only says which keys count (T5's
+encoder padding, its cross-attention) can carry that mask as one more head
+dim (paxlike.layers.attention.fold_key_mask) instead of an additive
+[batch, heads, q, k] bias; T5's relative-position bias then reaches cuDNN
+with its batch of 1. The fold is exact; whether it is faster is what this
+measures. Both steps are built as `paxlike.main` builds them
+(benchmarks.train_step.build), the plain one first, each traced while the
+fold is set for it. They are timed alternating (ABBA) after `--warmup`
+untimed steps each; the medians, ratio = folded / plain (below 1: the fold
+is faster) and both first losses are printed as one JSON line.
+
+`folded_calls` says whether any attention call of the folded step took the
+fold: on a CPU none does (attention runs on XLA there), so the two steps are
+the same program and the ratio is noise.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks import train_step as ts
+
+DEFAULT_EXP = "FlanT5Tiny"
+FOLDED = "key mask in the head dim"
+
+
+def run(args: Any) -> dict[str, Any]:
+  """Builds, traces and compiles both steps, times them alternating; the JSON record."""
+  from paxlike.layers import attention
+
+  sides = {}
+  for name, fold in (("plain", False), ("folded", True)):
+    attention.set_key_mask_fold(fold)
+    try:
+      side = ts.paxlike_side(ts.build(args.exp, args.set), name, args.num_batches)
+      side.runner.compile(side.lower)
+      # The first step traces (jit's cache keys on the arguments, not on the fold).
+      side.runner.first_loss = ts.host_metrics(side.setup.partitioner,
+                                               side.runner.run())["loss"]
+    finally:
+      attention.set_key_mask_fold(False)
+    sides[name] = side
+    if fold:  # build() started a fresh attention record: these are the folded step's calls
+      choices = attention.run_record()["choices"]
+      folded_calls = any(FOLDED in c["reason"] for c in choices)
+  runners = [sides["plain"].runner, sides["folded"].runner]
+  for _ in range(args.warmup):
+    for r in runners:
+      r.run()
+  ts.time_interleaved(runners, args.steps, args.block)
+  plain, folded = runners
+  med = {r.name: statistics.median(r.times) for r in runners}
+  import jax
+
+  return {"exp": sides["plain"].setup.exp_key, "device": jax.devices()[0].device_kind,
+          "plain_step_s_median": med["plain"], "folded_step_s_median": med["folded"],
+          "ratio": med["folded"] / med["plain"],
+          "ratio_paired_median": statistics.median(
+              f / p for f, p in zip(folded.times, plain.times, strict=True)),
+          "plain_first_loss": plain.first_loss, "folded_first_loss": folded.first_loss,
+          "folded_calls": folded_calls, "folded_attention": choices,
+          "plain_compile_s": plain.compile_seconds, "folded_compile_s": folded.compile_seconds,
+          "steps": args.steps, "block": args.block, "warmup": args.warmup}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  p = ts.Parser(prog="python -m benchmarks.key_mask_fold",
+                description="Times an experiment's step with and without the key-mask fold, "
+                            "alternating, in one process.")
+  ts.add_step_args(p, DEFAULT_EXP, steps=10, warmup=2)
+  args = p.parse_args(argv)
+  ts.check_counts(args, ("steps", "block", "num_batches"))
+  return ts.print_record(run, args)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
