@@ -7,7 +7,7 @@
 # packages the image lacks may lie as wheels in .whl/ (fiddle, libcst,
 # graphviz, tensorboardX), installed first into /tmp/site. The steps (the
 # default set unless STEPs are named; flan_t5_unrolled, flan_t5_xla_attn,
-# profile_beam and mfu_suite run only when named), in this order, each with
+# lm_1b_no_dot_merger, profile_beam and mfu_suite run only when named), in this order, each with
 # its own time limit, skipped when the SECONDS budget (default 570) no longer
 # holds it:
 #   tune_1b       --mode=tune on the 1B LM shape of C4Spmd1BAdam4Replicas on
@@ -37,6 +37,12 @@
 #                 (padding as one more head dim, so T5's relative-position bias
 #                 reaches cuDNN with its batch of 1), alternating in one process
 #                 (benchmarks.key_mask_fold; two compiles)
+#   flan_t5_no_dot_merger  the scanned step compiled as is and without XLA's dot
+#                 merger (--xla_gpu_dot_merger_threshold_mb=0), alternating in one
+#                 process (benchmarks.compiler_options): the merger runs q, k and v
+#                 as one [16384, 2304] GEMM, then slices it into three copies
+#                 (and concatenates their gradients), ~2.5 ms of the 72 ms profile
+#   lm_1b_no_dot_merger  only when named: the same for the tuned 1B LM
 #   profile_t5    3 profiled FlanT5Base steps (--profile_steps, CUDA graphs off so
 #                 the ops have names): where its non-GEMM time goes, to
 #                 $OUT/profile_t5.json, with the trace and the step's HLO
@@ -52,7 +58,7 @@
 set -u
 BUDGET=${1:-570}
 shift $(($# > 0 ? 1 : 0))
-WANTED=" ${*:-tune_1b train_1b gpu_tests peer_llama peer_1b flan_t5_base flan_t5_key_mask_fold profile_t5 beam_base} "
+WANTED=" ${*:-tune_1b train_1b gpu_tests peer_llama peer_1b flan_t5_base flan_t5_key_mask_fold flan_t5_no_dot_merger profile_t5 beam_base} "
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log") 2>&1
@@ -119,6 +125,11 @@ step flan_t5_xla_attn 90 $PY -m benchmarks.train_step --exp=FlanT5Base --no-refe
 
 step flan_t5_key_mask_fold 150 $PY -m benchmarks.key_mask_fold --exp=FlanT5Base --steps=10 \
   --set "${T5_BASE[@]}"
+step flan_t5_no_dot_merger 90 $PY -m benchmarks.compiler_options --exp=FlanT5Base --steps=10 \
+  --set "${T5_BASE[@]}" --option xla_gpu_dot_merger_threshold_mb=0
+step lm_1b_no_dot_merger 150 $PY -m benchmarks.compiler_options --exp=C4Spmd1BAdam4Replicas \
+  --steps=10 "${ONE_GPU_1B[@]}" --set=USE_REPEATED_LAYER=False \
+  --set=CHECKPOINT_POLICY=SAVE_EVERYTHING --option xla_gpu_dot_merger_threshold_mb=0
 step profile_t5 120 $PY -m paxlike.main --exp=FlanT5Base --mode=train --job_log_dir=/tmp/prof_t5 \
   "${T5_BASE[@]/#/--set=}" --set=NUM_TRAIN_STEPS=8 --profile_steps=3 --enable_checkpoint_saving=false
 if wanted profile_t5 && [[ -f /tmp/prof_t5/profile/summary.json ]]; then

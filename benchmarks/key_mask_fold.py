@@ -21,7 +21,6 @@ the same program and the ratio is noise.
 
 from __future__ import annotations
 
-import statistics
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -51,24 +50,11 @@ def run(args: Any) -> dict[str, Any]:
     if fold:  # build() started a fresh attention record: these are the folded step's calls
       choices = attention.run_record()["choices"]
       folded_calls = any(FOLDED in c["reason"] for c in choices)
-  runners = [sides["plain"].runner, sides["folded"].runner]
-  for _ in range(args.warmup):
-    for r in runners:
-      r.run()
-  ts.time_interleaved(runners, args.steps, args.block)
-  plain, folded = runners
-  med = {r.name: statistics.median(r.times) for r in runners}
   import jax
 
   return {"exp": sides["plain"].setup.exp_key, "device": jax.devices()[0].device_kind,
-          "plain_step_s_median": med["plain"], "folded_step_s_median": med["folded"],
-          "ratio": med["folded"] / med["plain"],
-          "ratio_paired_median": statistics.median(
-              f / p for f, p in zip(folded.times, plain.times, strict=True)),
-          "plain_first_loss": plain.first_loss, "folded_first_loss": folded.first_loss,
-          "folded_calls": folded_calls, "folded_attention": choices,
-          "plain_compile_s": plain.compile_seconds, "folded_compile_s": folded.compile_seconds,
-          "steps": args.steps, "block": args.block, "warmup": args.warmup}
+          **ts.time_pair(sides["plain"].runner, sides["folded"].runner, args),
+          "folded_calls": folded_calls, "folded_attention": choices}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

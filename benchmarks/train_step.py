@@ -312,6 +312,29 @@ def time_interleaved(runners: list[Runner], steps: int, block: int) -> None:
     gc.enable()
 
 
+def time_pair(base: Runner, other: Runner, args: argparse.Namespace) -> dict[str, Any]:
+  """`--warmup` untimed steps each, then `--steps` alternating (time_interleaved); the
+  record of the two: each one's median, first loss and compile seconds under its name,
+  ratio = other / base (below 1: `other` is faster) and the median of the paired ratios."""
+  import statistics
+
+  for _ in range(args.warmup):
+    for r in (base, other):
+      r.run()
+  time_interleaved([base, other], args.steps, args.block)
+  record: dict[str, Any] = {}
+  for r in (base, other):
+    record[f"{r.name}_step_s_median"] = statistics.median(r.times)
+  record["ratio"] = record[f"{other.name}_step_s_median"] / record[f"{base.name}_step_s_median"]
+  record["ratio_paired_median"] = statistics.median(
+      o / b for o, b in zip(other.times, base.times, strict=True))
+  for r in (base, other):
+    record[f"{r.name}_first_loss"] = r.first_loss
+    record[f"{r.name}_compile_s"] = r.compile_seconds
+  record.update(steps=args.steps, block=args.block, warmup=args.warmup)
+  return record
+
+
 def host_metrics(partitioner: Any, metrics: dict[str, Any]) -> dict[str, float]:
   return {k: float(v) for k, v in partitioner.unshard(metrics).items()}
 
