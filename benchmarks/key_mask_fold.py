@@ -31,21 +31,36 @@ DEFAULT_EXP = "FlanT5Tiny"
 FOLDED = "key mask in the head dim"
 
 
+def with_fold(step: Any, fold: bool) -> Any:
+  """step, run (and so traced, should jit trace it again) with the fold set to `fold`."""
+  from paxlike.layers import attention
+
+  def run(state: Any, batch: Any) -> Any:
+    before = attention.key_mask_fold()
+    attention.set_key_mask_fold(fold)
+    try:
+      return step(state, batch)
+    finally:
+      attention.set_key_mask_fold(before)
+
+  return run
+
+
 def run(args: Any) -> dict[str, Any]:
   """Builds, traces and compiles both steps, times them alternating; the JSON record."""
   from paxlike.layers import attention
 
   sides = {}
   for name, fold in (("plain", False), ("folded", True)):
-    attention.set_key_mask_fold(fold)
-    try:
-      side = ts.paxlike_side(ts.build(args.exp, args.set), name, args.num_batches)
-      side.runner.compile(side.lower)
-      # The first step traces (jit's cache keys on the arguments, not on the fold).
-      side.runner.first_loss = ts.host_metrics(side.setup.partitioner,
-                                               side.runner.run())["loss"]
-    finally:
-      attention.set_key_mask_fold(False)
+    side = ts.paxlike_side(ts.build(args.exp, args.set), name, args.num_batches)
+    program, key = side.setup.program, side.key
+    # Every call runs under its own fold, so a trace at any step (jit keys its cache on
+    # the arguments, not on the fold) gives the program this side stands for.
+    side.runner = ts.Runner(name, with_fold(lambda s, b, p=program, k=key: p.step_fn(s, b, k),
+                                            fold), side.runner.state, side.runner.batches)
+    side.runner.compile(with_fold(side.lower, fold))
+    side.runner.first_loss = ts.host_metrics(side.setup.partitioner,
+                                             side.runner.run())["loss"]
     sides[name] = side
     if fold:  # build() started a fresh attention record: these are the folded step's calls
       choices = attention.run_record()["choices"]

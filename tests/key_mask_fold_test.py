@@ -47,7 +47,7 @@ def test_a_t5_with_the_fold_trains_as_without(cudnn_answered_by_xla):
            "decoder_input_tokens": jnp.asarray(rng.integers(2, 64, (3, 6)), jnp.int32),
            "decoder_target_tokens": jnp.asarray(rng.integers(2, 64, (3, 6)), jnp.int32),
            "decoder_loss_weights": jnp.ones((3, 6), jnp.float32)}
-  params = model.init(jax.random.key(0), batch)["params"]
+  params = jax.jit(model.init)(jax.random.key(0), batch)["params"]
 
   def loss_and_grads(fold):
     attention.set_key_mask_fold(fold)
@@ -69,3 +69,4 @@ def test_a_t5_with_the_fold_trains_as_without(cudnn_answered_by_xla):
                           jax.tree.leaves(plain_grads), strict=True):
     np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
                                atol=2e-3, rtol=2e-2, err_msg=jax.tree_util.keystr(path))
+
