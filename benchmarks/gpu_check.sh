@@ -7,9 +7,9 @@
 # packages the image lacks may lie as wheels in .whl/ (fiddle, libcst,
 # graphviz, tensorboardX), installed first into /tmp/site. The steps (the
 # default set unless STEPs are named; flan_t5_unrolled, flan_t5_xla_attn,
-# lm_1b_no_dot_merger, profile_beam and mfu_suite run only when named), in this order, each with
-# its own time limit, skipped when the SECONDS budget (default 570) no longer
-# holds it:
+# lm_1b_no_dot_merger, profile_beam and mfu_suite run only when named), in
+# this order, each with its own time limit, skipped when the SECONDS budget
+# (default 570) no longer holds it:
 #   tune_1b       --mode=tune on the 1B LM shape of C4Spmd1BAdam4Replicas on
 #                 one GPU (the mfu_suite's c4_1b_1gpu: batch 8 x 1024, bf16,
 #                 no logit cap); the table goes to $OUT/tune_1b.json (~220 s measured

@@ -316,8 +316,6 @@ def time_pair(base: Runner, other: Runner, args: argparse.Namespace) -> dict[str
   """`--warmup` untimed steps each, then `--steps` alternating (time_interleaved); the
   record of the two: each one's median, first loss and compile seconds under its name,
   ratio = other / base (below 1: `other` is faster) and the median of the paired ratios."""
-  import statistics
-
   for _ in range(args.warmup):
     for r in (base, other):
       r.run()

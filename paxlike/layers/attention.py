@@ -401,15 +401,17 @@ def _full_query_axis(x: jax.Array, q_len: int, kv_len: int) -> jax.Array:
 def set_key_mask_fold(on: bool) -> None:
   """Whether the cuDNN path folds a key-only mask into the head dim (fold_key_mask).
 
-  Off by default: it is exact (tests/attention_test.py), but whether it is
-  faster on a GPU is measured, not assumed (`python -m benchmarks.train_step
-  --key_mask_fold`, benchmarks/gpu_check.sh's flan_t5_key_mask_fold). Read as
-  programs are traced, like the policy.
+  Off by default: it is exact (tests/attention_test.py, tests/key_mask_fold_test.py),
+  but whether it is faster on a GPU is measured, not assumed (`python -m
+  benchmarks.key_mask_fold`, benchmarks/gpu_check.sh's flan_t5_key_mask_fold).
+  Read as programs are traced, like the policy; run_env.json's "attention" says
+  so when it is on.
   """
   _global["key_mask_fold"] = bool(on)
 
 
 def key_mask_fold() -> bool:
+  """Whether the key-mask fold is on (set_key_mask_fold)."""
   return _global.get("key_mask_fold", False)
 
 
