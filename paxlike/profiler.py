@@ -327,8 +327,7 @@ def summarize(trace: dict[str, Any], dot_fusions: set[str] = frozenset(), top: i
       times[category] += f - s
       spans.append((s, f))
       key = op_name(args.get("hlo_op") or e["name"])
-      k = kernels.setdefault(key, {"name": key, "by_category": {}, "ms": 0.0, "count": 0})
-      k["ms"] += (f - s) / 1e3
+      k = kernels.setdefault(key, {"name": key, "by_category": {}, "count": 0})
       k["by_category"][category] = k["by_category"].get(category, 0.0) + (f - s)
       k["count"] += 1
     wall = end - start
@@ -338,12 +337,12 @@ def summarize(trace: dict[str, Any], dot_fusions: set[str] = frozenset(), top: i
   n = max(len(steps), 1)
   mean = {k: round(sum(s[k] for s in steps) / n, 4) for k in (steps[0] if steps else {})
           if k != "step"}
-  ranked = sorted(kernels.values(), key=lambda k: -k["ms"])[:top]
+  ranked = sorted(kernels.values(), key=lambda k: -sum(k["by_category"].values()))[:top]
   for k in ranked:
     # An op's kernels can differ (a cuBLAS call's memset, then its GEMM): the most time decides.
     by_category = k.pop("by_category")
     k["category"] = max(by_category, key=by_category.get)
-    k["ms_per_step"] = round(k.pop("ms") / n, 4)
+    k["ms_per_step"] = round(sum(by_category.values()) / 1e3 / n, 4)
   return {"steps": steps, "mean": mean, "top_ops": ranked, "num_device_events": len(ops)}
 
 

@@ -468,14 +468,11 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array
                     q_segment_ids: jax.Array | None = None,
                     kv_segment_ids: jax.Array | None = None, scale: float = 1.0) -> jax.Array:
   """cuDNN's fused attention (no dropout, no cap); raises where cuDNN refuses the call."""
-  t, s = q.shape[1], k.shape[1]
-  if folds_key_mask(q, mask, q_segment_ids):
-    h = q.shape[-1]
+  t, s, h = q.shape[1], k.shape[1], q.shape[-1]
+  folded = folds_key_mask(q, mask, q_segment_ids)
+  if folded:  # the mask rides in the head dim; the output's first h dims are the attention
     q, k, v = fold_key_mask(q, k, v, jnp.broadcast_to(mask, (q.shape[0], 1, 1, s)), scale)
-    if bias is not None:
-      bias = _full_query_axis(bias.astype(q.dtype), t, s)
-    return jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=is_causal, scale=scale,
-                                        implementation="cudnn")[..., :h]
+    mask = None
   if q_segment_ids is not None:
     same = q_segment_ids[:, None, :, None] == kv_segment_ids[:, None, None, :]
     mask = same if mask is None else mask & same
@@ -483,8 +480,9 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array
     mask = _full_query_axis(mask, t, s)
   if bias is not None:
     bias = _full_query_axis(bias.astype(q.dtype), t, s)
-  return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, is_causal=is_causal,
-                                      scale=scale, implementation="cudnn")
+  out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, is_causal=is_causal,
+                                     scale=scale, implementation="cudnn")
+  return out[..., :h] if folded else out
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
