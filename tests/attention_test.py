@@ -175,21 +175,13 @@ def test_logit_cap_equals_hand_computation(qkv):
   assert np.abs(want - uncapped).max() > 0.1  # the cap changes the answer here
 
 
-def test_cudnn_inputs_mean_the_same_attention(qkv, monkeypatch):
+def test_cudnn_inputs_mean_the_same_attention(qkv, cudnn_via_xla):
   """What the cuDNN path hands over (segments and masks as one mask spanning the query
   axis, the bias in q's dtype, is_causal) is the same attention: checked through
   jax.nn's XLA implementation, since this host has no cuDNN."""
-  real = jax.nn.dot_product_attention
-  seen = []
-
-  def through_xla(*args, implementation=None, **kwargs):
-    assert implementation == "cudnn"
-    seen.append({k: None if kwargs[k] is None else kwargs[k].shape for k in ("bias", "mask")})
-    return real(*args, implementation="xla", **kwargs)
-
-  monkeypatch.setattr(jax.nn, "dot_product_attention", through_xla)
+  seen = cudnn_via_xla
   q, k, v = map(jnp.asarray, qkv)
-  b, t, n, _ = q.shape
+  b, t, n, h = q.shape
   bias = jnp.asarray(np.random.default_rng(2).normal(size=(1, n, t, t)), F32)
   valid = jnp.asarray(np.array([[1, 1, 1, 1, 1, 0], [1] * 6], bool))[:, None, None, :]
   seg = jnp.asarray(np.array([[1, 1, 1, 2, 2, 0], [1, 2, 2, 2, 3, 3]], np.int32))
@@ -200,33 +192,19 @@ def test_cudnn_inputs_mean_the_same_attention(qkv, monkeypatch):
     got = attention.cudnn_attention(q, k, v, **case)
     want = attention.xla_attention(q, k, v, **case)
     np.testing.assert_allclose(got, want, atol=1e-5, err_msg=str(case))
-  assert seen[0] == {"bias": None, "mask": None}  # causal alone: no [t, s] mask built
-  assert seen[1] == {"bias": (1, n, t, t), "mask": (b, 1, t, t)}  # padding spans the queries
-  assert seen[3] == {"bias": None, "mask": (b, 1, t, t)}
+  # causal alone: no [t, s] mask built
+  assert seen[0] == {"head_dim": h, "bias": None, "mask": None}
+  # padding spans the queries
+  assert seen[1] == {"head_dim": h, "bias": (1, n, t, t), "mask": (b, 1, t, t)}
+  assert seen[3] == {"head_dim": h, "bias": None, "mask": (b, 1, t, t)}
 
 
-@pytest.fixture
-def key_mask_fold():
-  attention.set_key_mask_fold(True)
-  yield
-  attention.set_key_mask_fold(False)
-
-
-def test_a_key_mask_folded_into_the_head_dim_is_the_same_attention(qkv, monkeypatch,
+def test_a_key_mask_folded_into_the_head_dim_is_the_same_attention(qkv, cudnn_via_xla,
                                                                      key_mask_fold):
   """T5's encoder on cuDNN with the fold: no mask reaches cuDNN, the bias keeps its batch of
   1, and the attention and its gradients (q, k, v and the bias) are those of the masked call.
   Checked through jax.nn's XLA implementation, since this host has no cuDNN."""
-  real = jax.nn.dot_product_attention
-  seen = []
-
-  def through_xla(q, k, v, *, implementation=None, **kwargs):
-    assert implementation == "cudnn"
-    seen.append((q.shape[-1], kwargs["bias"] is None or kwargs["bias"].shape,
-                 kwargs.get("mask")))
-    return real(q, k, v, implementation="xla", **kwargs)
-
-  monkeypatch.setattr(jax.nn, "dot_product_attention", through_xla)
+  seen = cudnn_via_xla
   q, k, v = map(jnp.asarray, qkv)
   b, t, n, h = q.shape
   bias = jnp.asarray(np.random.default_rng(3).normal(size=(1, n, t, t)), F32)
@@ -246,7 +224,8 @@ def test_a_key_mask_folded_into_the_head_dim_is_the_same_attention(qkv, monkeypa
     for name, g, w in zip(("q", "k", "v", "bias"), got_grads, want_grads, strict=True):
       np.testing.assert_allclose(g, w, atol=1e-5, err_msg=f"d{name} {case}")
   # h = 8 plus the mask's column, padded to 16; the bias as it came, no mask.
-  assert seen and all(s == (16, (1, n, t, t), None) for s in seen), seen
+  assert seen and all(c == {"head_dim": 16, "bias": (1, n, t, t), "mask": None}
+                      for c in seen), seen
 
 
 # ------------------------------------------------- the choice as programs are lowered

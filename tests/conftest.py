@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 NUM_FAKE_DEVICES = 8
 
@@ -109,6 +111,37 @@ def cuda_only() -> list:
   reason = "needs a CUDA GPU (JAX_PLATFORMS=cuda python -m pytest -m gpu)"
   return [pytest.mark.gpu,
           pytest.mark.skipif(attention.lowering_platform() != "cuda", reason=reason)]
+
+
+@pytest.fixture
+def key_mask_fold():
+  """The cuDNN path's key-mask fold on for one test (attention.set_key_mask_fold)."""
+  from paxlike.layers import attention
+
+  attention.set_key_mask_fold(True)
+  yield
+  attention.set_key_mask_fold(False)
+
+
+@pytest.fixture
+def cudnn_via_xla(monkeypatch):
+  """jax.nn's cuDNN attention answered by jax.nn's XLA implementation of the same arguments
+  (this host has no cuDNN); the list of calls: each one's head dim and the shapes of its
+  bias and mask (None where absent)."""
+  import jax
+
+  real = jax.nn.dot_product_attention
+  calls = []
+
+  def through_xla(q, k, v, *, implementation=None, **kwargs):
+    assert implementation == "cudnn"
+    calls.append({"head_dim": q.shape[-1], **{
+        name: None if kwargs.get(name) is None else kwargs[name].shape
+        for name in ("bias", "mask")}})
+    return real(q, k, v, implementation="xla", **kwargs)
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", through_xla)
+  return calls
 
 
 def describe(proc: subprocess.CompletedProcess) -> str:

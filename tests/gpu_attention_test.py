@@ -72,13 +72,6 @@ def test_t5_encoder_with_bias_and_padding():
   _compare((q, k, v, _bias(4, 128, 128)), (0, 1, 2, 3), mask=valid)
 
 
-@pytest.fixture
-def key_mask_fold():
-  attention.set_key_mask_fold(True)
-  yield
-  attention.set_key_mask_fold(False)
-
-
 def test_t5_encoder_and_cross_attention_with_the_key_mask_fold(key_mask_fold):
   """cuDNN with the padding as one more head dim (64 -> 72) against XLA's masked path."""
   q, k, v = _qkv(2, 128, 128, 4, 64)

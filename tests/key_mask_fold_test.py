@@ -17,26 +17,18 @@ from paxlike.models.t5 import T5Model
 
 
 @pytest.fixture
-def cudnn_answered_by_xla(monkeypatch):
-  real = jax.nn.dot_product_attention
-  head_dims = []
-
-  def through_xla(q, k, v, *, implementation=None, **kwargs):
-    assert implementation == "cudnn"
-    head_dims.append(q.shape[-1])
-    return real(q, k, v, implementation="xla", **kwargs)
-
-  monkeypatch.setattr(jax.nn, "dot_product_attention", through_xla)
+def cudnn_platform(monkeypatch, cudnn_via_xla):
+  """The cuDNN path taken as on a GPU, its calls answered by XLA (conftest.cudnn_via_xla)."""
   monkeypatch.setattr(attention, "lowering_platform", lambda: "cuda")
   monkeypatch.setattr(attention, "cudnn_max_head_dim", lambda: 128)
   attention.start_run("auto")
-  yield head_dims
+  yield cudnn_via_xla
   attention.set_key_mask_fold(False)
   attention.start_run("auto")
 
 
-def test_a_t5_with_the_fold_trains_as_without(cudnn_answered_by_xla):
-  head_dims = cudnn_answered_by_xla
+def test_a_t5_with_the_fold_trains_as_without(cudnn_platform):
+  calls = cudnn_platform
   model = T5Model(vocab_size=64, model_dims=32, num_encoder_layers=1, num_decoder_layers=1,
                   num_heads=2, dim_per_head=8, hidden_dims=64, fprop_dtype=jnp.bfloat16)
   rng = np.random.default_rng(0)
@@ -51,10 +43,10 @@ def test_a_t5_with_the_fold_trains_as_without(cudnn_answered_by_xla):
 
   def loss_and_grads(fold):
     attention.set_key_mask_fold(fold)
-    head_dims.clear()
+    calls.clear()
     loss = lambda p: model.apply({"params": p}, batch, method=model.fprop)[0]
     out = jax.jit(jax.value_and_grad(loss))(params)
-    return out, sorted(set(head_dims)), attention.run_record()
+    return out, sorted({c["head_dim"] for c in calls}), attention.run_record()
 
   (plain_loss, plain_grads), plain_dims, _ = loss_and_grads(False)
   (loss, grads), dims, record = loss_and_grads(True)
