@@ -175,6 +175,30 @@ def test_logit_cap_equals_hand_computation(qkv):
   assert np.abs(want - uncapped).max() > 0.1  # the cap changes the answer here
 
 
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_a_decode_step_over_the_cache_layout_is_the_same_attention(kv_heads, fresh_run):
+  """cached_attention (a decode step, keys/values as [b, kv_heads, s, h], query heads grouped
+  on them) equals the attention of the keys/values repeated per query head, with a per-row
+  bias, the mask of the written slots, a cap and a scale; a write lands at its position."""
+  rng = np.random.default_rng(3)
+  b, t, n, s, h = 2, 3, 4, 7, 8
+  q = rng.normal(size=(b, t, n, h)).astype(np.float32) * 2
+  k, v = (rng.normal(size=(b, s, kv_heads, h)).astype(np.float32) * 2 for _ in range(2))
+  bias = rng.normal(size=(b, n, t, s)).astype(np.float32)
+  written = (np.arange(s) <= 4)[None, None, None, :]
+  got = attention.cached_attention(
+      jnp.asarray(q), attention.to_cache_layout(jnp.asarray(k)),
+      attention.to_cache_layout(jnp.asarray(v)), bias=jnp.asarray(bias),
+      mask=jnp.asarray(written), logit_cap=4.0, scale=0.5)
+  repeat = lambda x: np.repeat(x, n // kv_heads, axis=2)  # query head i reads kv head i // g
+  want = _hand(q, repeat(k), repeat(v), bias=bias, allowed=written, cap=4.0, scale=0.5)
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  cache = attention.write_cache(jnp.zeros((b, kv_heads, s, h)), jnp.asarray(k[:, :2]), 3)
+  np.testing.assert_array_equal(np.asarray(cache)[:, :, 3:5], np.swapaxes(k[:, :2], 1, 2))
+  assert not np.asarray(cache)[:, :, :3].any() and not np.asarray(cache)[:, :, 5:].any()
+  assert fresh_run == ["attention: xla (cpu)"]
+
+
 def test_cudnn_inputs_mean_the_same_attention(qkv, cudnn_via_xla):
   """What the cuDNN path hands over (segments and masks as one mask spanning the query
   axis, the bias in q's dtype, is_causal) is the same attention: checked through

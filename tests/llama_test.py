@@ -201,7 +201,8 @@ def test_kv_cached_decode_equals_recomputing_the_prefix(scanned):
     cache = mutated["cache"]
     np.testing.assert_allclose(np.asarray(logits), full[:, index], atol=2e-5, rtol=1e-5)
   kv = jax.tree.leaves(cache)[0]
-  assert kv.shape[-2:] == (KV_HEADS, HEAD_DIM), kv.shape  # the cache holds only KV heads
+  # The cache holds only KV heads, as [batch, kv_heads, length, head_dim].
+  assert kv.shape[-4:] == (ids.shape[0], KV_HEADS, ids.shape[1], HEAD_DIM), kv.shape
 
 
 def test_packed_rows_equal_the_examples_unpacked():

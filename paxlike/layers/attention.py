@@ -6,8 +6,11 @@ family. When a program is lowered it picks how (`choose_implementation`):
   cudnn  cuDNN's fused flash attention (jax.nn.dot_product_attention with
          implementation="cudnn") on CUDA GPUs for bfloat16/float16 inputs;
   xla    two einsums and a float32 softmax everywhere else: CPUs, TPUs,
-         float32, attention dropout, a logit cap, one query position (a
-         decode extend step) and any shape cuDNN refuses.
+         float32, attention dropout, a logit cap, one query position and
+         any shape cuDNN refuses.
+
+A decode step attends over its KV cache with `cached_attention` (XLA's math
+on the cache's own layout, see to_cache_layout).
 
 The policy ("auto", "xla" or "cudnn") is process-wide (`set_attention_policy`,
 or `attention_policy(...)` as a context); paxlike.main sets it per run from
@@ -341,15 +344,83 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array |
   logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32)
   if bias is not None:
     logits = add_bias(logits, bias.astype(jnp.float32))
-  if logit_cap > 0.0:
-    logits = logit_cap * jnp.tanh(logits / logit_cap)
-  if mask is not None:
-    logits = jnp.where(mask, logits, -0.7 * jnp.finfo(jnp.float32).max)
-  probs = jax.nn.softmax(logits, axis=-1)
+  probs = _probabilities(logits, mask, logit_cap)
   if dropout_rng is not None and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
     probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
   return jnp.einsum("bnts,bsnh->btnh", probs.astype(v.dtype), v)
+
+
+def _probabilities(logits: jax.Array, mask: jax.Array | None, logit_cap: float) -> jax.Array:
+  """softmax over the last axis of float32 logits (bias added), capped, masked keys out."""
+  if logit_cap > 0.0:
+    logits = logit_cap * jnp.tanh(logits / logit_cap)
+  if mask is not None:
+    logits = jnp.where(mask, logits, -0.7 * jnp.finfo(jnp.float32).max)
+  return jax.nn.softmax(logits, axis=-1)
+
+
+# ---------------------------------------------------------- decoding's KV cache
+#
+# A decode step attends its few new queries over the whole cache. The cache is
+# kept as [batch, kv_heads, length, dim] (to_cache_layout), where both matmuls of
+# the step take it as it lies: in the training layout [batch, length, heads, dim]
+# the heads axis sits between the matmul's batch axes and XLA copies the cache
+# into that order at every step of every layer (on a CPU, as many transposes of
+# each layer's cross-attention keys and values as a T5 decode has steps). Query
+# heads that share a key/value head (grouped-query attention) are grouped with it
+# rather than the cache repeated per query head.
+
+
+def to_cache_layout(x: jax.Array) -> jax.Array:
+  """keys or values [batch, length, heads, dim] -> the cache's [batch, heads, length, dim]."""
+  return jnp.swapaxes(x, 1, 2)
+
+
+def write_cache(cache: jax.Array, x: jax.Array, index: jax.Array) -> jax.Array:
+  """cache [b, heads, length, dim] with x [b, t, heads, dim] written at positions index..."""
+  return jax.lax.dynamic_update_slice(cache, to_cache_layout(x).astype(cache.dtype),
+                                      (0, 0, index, 0))
+
+
+def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array | None = None,
+                     mask: jax.Array | None = None, logit_cap: float = 0.0,
+                     scale: float = 1.0) -> jax.Array:
+  """A decode step's attention over a KV cache: xla_attention's math in the cache's layout.
+
+  Args:
+    q: [batch, q_len, heads, dim], q_len the step's few queries (one position,
+      or T5's beams of one row over their shared encoder keys).
+    k, v: the cache, [batch, kv_heads, kv_len, dim] (to_cache_layout); heads a
+      multiple of kv_heads, query head i reading key/value head i // (heads / kv_heads).
+    bias, mask: broadcastable to [batch, heads, q_len, kv_len], as for
+      dot_product_attention; mask True where a key counts.
+    logit_cap, scale: as for dot_product_attention.
+
+  Returns:
+    [batch, q_len, heads, dim] in q's dtype.
+  """
+  b, t, n, h = q.shape
+  kv = k.shape[1]
+  platform = lowering_platform()  # a CPU's choice is always "cpu", as dot_product_attention's
+  _note(XLA, platform if platform != "cuda" else
+        f"{platform}, {np.dtype(q.dtype).name}, a decode step over the KV cache")
+  if scale != 1.0:
+    q = q * jnp.asarray(scale, q.dtype)
+  q = q.reshape(b, t, kv, n // kv, h)
+  logits = jnp.einsum("btkgh,bksh->bkgts", q, k, preferred_element_type=jnp.float32)
+
+  def grouped(x: jax.Array) -> jax.Array:  # broadcastable to [b, n, t, s] -> to [b, kv, g, t, s]
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    if x.shape[1] == 1:
+      return x[:, :, None]
+    return x.reshape(x.shape[0], kv, n // kv, *x.shape[2:])
+
+  if bias is not None:
+    logits = logits + grouped(bias.astype(jnp.float32))
+  probs = _probabilities(logits, None if mask is None else grouped(mask), logit_cap)
+  out = jnp.einsum("bkgts,bksh->btkgh", probs.astype(v.dtype), v)
+  return out.reshape(b, t, n, h)
 
 
 @jax.custom_vjp
@@ -522,7 +593,8 @@ class DotProductAttention(nn.Module):
   cache_mode drives decoding (paxlike.decoding): "prefill" runs the whole
   input and stores its keys/values in the 'cache' collection; "extend" takes
   one new position at `index`, writes its key/value there and attends to
-  every cached position up to it, so a new token costs one step instead of
+  every cached position up to it (cached_attention, over the cache's
+  [batch, kv_heads, length, dim]), so a new token costs one step instead of
   a re-run of the prefix. None (training, eval) keeps no cache.
   """
 
@@ -575,21 +647,22 @@ class DotProductAttention(nn.Module):
       q = scale_query_per_dim(q, self.param("per_dim_scale", nn.with_logical_partitioning(
           nn.initializers.zeros, ("kv",)), (h,), jnp.float32))
       scale = 1.0
-    mask = None
-    if self.cache_mode is not None:
-      k, v, mask = self._use_cache(k, v, index)
-      segment_ids = None  # decoding runs one sequence per row
-    if kv != n:  # the attention function takes equal heads: repeat inside this call only
-      k, v = jnp.repeat(k, n // kv, axis=2), jnp.repeat(v, n // kv, axis=2)
-    rng = None
-    if self.dropout_rate > 0.0 and self.has_rng("dropout"):
-      rng = self.make_rng("dropout")
-    # Training, eval and prefill are causal over aligned positions; an extend's
-    # mask says which cached positions exist.
-    context = dot_product_attention(q, k, v, mask=mask, is_causal=mask is None,
-                                    q_segment_ids=segment_ids, kv_segment_ids=segment_ids,
-                                    logit_cap=self.logit_cap, scale=scale,
-                                    dropout_rate=self.dropout_rate, dropout_rng=rng)
+    if self.cache_mode == "extend":  # the mask says which cached positions exist
+      k, v, mask = self._extend_cache(k, v, index)
+      context = cached_attention(q, k, v, mask=mask, logit_cap=self.logit_cap, scale=scale)
+    else:  # training, eval and prefill: causal over aligned positions
+      if self.cache_mode == "prefill":
+        self._cache_variables(k, v)
+        segment_ids = None  # decoding runs one sequence per row
+      if kv != n:  # the attention function takes equal heads: repeat inside this call only
+        k, v = jnp.repeat(k, n // kv, axis=2), jnp.repeat(v, n // kv, axis=2)
+      rng = None
+      if self.dropout_rate > 0.0 and self.has_rng("dropout"):
+        rng = self.make_rng("dropout")
+      context = dot_product_attention(q, k, v, is_causal=True, q_segment_ids=segment_ids,
+                                      kv_segment_ids=segment_ids, logit_cap=self.logit_cap,
+                                      scale=scale, dropout_rate=self.dropout_rate,
+                                      dropout_rng=rng)
     context = nn.with_logical_constraint(context, ("batch", "length", "activation_heads", "kv"))
     context = checkpoint_name(context, "context")
     out = project(
@@ -602,16 +675,21 @@ class DotProductAttention(nn.Module):
           nn.initializers.zeros, ("embed",)), (x.shape[-1],), jnp.float32).astype(self.dtype)
     return checkpoint_name(out, "out_proj")
 
-  def _use_cache(self, k: jax.Array, v: jax.Array, index: jax.Array | None):
-    """prefill: stores k, v (mask None: causal). extend: writes them at index; returns
-    the whole cache and the mask of the positions written so far."""
-    cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
-    cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+  def _cache_variables(self, k: jax.Array, v: jax.Array) -> tuple[Any, Any]:
+    """The KV cache's variables, [batch, kv_heads, length, dim]; prefill stores k, v [b, t, ...]."""
+    shape = to_cache_layout(k).shape
+    cached_k = self.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
+    cached_v = self.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
     if self.cache_mode == "prefill":
-      cached_k.value, cached_v.value = k, v
-      return k, v, None
-    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, index, 0, 0))
-    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, index, 0, 0))
-    max_len = cached_k.value.shape[1]
+      cached_k.value, cached_v.value = to_cache_layout(k), to_cache_layout(v)
+    return cached_k, cached_v
+
+  def _extend_cache(self, k: jax.Array, v: jax.Array, index: jax.Array
+                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Writes k, v at index; the whole cache and the mask of the positions written so far."""
+    cached_k, cached_v = self._cache_variables(k, v)
+    cached_k.value = write_cache(cached_k.value, k, index)
+    cached_v.value = write_cache(cached_v.value, v, index)
+    max_len = cached_k.value.shape[2]
     mask = (jnp.arange(max_len)[None, :] <= (index + jnp.arange(k.shape[1]))[:, None])[None, None]
     return cached_k.value, cached_v.value, mask

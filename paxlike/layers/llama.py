@@ -25,7 +25,13 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from paxlike.errors import UserError
-from paxlike.layers.attention import apply_rope, dot_product_attention
+from paxlike.layers.attention import (
+  apply_rope,
+  cached_attention,
+  dot_product_attention,
+  to_cache_layout,
+  write_cache,
+)
 from paxlike.layers.linear import Linear, project
 from paxlike.layers.platform import lowering_platform
 
@@ -114,23 +120,24 @@ class GqaAttention(nn.Module):
     inv_freq = np.asarray(self.inv_freq, np.float32)
     q = apply_rope(q, inputs["positions"], inv_freq)
     k = apply_rope(k, inputs["positions"], inv_freq)
-    mask, segments = None, inputs.get("segment_ids")
-    if self.mode != FULL:
-      cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
-      cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+    segments = inputs.get("segment_ids")
+    if self.mode != FULL:  # the cache is [batch, kv_heads, length, head_dim]
+      shape = to_cache_layout(k).shape
+      cached_k = self.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
+      cached_v = self.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
       if self.mode == PREFILL:
-        cached_k.value, cached_v.value = k, v
-      else:
-        index = inputs["index"]
-        cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, index, 0, 0))
-        cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, index, 0, 0))
-        k, v = cached_k.value, cached_v.value
-        mask = (jnp.arange(k.shape[1]) <= index)[None, None, None, :]
-    if kv != n:  # the attention function takes equal heads: repeat inside this call only
-      k, v = jnp.repeat(k, n // kv, axis=2), jnp.repeat(v, n // kv, axis=2)
-    context = dot_product_attention(q, k, v, mask=mask, is_causal=mask is None,
-                                    q_segment_ids=segments, kv_segment_ids=segments,
-                                    scale=h ** -0.5)
+        cached_k.value, cached_v.value = to_cache_layout(k), to_cache_layout(v)
+    if self.mode == EXTEND:
+      index = inputs["index"]
+      cached_k.value = write_cache(cached_k.value, k, index)
+      cached_v.value = write_cache(cached_v.value, v, index)
+      mask = (jnp.arange(cached_k.value.shape[2]) <= index)[None, None, None, :]
+      context = cached_attention(q, cached_k.value, cached_v.value, mask=mask, scale=h ** -0.5)
+    else:
+      if kv != n:  # the attention function takes equal heads: repeat inside this call only
+        k, v = jnp.repeat(k, n // kv, axis=2), jnp.repeat(v, n // kv, axis=2)
+      context = dot_product_attention(q, k, v, is_causal=True, q_segment_ids=segments,
+                                      kv_segment_ids=segments, scale=h ** -0.5)
     context = nn.with_logical_constraint(context, ("batch", "length", "activation_heads", "kv"))
     context = checkpoint_name(context, "context")
     # o_proj's kernel is [heads, head_dim, embed] (HF's [embed, heads * head_dim], transposed).

@@ -32,7 +32,12 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from paxlike.errors import UserError
-from paxlike.layers.attention import dot_product_attention
+from paxlike.layers.attention import (
+  cached_attention,
+  dot_product_attention,
+  to_cache_layout,
+  write_cache,
+)
 from paxlike.layers.linear import dropout_active, project
 
 Dtype = Any
@@ -270,14 +275,16 @@ class T5Attention(nn.Module):
     constrain = lambda t: nn.with_logical_constraint(
         t, ("batch", "length", "activation_heads", "kv"))
 
-    if mode == PREFILL:
+    if mode == PREFILL:  # caches are [batch, heads, length, dim] (attention.to_cache_layout)
       rows = (kv if self.cross else x).shape[0]
-      shape = (rows, kv.shape[1] if self.cross else cache_len, n, h)
+      shape = (rows, n, kv.shape[1] if self.cross else cache_len, h)
       cached_k = self.variable("cache", "cached_key", jnp.zeros, shape, self.dtype)
       cached_v = self.variable("cache", "cached_value", jnp.zeros, shape, self.dtype)
       # Assigned, not only initialised: a second prefill over an old cache starts afresh.
       if self.cross:
-        cached_k.value, cached_v.value = constrain(key(kv)), constrain(value(kv))
+        cache = lambda t: nn.with_logical_constraint(
+            to_cache_layout(constrain(t)), ("batch", "activation_heads", "length", "kv"))
+        cached_k.value, cached_v.value = cache(key(kv)), cache(value(kv))
       else:
         cached_k.value, cached_v.value = jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype)
       return None
@@ -288,26 +295,19 @@ class T5Attention(nn.Module):
       cached_k = self.variable("cache", "cached_key", jnp.zeros, (0,), self.dtype)
       cached_v = self.variable("cache", "cached_value", jnp.zeros, (0,), self.dtype)
       if not self.cross:
-        start = (0, index, 0, 0)
-        cached_k.value = jax.lax.dynamic_update_slice(
-            cached_k.value, key(x).astype(cached_k.value.dtype), start)
-        cached_v.value = jax.lax.dynamic_update_slice(
-            cached_v.value, value(x).astype(cached_v.value.dtype), start)
-      k, v = cached_k.value, cached_v.value
+        cached_k.value = write_cache(cached_k.value, key(x), index)
+        cached_v.value = write_cache(cached_v.value, value(x), index)
+      k, v = cached_k.value.astype(self.dtype), cached_v.value.astype(self.dtype)
+      # Beam search keeps the encoder's keys/values (and mask) once per example
+      # (T5Model.expand_cache): a row's beams attend them as that row's queries.
+      rows, beams = k.shape[0], q.shape[0] // k.shape[0]
+      context = cached_attention(q.reshape(rows, beams * q.shape[1], n, h), k, v, bias=bias,
+                                 mask=mask).reshape(q.shape)
     else:
       source = x if kv is None else kv
       k = checkpoint_name(constrain(key(source)), "key_proj")
       v = checkpoint_name(constrain(value(source)), "value_proj")
-
-    rows, beams = k.shape[0], q.shape[0] // k.shape[0]
-    if mode == EXTEND and self.cross and beams > 1:
-      # Beam search keeps the encoder's keys/values (and mask) once per example
-      # (T5Model.expand_cache): a row's beams attend them as that row's queries.
-      q = q.reshape(rows, beams * q.shape[1], n, h)
-    context = attend(self, q, k.astype(self.dtype), v.astype(self.dtype), bias, mask,
-                     self.dropout_rate)
-    if mode == EXTEND and self.cross and beams > 1:
-      context = context.reshape(rows * beams, -1, n, h)
+      context = attend(self, q, k, v, bias, mask, self.dropout_rate)
     context = checkpoint_name(constrain(context), "context")
     out = DenseGeneral((d,), ("heads", "kv", "embed"), in_dims=2, dtype=self.dtype,
                        name="out")(context)
