@@ -7,9 +7,9 @@
 # packages the image lacks may lie as wheels in .whl/ (fiddle, libcst,
 # graphviz, tensorboardX), installed first into /tmp/site. The steps (the
 # default set unless STEPs are named; flan_t5_unrolled, flan_t5_xla_attn,
-# lm_1b_no_dot_merger, profile_beam and mfu_suite run only when named), in
-# this order, each with its own time limit, skipped when the SECONDS budget
-# (default 570) no longer holds it:
+# lm_1b_no_dot_merger, profile_beam, decode_layout and mfu_suite run only when
+# named), in this order, each with its own time limit, skipped when the SECONDS
+# budget (default 570) no longer holds it:
 #   tune_1b       --mode=tune on the 1B LM shape of C4Spmd1BAdam4Replicas on
 #                 one GPU (the mfu_suite's c4_1b_1gpu: batch 8 x 1024, bf16,
 #                 no logit cap); the table goes to $OUT/tune_1b.json (~220 s measured
@@ -51,6 +51,10 @@
 #   profile_beam  only when named: one traced greedy and one traced 4-beam decode
 #                 of beam_base's shape, CUDA graphs off; the per-op summaries of
 #                 each go to $OUT/profile_greedy.json and $OUT/profile_beam.json
+#   decode_layout only when named: FlanT5Base-sized T5 decoding (beam_base's
+#                 shape, 4 beams) as a scanned model and as its unrolled twin,
+#                 the layout decode runs since the KV cache moved to
+#                 [batch, heads, length, dim] (benchmarks.decode_layout)
 #   mfu_suite     only when named: python -m benchmarks.mfu_suite
 #                 --device_kind=h100 (the 1B LM, FlanT5Base, FlanT5Large, each
 #                 against its plain-JAX reference); report.md to $OUT
@@ -149,6 +153,8 @@ if wanted profile_beam; then
   cp /tmp/beam_prof/greedy.json "$OUT/profile_greedy.json" 2>/dev/null
   cp /tmp/beam_prof/beam.json "$OUT/profile_beam.json" 2>/dev/null
 fi
+step decode_layout 150 $PY -m benchmarks.decode_layout --family=t5 --size=base --batch=32 \
+  --prompt=512 --steps=128 --dtype=bfloat16 --beams=4 --repeats=3
 step mfu_suite 400 $PY -m benchmarks.mfu_suite --device_kind=h100 --steps=8 --out=/tmp/mfu
 wanted mfu_suite && cp /tmp/mfu/report.md "$OUT/mfu_report.md" 2>/dev/null
 echo "=== done at ${SECONDS}s"

@@ -102,9 +102,10 @@ class DecodeOutput:
 def decoding_model(model: Any, params: Any = None) -> tuple[Any, Any]:
   """The model that decodes for `model` (decode, infer, export), and params in its layout.
 
-  A pipelined model has no KV cache of its own: it decodes as its unpipelined
-  twin (model.unpipelined(): the same layers, scanned), whose parameters are
-  these restacked (its restack_params). Any other model decodes as it is.
+  A model with a layer stack decodes as its twin model.for_decoding(): the same
+  layers unpipelined and unrolled, so that each layer's KV cache is written in
+  place (see BaseModel.for_decoding), whose parameters are these restacked (its
+  restack_params). A model already in that layout decodes as it is.
 
   Args:
     model: the task's model.
@@ -113,7 +114,7 @@ def decoding_model(model: Any, params: Any = None) -> tuple[Any, Any]:
   Returns:
     (the decoding model, params in its layout, None when params is None).
   """
-  plain = model.unpipelined()
+  plain = model.for_decoding()
   if plain is model or params is None:
     return plain, params
   if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):

@@ -108,7 +108,9 @@ def paxlike_decode(exp_name: str, overrides: list[str], job_log_dir: Path,
     texts.append([decode_input.ids_to_strings(np.asarray(prompts[r])[None])[0]
                   for r in range(lo, hi)])
   return {"step": step, "batches": batches, "tokens": tokens, "texts": texts,
-          "num_params": len(jax.tree.leaves(state.params))}
+          # The export holds the parameters of the model that decodes: unrolled, one array
+          # per layer (decoding.decoding_model), where state.params may stack them.
+          "num_params": len(jax.tree.leaves(decoding.decoding_model(model, state.params)[1]))}
 
 
 JAX_LOADER = textwrap.dedent('''

@@ -266,7 +266,9 @@ def test_the_plain_model_decodes_and_exports_what_the_pipelined_job_does(referen
       ("cpu",), str(job)))
   ours = tmp_path / "plain_export"
   ours.mkdir()
-  exporter.write(plan, partitioner.to_saveable(state).params, step, str(ours))
+  # main's export: the parameters in the layout of the model that decodes (unrolled).
+  exporter.write(plan, decoding.decoding_model(model, partitioner.to_saveable(state).params)[1],
+                 step, str(ours))
   assert (ours / "params.safetensors").read_bytes() == \
       (exported / "params.safetensors").read_bytes()
   # The same program; only its source locations (which frames traced it) may differ.

@@ -124,13 +124,22 @@ class PipelinedModel:
                   self.circular_repeat)
 
   def unpipelined(self) -> Any:
-    """The same model without a pipeline (its layers scanned), for decoding and export;
-    its parameters are these restacked (the model's restack_params)."""
+    """The same model without a pipeline (its layers scanned); its parameters are these
+    restacked (the model's restack_params)."""
     if self.num_stages is None:
       return self
+    return self._twin(use_repeated_layer=True)
+
+  def for_decoding(self) -> Any:
+    """The model decoding runs: unpipelined, its layers unrolled (BaseModel.for_decoding)."""
+    if self.num_stages is None and not self.use_repeated_layer:
+      return self
+    return self._twin(use_repeated_layer=False)
+
+  def _twin(self, use_repeated_layer: bool) -> Any:
     return self.clone(num_stages=None, circular_repeat=1, num_microbatches=None,
-                      microbatch_size=None, stream_io=False, use_repeated_layer=True,
-                      parent=None)
+                      microbatch_size=None, stream_io=False,
+                      use_repeated_layer=use_repeated_layer, parent=None)
 
 
 def bubble_fraction(num_stages: int, num_microbatches: int, circular_repeat: int = 1) -> float:
@@ -314,6 +323,7 @@ def stacked(module: nn.Module, layout: Layout, x: jax.Array, *, init_stage: Any,
 # --------------------------------------------------------- layout changes
 
 UNROLLED = re.compile(r"x_layers_(\d+)$")  # an unrolled stack's layer keys
+LAYER_KEY = re.compile(r"layers_(\d+)$")  # an unrolled layer's key in a stored tree
 
 
 def _is_box(x: Any) -> bool:
@@ -429,3 +439,29 @@ def restack(stack: dict[str, Any], num_layers: int, target: Layout) -> dict[str,
   if source == target:
     return stack
   return from_layers(to_layers(stack, source), target)
+
+
+def to_stack(params: dict[str, Any]) -> dict[str, Any]:
+  """A params tree's layers stored as run_layers names them (the Llama family's, and each
+  T5 stack's) as a stack subtree: `layers` scanned -> {'repeat'}, `layers_i` ->
+  {'x_layers_i'}, `layers/pipeline` as it is. Leaves may be boxed, numpy or jax."""
+  layers = params.get("layers")
+  if isinstance(layers, dict) and PIPELINE_PARAM in layers:
+    stack = layers
+  elif layers is not None:
+    stack = {"repeat": layers}
+  else:
+    stack = {f"x_{k}": v for k, v in params.items() if LAYER_KEY.match(k)}
+  return stack
+
+
+def from_stack(stack: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+  """to_stack's inverse: params with its layers replaced by `stack`'s."""
+  out = {k: v for k, v in params.items() if k != "layers" and not LAYER_KEY.match(k)}
+  if PIPELINE_PARAM in stack:
+    out["layers"] = stack
+  elif "repeat" in stack:
+    out["layers"] = stack["repeat"]
+  else:
+    out.update({k[2:]: v for k, v in stack.items()})
+  return out

@@ -94,8 +94,19 @@ class BaseModel(nn.Module):
     return None
 
   def unpipelined(self) -> BaseModel:
-    """The model decoding runs: a pipelined model's unpipelined twin; most models are
-    their own (restack_params then leaves the parameters as they are)."""
+    """A pipelined model's twin without the pipeline (its layers scanned), what Hugging
+    Face export and FLOP counts read; most models are their own."""
+    return self
+
+  def for_decoding(self) -> BaseModel:
+    """The model decoding runs (decode, infer, export; see decoding.decoding_model), whose
+    parameters are restack_params of this one's: the same layers unpipelined and unrolled.
+
+    Unrolled, each layer's KV cache is an array of its own that a decode step writes in
+    place. A scanned stack slices every layer's cache out of the stacked one and stacks
+    it back at every step, copying the whole cache (T5's encoder keys and values with
+    it) once more per generated token. A model without a layer stack is its own.
+    """
     return self
 
   def restack_params(self, params: Any) -> Any:

@@ -23,7 +23,6 @@ axes, which decoding and export restack to the scanned layout):
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import flax.linen as nn
@@ -190,8 +189,8 @@ class LlamaModel(pipeline.PipelinedModel, BaseModel):
 
   def restack_params(self, params: Any) -> Any:
     """params (of any layer layout, read off the tree itself) in this model's layout."""
-    return from_stack(pipeline.restack(to_stack(params), self.num_layers, self.layout()),
-                      params)
+    return pipeline.from_stack(pipeline.restack(pipeline.to_stack(params), self.num_layers,
+                                                            self.layout()), params)
 
   def stack_form(self) -> LlamaStackForm:
     return LlamaStackForm()
@@ -285,7 +284,7 @@ class _PipelinedLayers(nn.Module):
         positions=inputs["positions"])
 
 
-_UNROLLED = re.compile(r"layers_(\d+)$")
+_UNROLLED = pipeline.LAYER_KEY
 STACK_KEY = "transformer"  # paxlike.relayout's layer stack key
 
 
@@ -299,10 +298,10 @@ class LlamaStackForm(pipeline.StackForm):
   def to(self, tree: Any) -> Any:
     return _map_params_nodes(tree, lambda node: {
         **{k: v for k, v in node.items() if k != "layers" and not _UNROLLED.match(k)},
-        STACK_KEY: to_stack(node)})
+        STACK_KEY: pipeline.to_stack(node)})
 
   def back(self, tree: Any) -> Any:
-    return _map_params_nodes(tree, lambda node: from_stack(
+    return _map_params_nodes(tree, lambda node: pipeline.from_stack(
         node[STACK_KEY], {k: v for k, v in node.items() if k != STACK_KEY}))
 
   def name(self, name: str) -> str:
@@ -327,29 +326,3 @@ def _map_params_nodes(tree: Any, fn: Any) -> Any:
   if isinstance(tree, list | tuple) and not hasattr(tree, "_fields"):
     return type(tree)(_map_params_nodes(v, fn) for v in tree)
   return tree
-
-
-def to_stack(params: dict[str, Any]) -> dict[str, Any]:
-  """A Llama params tree's layers as paxlike.layers.pipeline's stack subtree: `layers`
-  scanned -> {'repeat'}, `layers_i` -> {'x_layers_i'}, `layers/pipeline` as it is.
-  Leaves may be boxed, numpy or jax."""
-  layers = params.get("layers")
-  if isinstance(layers, dict) and pipeline.PIPELINE_PARAM in layers:
-    stack = layers
-  elif layers is not None:
-    stack = {"repeat": layers}
-  else:
-    stack = {f"x_{k}": v for k, v in params.items() if _UNROLLED.match(k)}
-  return stack
-
-
-def from_stack(stack: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-  """to_stack's inverse: params with its layers replaced by `stack`'s."""
-  out = {k: v for k, v in params.items() if k != "layers" and not _UNROLLED.match(k)}
-  if pipeline.PIPELINE_PARAM in stack:
-    out["layers"] = stack
-  elif "repeat" in stack:
-    out["layers"] = stack["repeat"]
-  else:
-    out.update({k[2:]: v for k, v in stack.items()})
-  return out

@@ -36,6 +36,7 @@ import numpy as np
 
 from paxlike import decoding, flops
 from paxlike.errors import UserError
+from paxlike.layers import pipeline
 from paxlike.layers.t5 import (
     EXTEND,
     FFN_ACTIVATIONS,
@@ -345,6 +346,25 @@ class T5Model(BaseModel):
     return self._take_cache(cache, indices,
                             skip=lambda path: _per_example(path) or _names(path)[-1:] == [
                                 "key_positions"])
+
+  def for_decoding(self) -> T5Model:
+    """Both stacks unrolled (BaseModel.for_decoding): the decoder's for its caches, and
+    the encoder, which runs once per decode, with it (one field sets both)."""
+    if not self.use_repeated_layer:
+      return self
+    return self.clone(use_repeated_layer=False, parent=None)
+
+  def restack_params(self, params: Any) -> Any:
+    """params (either layer layout, read off the tree itself) in this model's layout:
+    each stack's layers as `layers` [L, ...] scanned, else `layers_i`."""
+    out = dict(params)
+    for name, n in (("encoder", self.num_encoder_layers), ("decoder", self.num_decoder_layers)):
+      stack = params.get(name)
+      if isinstance(stack, dict):
+        layout = pipeline.Layout(n, self.use_repeated_layer)
+        out[name] = pipeline.from_stack(
+            pipeline.restack(pipeline.to_stack(stack), n, layout), stack)
+    return out
 
   def _take_cache(self, cache: Any, indices: jax.Array, skip: Any) -> Any:
     def take(path: tuple[Any, ...], x: jax.Array) -> jax.Array:
