@@ -750,7 +750,7 @@ def _run_on_restored(built: _Built, partitioner: Any, job_log_dir: str,
   state, step = restore(step=_restore_steps(argv_flags)[0])
   if mode == "export":
     exporter, export_plan, export_dir = export_job
-    params = decoding.decoding_model(  # a pipelined model exports its unpipelined twin
+    params = decoding.decoding_model(  # a scanned or pipelined model exports its unrolled twin
         built.task.model, partitioner.to_saveable(state).params)[1]
     export_lib.publish(export_dir, lambda d: exporter.write(export_plan, params, step, d),
                        argv_flags.export_overwrite)

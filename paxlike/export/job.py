@@ -52,8 +52,8 @@ class ExportJob:
 
   Attributes:
     experiment: the registry key of the experiment class.
-    model: the model that decodes for the task's (unbound; a pipelined model's
-      unpipelined twin, paxlike.decoding.decoding_model).
+    model: the model that decodes for the task's (unbound; a scanned or pipelined
+      model's unrolled twin, paxlike.decoding.decoding_model).
     settings: paxlike.decoding.DecodeSettings from the --decode_* flags.
     abstract_params: model's parameters' ShapeDtypeStructs (the train state's, restacked).
     features: the model's decode_features(), in order, with per-row shapes.
@@ -202,8 +202,9 @@ def describe(experiment: str, task: Any, train_input: Any, decode_inputs: list[A
               roles.get(n) if roles else None) for n, shape in shapes)
   examples = {n: (np.asarray(batch[n])[rows] if n in batch else
                   np.asarray([len(prompts[r]) for r in rows], np.int32)) for n in names}
-  # A pipelined model exports as its unpipelined twin: the artifact of the same model
-  # trained without a pipeline (main restacks the restored parameters alike).
+  # A scanned or pipelined model exports as its unrolled twin: the artifact of the same
+  # model trained unrolled and without a pipeline (main restacks the restored parameters
+  # alike).
   model, abstract = decoding.decoding_model(
       model, resume.abstract_train_state(task, train_input).params)
   return ExportJob(experiment=experiment, model=model, settings=settings,

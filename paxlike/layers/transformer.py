@@ -218,7 +218,7 @@ class StackedTransformer(nn.Module):
     if self.num_stages is not None:
       if cache_mode is not None:
         raise UserError("a pipelined stack decodes through its unpipelined model "
-                        "(LanguageModel.unpipelined); it has no KV cache of its own.")
+                        "(LanguageModel.for_decoding); it has no KV cache of its own.")
       return self._pipelined(x, segment_ids, positions)
     policy = remat_policy(self.checkpoint_policy)
     layer_cls = TransformerLayer

@@ -10,7 +10,8 @@ as the LM does (row r's prompt is ids[r, :prompt_lens[r]]).
 Parameter tree (Hugging Face's names; `layers` scanned with a leading
 'layers' axis, or `layers_{i}`; pipelined (NUM_STAGES, as the LM's),
 `layers/pipeline/{repeat|x_layers_j}` with leading [circular_repeat, stage]
-axes, which decoding and export restack to the scanned layout):
+axes; decoding and export restack any of them to `layers_{i}`, see
+BaseModel.for_decoding):
 
     embed_tokens/embedding               [vocab, embed]
     layers/input_layernorm/scale, layers/self_attn/{q,k,v}_proj/w (and /b with
@@ -101,7 +102,7 @@ class LlamaModel(pipeline.PipelinedModel, BaseModel):
     if self.num_stages is not None:
       if mode != FULL:
         raise UserError("a pipelined Llama decodes through its unpipelined model "
-                        "(LlamaModel.unpipelined); it has no KV cache of its own.")
+                        "(LlamaModel.for_decoding); it has no KV cache of its own.")
       return _PipelinedLayers(tuple(kwargs.items()), self.layout(), self.checkpoint_policy,
                               self.num_microbatches, self.microbatch_size, self.stream_io,
                               name="layers")(x, inputs)
@@ -189,8 +190,8 @@ class LlamaModel(pipeline.PipelinedModel, BaseModel):
 
   def restack_params(self, params: Any) -> Any:
     """params (of any layer layout, read off the tree itself) in this model's layout."""
-    return pipeline.from_stack(pipeline.restack(pipeline.to_stack(params), self.num_layers,
-                                                            self.layout()), params)
+    stack = pipeline.restack(pipeline.to_stack(params), self.num_layers, self.layout())
+    return pipeline.from_stack(stack, params)
 
   def stack_form(self) -> LlamaStackForm:
     return LlamaStackForm()
@@ -284,7 +285,6 @@ class _PipelinedLayers(nn.Module):
         positions=inputs["positions"])
 
 
-_UNROLLED = pipeline.LAYER_KEY
 STACK_KEY = "transformer"  # paxlike.relayout's layer stack key
 
 
@@ -297,7 +297,7 @@ class LlamaStackForm(pipeline.StackForm):
 
   def to(self, tree: Any) -> Any:
     return _map_params_nodes(tree, lambda node: {
-        **{k: v for k, v in node.items() if k != "layers" and not _UNROLLED.match(k)},
+        **{k: v for k, v in node.items() if k != "layers" and not pipeline.LAYER_KEY.match(k)},
         STACK_KEY: pipeline.to_stack(node)})
 
   def back(self, tree: Any) -> Any:
@@ -308,7 +308,7 @@ class LlamaStackForm(pipeline.StackForm):
     """A parameter or slot name (`params/layers_3/mlp/...`) as `to` names it."""
     parts = name.split("/")
     for i, part in enumerate(parts):
-      if part == "layers" or _UNROLLED.match(part):
+      if part == "layers" or pipeline.LAYER_KEY.match(part):
         nested = parts[i + 1:i + 2] == [pipeline.PIPELINE_PARAM]
         new = ([STACK_KEY] if nested else [STACK_KEY, "repeat"]) if part == "layers" \
             else [STACK_KEY, f"x_{part}"]

@@ -22,7 +22,8 @@ Decoding: prefill runs the encoder once and caches every decoder layer's
 cross-attention keys/values, the encoder padding mask and zero
 self-attention caches; each extend feeds one decoder position. The 'cache'
 collection's leaves under a scanned `layers` lead with the layer axis, so
-their batch axis is 1; every other leaf's is 0.
+their batch axis is 1; every other leaf's is 0. Decode, infer and export run
+a scanned model's unrolled twin (for_decoding), whose caches are per layer.
 """
 
 from __future__ import annotations
