@@ -383,6 +383,28 @@ def write_cache(cache: jax.Array, x: jax.Array, index: jax.Array) -> jax.Array:
                                       (0, 0, index, 0))
 
 
+def use_kv_cache(module: nn.Module, k: jax.Array, v: jax.Array, mode: str,
+                 index: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array] | None:
+  """A decoder self-attention's KV cache in `module`'s 'cache' collection.
+
+  mode "prefill" stores k, v [b, t, kv_heads, dim] as the cache and returns None;
+  "extend" writes them at positions index... and returns the whole cache
+  [b, kv_heads, length, dim] and the mask [1, 1, t, length] of the positions written
+  so far (for cached_attention).
+  """
+  shape = to_cache_layout(k).shape
+  cached_k = module.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
+  cached_v = module.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
+  if mode == "prefill":
+    cached_k.value, cached_v.value = to_cache_layout(k), to_cache_layout(v)
+    return None
+  cached_k.value = write_cache(cached_k.value, k, index)
+  cached_v.value = write_cache(cached_v.value, v, index)
+  max_len = cached_k.value.shape[2]
+  mask = (jnp.arange(max_len)[None, :] <= (index + jnp.arange(k.shape[1]))[:, None])[None, None]
+  return cached_k.value, cached_v.value, mask
+
+
 def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array | None = None,
                      mask: jax.Array | None = None, logit_cap: float = 0.0,
                      scale: float = 1.0) -> jax.Array:
@@ -648,11 +670,11 @@ class DotProductAttention(nn.Module):
           nn.initializers.zeros, ("kv",)), (h,), jnp.float32))
       scale = 1.0
     if self.cache_mode == "extend":  # the mask says which cached positions exist
-      k, v, mask = self._extend_cache(k, v, index)
+      k, v, mask = use_kv_cache(self, k, v, "extend", index)
       context = cached_attention(q, k, v, mask=mask, logit_cap=self.logit_cap, scale=scale)
     else:  # training, eval and prefill: causal over aligned positions
       if self.cache_mode == "prefill":
-        self._cache_variables(k, v)
+        use_kv_cache(self, k, v, "prefill")
         segment_ids = None  # decoding runs one sequence per row
       if kv != n:  # the attention function takes equal heads: repeat inside this call only
         k, v = jnp.repeat(k, n // kv, axis=2), jnp.repeat(v, n // kv, axis=2)
@@ -674,22 +696,3 @@ class DotProductAttention(nn.Module):
       out = out + self.param("post_bias", nn.with_logical_partitioning(
           nn.initializers.zeros, ("embed",)), (x.shape[-1],), jnp.float32).astype(self.dtype)
     return checkpoint_name(out, "out_proj")
-
-  def _cache_variables(self, k: jax.Array, v: jax.Array) -> tuple[Any, Any]:
-    """The KV cache's variables, [batch, kv_heads, length, dim]; prefill stores k, v [b, t, ...]."""
-    shape = to_cache_layout(k).shape
-    cached_k = self.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
-    cached_v = self.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
-    if self.cache_mode == "prefill":
-      cached_k.value, cached_v.value = to_cache_layout(k), to_cache_layout(v)
-    return cached_k, cached_v
-
-  def _extend_cache(self, k: jax.Array, v: jax.Array, index: jax.Array
-                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Writes k, v at index; the whole cache and the mask of the positions written so far."""
-    cached_k, cached_v = self._cache_variables(k, v)
-    cached_k.value = write_cache(cached_k.value, k, index)
-    cached_v.value = write_cache(cached_v.value, v, index)
-    max_len = cached_k.value.shape[2]
-    mask = (jnp.arange(max_len)[None, :] <= (index + jnp.arange(k.shape[1]))[:, None])[None, None]
-    return cached_k.value, cached_v.value, mask

@@ -29,8 +29,7 @@ from paxlike.layers.attention import (
   apply_rope,
   cached_attention,
   dot_product_attention,
-  to_cache_layout,
-  write_cache,
+  use_kv_cache,
 )
 from paxlike.layers.linear import Linear, project
 from paxlike.layers.platform import lowering_platform
@@ -121,19 +120,12 @@ class GqaAttention(nn.Module):
     q = apply_rope(q, inputs["positions"], inv_freq)
     k = apply_rope(k, inputs["positions"], inv_freq)
     segments = inputs.get("segment_ids")
-    if self.mode != FULL:  # the cache is [batch, kv_heads, length, head_dim]
-      shape = to_cache_layout(k).shape
-      cached_k = self.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
-      cached_v = self.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
-      if self.mode == PREFILL:
-        cached_k.value, cached_v.value = to_cache_layout(k), to_cache_layout(v)
     if self.mode == EXTEND:
-      index = inputs["index"]
-      cached_k.value = write_cache(cached_k.value, k, index)
-      cached_v.value = write_cache(cached_v.value, v, index)
-      mask = (jnp.arange(cached_k.value.shape[2]) <= index)[None, None, None, :]
-      context = cached_attention(q, cached_k.value, cached_v.value, mask=mask, scale=h ** -0.5)
+      k, v, mask = use_kv_cache(self, k, v, EXTEND, inputs["index"])
+      context = cached_attention(q, k, v, mask=mask, scale=h ** -0.5)
     else:
+      if self.mode == PREFILL:
+        use_kv_cache(self, k, v, PREFILL)
       if kv != n:  # the attention function takes equal heads: repeat inside this call only
         k, v = jnp.repeat(k, n // kv, axis=2), jnp.repeat(v, n // kv, axis=2)
       context = dot_product_attention(q, k, v, is_causal=True, q_segment_ids=segments,
