@@ -348,7 +348,8 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array |
   if dropout_rng is not None and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
     probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-  return jnp.einsum("bnts,bsnh->btnh", probs.astype(v.dtype), v)
+  # [b, n, t, h] from the matmul, then moved: see cached_attention.
+  return jnp.einsum("bnts,bsnh->bnth", probs.astype(v.dtype), v).transpose(0, 2, 1, 3)
 
 
 def _probabilities(logits: jax.Array, mask: jax.Array | None, logit_cap: float) -> jax.Array:
@@ -441,8 +442,12 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Arra
   if bias is not None:
     logits = logits + grouped(bias.astype(jnp.float32))
   probs = _probabilities(logits, None if mask is None else grouped(mask), logit_cap)
-  out = jnp.einsum("bkgts,bksh->btkgh", probs.astype(v.dtype), v)
-  return out.reshape(b, t, n, h)
+  # The step's few queries come out after the cache's axes, moved to [b, t, ...]
+  # after the matmul: asking the einsum for [b, t, kv, g, h] directly makes
+  # XLA's CPU backend run it as a transposed batched dot, 3-8x slower whenever
+  # a row has several queries (beams, grouped heads).
+  out = jnp.einsum("bkgts,bksh->bkgth", probs.astype(v.dtype), v)
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
 @jax.custom_vjp
