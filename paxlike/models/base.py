@@ -165,8 +165,9 @@ class BaseModel(nn.Module):
     """The Hugging Face config (config.json as a dict) of this model, for interop.hf."""
     from paxlike.errors import UserError
 
-    raise UserError(f"{type(self).__name__} has no Hugging Face layout; only T5Model "
-                    "(paxlike.models.t5) imports from and exports to Hugging Face.")
+    raise UserError(f"{type(self).__name__} has no Hugging Face layout; only the T5 and "
+                    "Llama families convert to and from Hugging Face (--export_format="
+                    "stablehlo exports any model).")
 
   def finish_decode(self, batch: dict[str, jax.Array], start: decoding.DecodeStart,
                     out: decoding.DecodeOutput,
