@@ -308,6 +308,6 @@ def test_export_refuses_a_non_empty_directory(flan, tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["keep.txt"]
   lm = LanguageModel(vocab_size=8, model_dims=4, num_layers=1, num_heads=1, dim_per_head=4,
                      hidden_dims=8)
-  with pytest.raises(UserError, match="LanguageModel has no Hugging Face layout; only the T5 and Llama "
-                     "families .*--export_format=stablehlo exports any model"):
+  with pytest.raises(UserError, match="LanguageModel has no Hugging Face layout; only the T5 "
+                     "and Llama families .*--export_format=stablehlo exports any model"):
     hf.export_params({}, lm, str(tmp_path / "lm"))
