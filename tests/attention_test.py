@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -193,10 +194,60 @@ def test_a_decode_step_over_the_cache_layout_is_the_same_attention(kv_heads, fre
   repeat = lambda x: np.repeat(x, n // kv_heads, axis=2)  # query head i reads kv head i // g
   want = _hand(q, repeat(k), repeat(v), bias=bias, allowed=written, cap=4.0, scale=0.5)
   np.testing.assert_allclose(got, want, atol=1e-5)
-  cache = attention.write_cache(jnp.zeros((b, kv_heads, s, h)), jnp.asarray(k[:, :2]), 3)
-  np.testing.assert_array_equal(np.asarray(cache)[:, :, 3:5], np.swapaxes(k[:, :2], 1, 2))
-  assert not np.asarray(cache)[:, :, :3].any() and not np.asarray(cache)[:, :, 5:].any()
+  # Two rows (beams) over one example's keys are that example's queries, beam-major.
+  beams = attention.cached_attention(jnp.asarray(q[:, :1]), attention.to_cache_layout(
+      jnp.asarray(k[:1])), attention.to_cache_layout(jnp.asarray(v[:1])))
+  one = _hand(q[:, :1].reshape(1, b, n, h), repeat(k[:1]), repeat(v[:1]))
+  np.testing.assert_allclose(beams, one.reshape(b, 1, n, h), atol=1e-5)
   assert fresh_run == ["attention: xla (cpu)"]
+
+
+class _Cache(nn.Module):
+  @nn.compact
+  def __call__(self, k, v, mode, index=None):
+    return attention.use_kv_cache(self, k, v, mode, index)
+
+
+def test_each_beam_writes_its_own_slot_and_sees_only_its_own_history():
+  """A decode's self-attention cache: prefill fills one slot per example, beam search's
+  expand gives each beam a slot, a step writes each beam's key/value into its slot, a
+  reorder moves only the slot table, and a beam's mask covers the written positions of
+  its own history (inherited from its parents' slots)."""
+  rng = np.random.default_rng(5)
+  examples, length, kv, h, beams = 2, 6, 2, 3, 3
+  new = lambda: jnp.asarray(rng.normal(size=(examples * beams, 1, kv, h)), jnp.float32)
+  prompt = jnp.asarray(rng.normal(size=(examples, length, kv, h)), jnp.float32)
+  cache = _Cache().apply({}, prompt, prompt, "prefill", mutable=["cache"])[1]["cache"]
+  axis = lambda path: 0
+  cache = attention.expand_slots(cache, jnp.repeat(jnp.arange(examples), beams), axis)
+
+  def step(cache, index):
+    k = new()
+    (keys, _, mask), mutated = _Cache().apply({"cache": cache}, k, k, "extend", index,
+                                              mutable=["cache"])
+    return k, np.asarray(keys), np.asarray(mask)[:, 0], mutated["cache"]
+
+  k2, keys, mask, cache = step(cache, 2)
+  assert keys.shape == (examples, kv, beams * length, h)
+  for e in range(examples):
+    for j in range(beams):
+      slot = keys[e, :, j * length:(j + 1) * length]
+      np.testing.assert_array_equal(slot[:, 2], k2[e * beams + j, 0])
+      others = np.delete(np.arange(length), 2)
+      np.testing.assert_array_equal(slot[:, others], np.swapaxes(prompt[e], 0, 1)[:, others])
+  # At first every beam reads the prompt from slot 0 and its own position 2.
+  want = np.zeros((beams, beams, length), bool)
+  want[:, 0, :2] = True
+  want[np.arange(beams), np.arange(beams), 2] = True
+  np.testing.assert_array_equal(mask, np.broadcast_to(want.reshape(beams, -1), mask.shape))
+  # Beam 0 of example 0 continues its beam 2; beam 1 of example 1 continues its beam 0.
+  parents = np.array([2, 2, 0, 5, 3, 4])
+  cache = attention.reorder_slots(cache, jnp.asarray(parents), axis)
+  k3, keys, mask, cache = step(cache, 3)
+  np.testing.assert_array_equal(keys[1, :, length + 3], k3[4, 0])
+  sees = mask.reshape(examples, beams, beams, length)
+  np.testing.assert_array_equal(sees[0, 0], [[1, 1, 0, 1, 0, 0], [0] * 6, [0, 0, 1, 0, 0, 0]])
+  np.testing.assert_array_equal(sees[1, 1], [[1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0], [0] * 6])
 
 
 def test_cudnn_inputs_mean_the_same_attention(qkv, cudnn_via_xla):

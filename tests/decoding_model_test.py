@@ -73,7 +73,7 @@ def test_a_scanned_model_decodes_as_its_unrolled_twin_with_the_same_output(famil
                               mutable=["cache"]), twin_params, batch)
   paths = [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(cache)]
   assert any("layers_0" in p for p in paths) and not any("'layers'" in p for p in paths)
-  # Beam search: each step extends, and reorders the caches the twin keeps per layer.
+  # Beam search: each step extends, and reorders the slot tables the twin keeps per layer.
   settings = decoding.DecodeSettings(eos_id=-1, num_beams=2)
   want = _decode(model, params, batch, settings)
   got = _decode(twin, twin_params, batch, settings)

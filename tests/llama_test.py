@@ -201,7 +201,7 @@ def test_kv_cached_decode_equals_recomputing_the_prefix(scanned):
     cache = mutated["cache"]
     np.testing.assert_allclose(np.asarray(logits), full[:, index], atol=2e-5, rtol=1e-5)
   kv = jax.tree.leaves(cache)[0]
-  # The cache holds only KV heads, as [batch, kv_heads, length, head_dim].
+  # The cache holds only KV heads, as [batch, kv_heads, slots * length, head_dim] (one slot).
   assert kv.shape[-4:] == (ids.shape[0], KV_HEADS, ids.shape[1], HEAD_DIM), kv.shape
 
 

@@ -371,6 +371,19 @@ def _probabilities(logits: jax.Array, mask: jax.Array | None, logit_cap: float) 
 # each layer's cross-attention keys and values as a T5 decode has steps). Query
 # heads that share a key/value head (grouped-query attention) are grouped with it
 # rather than the cache repeated per query head.
+#
+# Every cache leaf is per example. A self-attention cache (use_kv_cache) holds
+# one slot per beam of its example, [batch, kv_heads, slots * length, dim], and a
+# table `slot_origin` [batch, slots, length]: the slot that holds each position
+# of the beam now in each slot. A step writes every beam's new key/value into its
+# own slot, and a beam attends all its example's slots at once, masked to the
+# positions of its own history. Beam search's reorder (reorder_slots) then only
+# gathers that table: the keys and values never move, where gathering them for
+# every beam at every step cost as much memory traffic as the attention itself
+# (and, with the copy back into the loop's buffers, half of an LM's 4-beam decode
+# on a CPU). Greedy decoding has one slot.
+
+SLOT_KEY, SLOT_VALUE, SLOT_ORIGIN = "slot_key", "slot_value", "slot_origin"
 
 
 def to_cache_layout(x: jax.Array) -> jax.Array:
@@ -378,32 +391,88 @@ def to_cache_layout(x: jax.Array) -> jax.Array:
   return jnp.swapaxes(x, 1, 2)
 
 
-def write_cache(cache: jax.Array, x: jax.Array, index: jax.Array) -> jax.Array:
-  """cache [b, heads, length, dim] with x [b, t, heads, dim] written at positions index..."""
-  return jax.lax.dynamic_update_slice(cache, to_cache_layout(x).astype(cache.dtype),
-                                      (0, 0, index, 0))
-
-
 def use_kv_cache(module: nn.Module, k: jax.Array, v: jax.Array, mode: str,
                  index: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array] | None:
-  """A decoder self-attention's KV cache in `module`'s 'cache' collection.
+  """A decoder self-attention's KV cache in `module`'s 'cache' collection, in slots.
 
-  mode "prefill" stores k, v [b, t, kv_heads, dim] as the cache and returns None;
-  "extend" writes them at positions index... and returns the whole cache
-  [b, kv_heads, length, dim] and the mask [1, 1, t, length] of the positions written
-  so far (for cached_attention).
+  The keys and values are [b, kv_heads, slots * length, dim], slot-major; slot_origin
+  [b, slots, length]. mode "prefill" stores k, v [b, length, kv_heads, dim] as one
+  slot and returns None. "extend" takes k, v [b * slots, t, kv_heads, dim], one row
+  per beam (slots beams of each example, as expand_slots made them), writes each
+  row into its own slot at positions index..., and returns the example's keys and
+  values with the mask [b, 1, slots * t, slots * length] of what each query (beam,
+  position) sees: the written positions of its own history. cached_attention
+  groups the beams' queries by example.
   """
-  shape = to_cache_layout(k).shape
-  cached_k = module.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
-  cached_v = module.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
-  if mode == "prefill":
+  prefill = mode == "prefill"
+  shape = to_cache_layout(k).shape if prefill else (0,)
+  cached_k = module.variable("cache", SLOT_KEY, jnp.zeros, shape, k.dtype)
+  cached_v = module.variable("cache", SLOT_VALUE, jnp.zeros, shape, v.dtype)
+  origin = module.variable("cache", SLOT_ORIGIN, jnp.zeros,
+                           (shape[0], 1, shape[2]) if prefill else shape, jnp.int32)
+  if prefill:  # assigned, not only initialised: a second prefill over an old cache starts afresh
     cached_k.value, cached_v.value = to_cache_layout(k), to_cache_layout(v)
+    origin.value = jnp.zeros(origin.value.shape, jnp.int32)
     return None
-  cached_k.value = write_cache(cached_k.value, k, index)
-  cached_v.value = write_cache(cached_v.value, v, index)
-  max_len = cached_k.value.shape[2]
-  mask = (jnp.arange(max_len)[None, :] <= (index + jnp.arange(k.shape[1]))[:, None])[None, None]
-  return cached_k.value, cached_v.value, mask
+  b, slots, length = origin.value.shape
+  t = k.shape[1]
+  for cached, new in ((cached_k, k), (cached_v, v)):
+    rows = to_cache_layout(new).astype(cached.value.dtype)  # [b * slots, kv_heads, t, dim]
+    rows = rows.reshape(b, slots, *rows.shape[1:])
+    for j in range(slots):  # one in-place write per slot
+      cached.value = jax.lax.dynamic_update_slice(cached.value, rows[:, j],
+                                                  (0, 0, j * length + index, 0))
+  own = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32)[None, :, None], (b, slots, t))
+  origin.value = jax.lax.dynamic_update_slice(origin.value, own, (0, 0, index))
+  written = jnp.arange(length)[None, :] <= (index + jnp.arange(t))[:, None]  # [t, length]
+  same = origin.value[:, :, None, :] == jnp.arange(slots)[None, None, :, None]  # [b, q, j, p]
+  mask = same[:, :, None] & written[None, None, :, None]  # [b, q, t, j, p]
+  return cached_k.value, cached_v.value, mask.reshape(b, 1, slots * t, slots * length)
+
+
+def tile_slots(x: jax.Array, keys: jax.Array) -> jax.Array:
+  """A bias or mask [..., length] over one slot's positions, repeated over the slots of
+  keys [b, kv_heads, slots * length, dim] (use_kv_cache's)."""
+  return jnp.tile(x, (1,) * (x.ndim - 1) + (keys.shape[2] // x.shape[-1],))
+
+
+def _slot_leaf(path: tuple[Any, ...]) -> str:
+  return str(getattr(path[-1], "key", path[-1])) if path else ""
+
+
+def expand_slots(cache: Any, indices: jax.Array, batch_axis: Callable[[Any], int]) -> Any:
+  """Beam search's first step: each example's self-attention caches get one slot per beam.
+
+  indices [b * beams] repeat each example's index `beams` times (decoding.generate);
+  every other leaf stays once per example. batch_axis(path): the leaf's example axis
+  (1 under a scanned stack's layer axis).
+  """
+  def expand(path: tuple[Any, ...], x: jax.Array) -> jax.Array:
+    name = _slot_leaf(path)
+    if name not in (SLOT_KEY, SLOT_VALUE, SLOT_ORIGIN):
+      return x
+    beams = indices.shape[0] // x.shape[batch_axis(path)]
+    if name == SLOT_ORIGIN:
+      return jnp.repeat(x, beams, axis=batch_axis(path) + 1)
+    reps = [1] * x.ndim
+    reps[batch_axis(path) + 2] = beams  # slot-major along the length axis
+    return jnp.tile(x, reps)
+
+  return jax.tree_util.tree_map_with_path(expand, cache)
+
+
+def reorder_slots(cache: Any, indices: jax.Array, batch_axis: Callable[[Any], int]) -> Any:
+  """Beam search's reorder: beam r now continues beam indices[r] (of the same example).
+
+  Only the slot_origin tables move (see the section's comment)."""
+  def reorder(path: tuple[Any, ...], x: jax.Array) -> jax.Array:
+    if _slot_leaf(path) != SLOT_ORIGIN:
+      return x
+    axis = batch_axis(path)
+    rows = x.reshape(*x.shape[:axis], -1, *x.shape[axis + 2:])
+    return jnp.take(rows, indices, axis=axis).reshape(x.shape)
+
+  return jax.tree_util.tree_map_with_path(reorder, cache)
 
 
 def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array | None = None,
@@ -412,19 +481,22 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Arra
   """A decode step's attention over a KV cache: xla_attention's math in the cache's layout.
 
   Args:
-    q: [batch, q_len, heads, dim], q_len the step's few queries (one position,
-      or T5's beams of one row over their shared encoder keys).
+    q: [rows, q_len, heads, dim], q_len the step's few queries; rows a multiple
+      of the cache's batch: the beams of each example, which attend their
+      example's keys as its rows // batch * q_len queries (beam-major).
     k, v: the cache, [batch, kv_heads, kv_len, dim] (to_cache_layout); heads a
       multiple of kv_heads, query head i reading key/value head i // (heads / kv_heads).
-    bias, mask: broadcastable to [batch, heads, q_len, kv_len], as for
-      dot_product_attention; mask True where a key counts.
+    bias, mask: broadcastable to [batch, heads, rows // batch * q_len, kv_len], as
+      for dot_product_attention; mask True where a key counts.
     logit_cap, scale: as for dot_product_attention.
 
   Returns:
-    [batch, q_len, heads, dim] in q's dtype.
+    [rows, q_len, heads, dim] in q's dtype.
   """
-  b, t, n, h = q.shape
-  kv = k.shape[1]
+  rows, q_len, n, h = q.shape
+  b, kv = k.shape[:2]
+  t = rows // b * q_len
+  q = q.reshape(b, t, n, h)
   platform = lowering_platform()  # a CPU's choice is always "cpu", as dot_product_attention's
   _note(XLA, platform if platform != "cuda" else
         f"{platform}, {np.dtype(q.dtype).name}, a decode step over the KV cache")
@@ -447,7 +519,7 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Arra
   # XLA's CPU backend run it as a transposed batched dot, 3-8x slower whenever
   # a row has several queries (beams, grouped heads).
   out = jnp.einsum("bkgts,bksh->bkgth", probs.astype(v.dtype), v)
-  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+  return out.transpose(0, 3, 1, 2, 4).reshape(rows, q_len, n, h)
 
 
 @jax.custom_vjp

@@ -35,8 +35,9 @@ from paxlike.errors import UserError
 from paxlike.layers.attention import (
   cached_attention,
   dot_product_attention,
+  tile_slots,
   to_cache_layout,
-  write_cache,
+  use_kv_cache,
 )
 from paxlike.layers.linear import dropout_active, project
 
@@ -275,34 +276,33 @@ class T5Attention(nn.Module):
     constrain = lambda t: nn.with_logical_constraint(
         t, ("batch", "length", "activation_heads", "kv"))
 
-    if mode == PREFILL:  # caches are [batch, heads, length, dim] (attention.to_cache_layout)
-      rows = (kv if self.cross else x).shape[0]
-      shape = (rows, n, kv.shape[1] if self.cross else cache_len, h)
-      cached_k = self.variable("cache", "cached_key", jnp.zeros, shape, self.dtype)
-      cached_v = self.variable("cache", "cached_value", jnp.zeros, shape, self.dtype)
-      # Assigned, not only initialised: a second prefill over an old cache starts afresh.
+    # Caches are per example (attention.use_kv_cache): the encoder's keys/values as
+    # [batch, heads, length, dim], self-attention's in one slot per beam.
+    if mode == PREFILL:
       if self.cross:
+        shape = (kv.shape[0], n, kv.shape[1], h)
+        cached_k = self.variable("cache", "cached_key", jnp.zeros, shape, self.dtype)
+        cached_v = self.variable("cache", "cached_value", jnp.zeros, shape, self.dtype)
         cache = lambda t: nn.with_logical_constraint(
             to_cache_layout(constrain(t)), ("batch", "activation_heads", "length", "kv"))
         cached_k.value, cached_v.value = cache(key(kv)), cache(value(kv))
       else:
-        cached_k.value, cached_v.value = jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype)
+        zeros = jnp.zeros((x.shape[0], cache_len, n, h), self.dtype)
+        use_kv_cache(self, zeros, zeros, PREFILL)
       return None
 
     # The projections carry Pax's names, which CHECKPOINT_POLICY=SAVE_QKV_OUT_PROJ saves.
     q = checkpoint_name(constrain(query(x)), "query_proj")
     if mode == EXTEND:
-      cached_k = self.variable("cache", "cached_key", jnp.zeros, (0,), self.dtype)
-      cached_v = self.variable("cache", "cached_value", jnp.zeros, (0,), self.dtype)
-      if not self.cross:
-        cached_k.value = write_cache(cached_k.value, key(x), index)
-        cached_v.value = write_cache(cached_v.value, value(x), index)
-      k, v = cached_k.value.astype(self.dtype), cached_v.value.astype(self.dtype)
-      # Beam search keeps the encoder's keys/values (and mask) once per example
-      # (T5Model.expand_cache): a row's beams attend them as that row's queries.
-      rows, beams = k.shape[0], q.shape[0] // k.shape[0]
-      context = cached_attention(q.reshape(rows, beams * q.shape[1], n, h), k, v, bias=bias,
-                                 mask=mask).reshape(q.shape)
+      if self.cross:
+        k = self.variable("cache", "cached_key", jnp.zeros, (0,), self.dtype).value
+        v = self.variable("cache", "cached_value", jnp.zeros, (0,), self.dtype).value
+      else:  # bias and mask [batch, ., 1, length] hold for every slot
+        k, v, written = use_kv_cache(self, key(x), value(x), EXTEND, index)
+        bias, mask = tile_slots(bias, k), written & tile_slots(mask, k)
+      # A row's beams attend their example's keys as its queries.
+      context = cached_attention(q, k.astype(self.dtype), v.astype(self.dtype), bias=bias,
+                                 mask=mask)
     else:
       source = x if kv is None else kv
       k = checkpoint_name(constrain(key(source)), "key_proj")

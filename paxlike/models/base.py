@@ -27,11 +27,14 @@ Plain methods (no parameters needed; callable on the unbound module):
   compute_dtype()         the matmul dtype's name, for the device peak
   padding_params()        parameter entries that only pad tables to the mesh
   special_ids()           {"eos_id", "pad_id"} for decoding
-  gather_cache(cache, idx) the cache with its batch rows taken at idx
-                          (beam search expands and reorders rows with it)
-  expand_cache / reorder_cache  beam search's cheaper forms of it: a family
-                          may keep beam-invariant leaves once per example
-                          and skip them when beams reorder (default: gather_cache)
+  cache_batch_axis(path)  the example axis of a cache leaf (default 0; 1 under a
+                          scanned stack's layer axis), for the three below
+  gather_cache(cache, idx) the cache with the rows of every leaf taken at idx
+                          (each beam a copy of its example; a plain reference)
+  expand_cache / reorder_cache  beam search's: every leaf stays per example,
+                          self-attention caches get a slot per beam, and a
+                          reorder moves only their slot tables (see
+                          paxlike.layers.attention.use_kv_cache)
   prompt_and_target(host_batch) -> (prompts, targets, real)
                           per row, the prompt ids and the reference ids
                           decode output is written beside and scored on,
@@ -55,9 +58,11 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from paxlike import decoding
+from paxlike.layers import attention
 
 
 class BaseModel(nn.Module):
@@ -135,20 +140,27 @@ class BaseModel(nn.Module):
   def compute_dtype(self) -> str:
     raise NotImplementedError
 
+  def cache_batch_axis(self, path: tuple[Any, ...]) -> int:
+    """The example (batch) axis of the cache leaf at `path` (a jax tree path)."""
+    del path
+    return 0
+
   def gather_cache(self, cache: Any, indices: jax.Array) -> Any:
-    raise NotImplementedError
+    """The cache with every leaf's rows taken at indices (each row its own example)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: jnp.take(x, indices, axis=self.cache_batch_axis(path)), cache)
 
   def padding_params(self) -> int:
     """Parameter entries that only pad a table to the mesh (not counted as parameters)."""
     return 0
 
   def expand_cache(self, cache: Any, indices: jax.Array) -> Any:
-    """Beam search's first step: each row's cache for its beams (see decoding.generate)."""
-    return self.gather_cache(cache, indices)
+    """Beam search's first step: a slot per beam in each example's self-attention caches."""
+    return attention.expand_slots(cache, indices, self.cache_batch_axis)
 
   def reorder_cache(self, cache: Any, indices: jax.Array) -> Any:
-    """Beam search's reorder within each example's beams (see decoding.generate)."""
-    return self.gather_cache(cache, indices)
+    """Beam search's reorder within each example's beams: only the slot tables move."""
+    return attention.reorder_slots(cache, indices, self.cache_batch_axis)
 
   def special_ids(self) -> dict[str, int]:
     """The ids decoding ends rows with and pads them with."""

@@ -292,9 +292,8 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
     return out.replace(tokens=jnp.where(keep[:, None, :], gen, settings.pad_id),
                        lengths=lengths)
 
-  def gather_cache(self, cache: Any, indices: jax.Array) -> Any:
-    axis = 1 if self.use_repeated_layer else 0  # scanned leaves lead with the layer axis
-    return jax.tree.map(lambda x: jnp.take(x, indices, axis=axis), cache)
+  def cache_batch_axis(self, path: tuple[Any, ...]) -> int:
+    return 1 if self.use_repeated_layer else 0  # scanned leaves lead with the layer axis
 
   # -------------------------------------------------------- plain methods
 

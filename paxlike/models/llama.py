@@ -182,9 +182,8 @@ class LlamaModel(pipeline.PipelinedModel, BaseModel):
     """Drops each row's forced prompt, as the LM does (the same decode features)."""
     return LanguageModel.finish_decode(self, batch, start, out, settings)
 
-  def gather_cache(self, cache: Any, indices: jax.Array) -> Any:
-    axis = 1 if self.use_repeated_layer else 0  # scanned leaves lead with the layer axis
-    return jax.tree.map(lambda x: jnp.take(x, indices, axis=axis), cache)
+  def cache_batch_axis(self, path: tuple[Any, ...]) -> int:
+    return 1 if self.use_repeated_layer else 0  # scanned leaves lead with the layer axis
 
   # ------------------------------------------------------ layer layouts
 

@@ -197,12 +197,6 @@ def _names(path: tuple[Any, ...]) -> list[str]:
   return [str(getattr(p, "key", p)) for p in path]
 
 
-def _per_example(path: tuple[Any, ...]) -> bool:
-  """Cache leaves that depend on the example only: the encoder's keys/values and padding."""
-  names = _names(path)
-  return "encoder_decoder_attention" in names or names[-1:] == ["encoder_valid"]
-
-
 def _segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
   """[B, 1, Tq, Tk]: True where query and key belong to the same example."""
   return q_segments[:, None, :, None] == k_segments[:, None, None, :]
@@ -332,21 +326,9 @@ class T5Model(BaseModel):
                           embedding=self.token_embedder.embedding, index=index)
     return logits[:, 0].astype(jnp.float32)
 
-  def gather_cache(self, cache: Any, indices: jax.Array) -> Any:
-    return self._take_cache(cache, indices, skip=lambda path: False)
-
-  def expand_cache(self, cache: Any, indices: jax.Array) -> Any:
-    """Beams of a row share its encoder keys/values and padding: those stay once per row.
-
-    Cross-attention then groups a row's beams as queries of one row (T5Attention).
-    """
-    return self._take_cache(cache, indices, skip=_per_example)
-
-  def reorder_cache(self, cache: Any, indices: jax.Array) -> Any:
-    """Only the self-attention caches differ between beams; the rest is not copied."""
-    return self._take_cache(cache, indices,
-                            skip=lambda path: _per_example(path) or _names(path)[-1:] == [
-                                "key_positions"])
+  def cache_batch_axis(self, path: tuple[Any, ...]) -> int:
+    """A scanned stack's cache leaves lead with the layer axis; the rest with the example."""
+    return 1 if self.use_repeated_layer and "layers" in _names(path) else 0
 
   def for_decoding(self) -> T5Model:
     """Both stacks unrolled (BaseModel.for_decoding): the decoder's for its caches, and
@@ -366,15 +348,6 @@ class T5Model(BaseModel):
         out[name] = pipeline.from_stack(
             pipeline.restack(pipeline.to_stack(stack), n, layout), stack)
     return out
-
-  def _take_cache(self, cache: Any, indices: jax.Array, skip: Any) -> Any:
-    def take(path: tuple[Any, ...], x: jax.Array) -> jax.Array:
-      if skip(path):
-        return x
-      scanned = self.use_repeated_layer and "layers" in _names(path)
-      return jnp.take(x, indices, axis=1 if scanned else 0)
-
-    return jax.tree_util.tree_map_with_path(take, cache)
 
   # -------------------------------------------------------- plain methods
 
