@@ -348,8 +348,7 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array |
   if dropout_rng is not None and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
     probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-  # [b, n, t, h] from the matmul, then moved: see cached_attention.
-  return jnp.einsum("bnts,bsnh->bnth", probs.astype(v.dtype), v).transpose(0, 2, 1, 3)
+  return jnp.einsum("bnts,bsnh->btnh", probs.astype(v.dtype), v)
 
 
 def _probabilities(logits: jax.Array, mask: jax.Array | None, logit_cap: float) -> jax.Array:
