@@ -14,7 +14,6 @@ import difflib
 import functools
 import inspect
 import re
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +23,7 @@ import numpy as np
 from absl import logging
 
 from paxlike import knob_branches, registry
-from paxlike.errors import UserError
+from paxlike.errors import UserError, user_frame
 
 SET_SOURCE = "--set"
 # int hyperparameters that Pax also allows as fractions.
@@ -517,19 +516,6 @@ def check_all_read(exp: BaseExperiment) -> None:
 # ------------------------------------------------- building the user's configs
 
 
-def _user_frame(tb: Any) -> str:
-  """` at FILE:LINE: SOURCE` of the innermost frame outside paxlike/fiddle, or ''."""
-  for frame in reversed(traceback.extract_tb(tb)):
-    path = frame.filename.replace("\\", "/")
-    if "/paxlike/" in path and "/paxlike/pax/" not in path:
-      continue
-    if "/fiddle/" in path or "/site-packages/" in path or "/lib/python" in path:
-      continue
-    src = f": {frame.line.strip()}" if frame.line else ""
-    return f" (at {frame.filename}:{frame.lineno}{src})"
-  return ""
-
-
 @contextlib.contextmanager
 def user_config_errors(what: str) -> Iterator[None]:
   """Turns a fiddle/attribute/key error while building the user's config into a UserError."""
@@ -542,7 +528,7 @@ def user_config_errors(what: str) -> Iterator[None]:
     if isinstance(e, AttributeError) and "No parameter named" in first:
       first = (f"{first.split(';')[0]}: paxlike's config has no such field, so that edit "
                "cannot take effect")
-    raise UserError(f"{what} failed{_user_frame(e.__traceback__)}: "
+    raise UserError(f"{what} failed{user_frame(e.__traceback__)}: "
                     f"{type(e).__name__}: {first}.") from None
 
 

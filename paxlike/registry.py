@@ -32,11 +32,12 @@ import importlib
 import importlib.util
 import os
 import pkgutil
+import re
 import sys
 from types import ModuleType
 from typing import Any
 
-from paxlike.errors import UserError
+from paxlike.errors import UserError, user_frame
 
 _REGISTRY: dict[str, type] = {}
 _TAGS: dict[str, tuple[str, ...]] = {}
@@ -142,15 +143,44 @@ def _try_import(module_name: str) -> bool:
     importlib.import_module(module_name)
     return True
   except ModuleNotFoundError as e:
-    # A missing dependency inside an existing module is the module's bug,
-    # not a wrong name: let it surface.
     missing = e.name or ""
     if module_name == missing or module_name.startswith(missing + "."):
       return False
+    gap = _pax_gap(module_name, e)
+    if gap:
+      raise UserError(gap) from None
     # A dependency the user's module imports (Pax's c4.py imports t5.data, say).
     raise UserError(f"importing {module_name} failed: it imports {missing!r}, which is not "
                     f"installed; pip install the package that provides {missing!r} or drop "
                     "that import.") from None
+  except (ImportError, AttributeError) as e:
+    # A Pax module or name paxlike.pax lacks gets one line; any other error in the
+    # user's module is that module's bug, and its traceback is what they need.
+    gap = _pax_gap(module_name, e)
+    if gap:
+      raise UserError(gap) from None
+    raise
+
+
+def _pax_gap(module_name: str, e: ImportError | AttributeError) -> str | None:
+  """One line for a Pax module or name the port of module_name asks of paxlike.pax and
+  paxlike.pax does not have (bert.py's model_params.TransformerBertPmapAdam, Pax's GPU
+  configs' paxml.contrib modules), naming the line of the user's file; None otherwise."""
+  if isinstance(e, ModuleNotFoundError):
+    wanted = e.name or ""
+  elif isinstance(e, AttributeError):
+    owner = e.obj.__name__ if isinstance(getattr(e, "obj", None), ModuleType) else ""
+    wanted = f"{owner}.{e.name}" if owner else ""
+  else:  # from paxlike.pax.X import Name
+    name = getattr(e, "name_from", None) or next(iter(re.findall(r"cannot import name '(\w+)'",
+                                                                 str(e))), "")
+    wanted = f"{e.name}.{name}" if e.name and name else ""
+  if not (wanted + ".").startswith(PAX_PACKAGE + "."):
+    return None
+  pax_name = wanted.removeprefix(PAX_PACKAGE + ".")
+  return (f"importing {module_name} failed{user_frame(e.__traceback__)}: paxlike.pax has no "
+          f"{pax_name}: paxlike does not run that part of Pax (paxml or praxis) yet; "
+          "docs/pax_porting.md lists what paxlike.pax provides.")
 
 
 def _named_module(module_name: str) -> str | None:

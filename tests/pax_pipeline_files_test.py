@@ -74,22 +74,18 @@ def rewrite_imports(text: str) -> str:
                          text)
 
 
-@pytest.fixture(scope="module")
-def pax_modules(tmp_path_factory):
-  """The three rewritten files imported (pax_lm_cloud, pax_c4, pax_nvidia); cleaned up after."""
-  root = tmp_path_factory.mktemp("pax_files")
-  for name in FILES:
+def _import_ports(root, files):
+  """Pax's files rewritten into root and imported (pax_<file>); cleaned up after: their
+  registrations, SeqIO tasks and modules (t5's stand-in included)."""
+  for name in files:
     (root / f"pax_{name}.py").write_text(rewrite_imports((PAXREF / f"{name}.py").read_text()))
-  if importlib.util.find_spec("t5") is None:
-    for rel, text in T5_STAND_IN.items():
-      (root / rel).parent.mkdir(parents=True, exist_ok=True)
-      (root / rel).write_text(text)
+  registry.import_shipped()  # the files import them: they stay registered after
   before_keys, before_mods = set(registry.list_names()), set(sys.modules)
   sys.path.insert(0, str(root))
   seqio = pytest.importorskip("seqio")
   tasks_before = set(seqio.TaskRegistry.names())
   try:
-    yield {name: importlib.import_module(f"pax_{name}") for name in FILES}
+    yield {name: importlib.import_module(f"pax_{name}") for name in files}
   finally:
     sys.path.remove(str(root))
     for key in set(registry.list_names()) - before_keys:
@@ -99,6 +95,17 @@ def pax_modules(tmp_path_factory):
     for mod in set(sys.modules) - before_mods:
       if mod.startswith(("pax_", "t5")):
         del sys.modules[mod]
+
+
+@pytest.fixture(scope="module")
+def pax_modules(tmp_path_factory):
+  """The three rewritten files imported (pax_lm_cloud, pax_c4, pax_nvidia)."""
+  root = tmp_path_factory.mktemp("pax_files")
+  if importlib.util.find_spec("t5") is None:
+    for rel, text in T5_STAND_IN.items():
+      (root / rel).parent.mkdir(parents=True, exist_ok=True)
+      (root / rel).write_text(text)
+  yield from _import_ports(root, FILES)
 
 
 def test_only_import_lines_change(pax_modules):
@@ -291,3 +298,65 @@ def test_nvidias_circular_pipeline_dry_runs_with_paxs_count(pax_modules):
   assert sched["bubble_fraction"] == pytest.approx(
       (p.stages - 1) / (p.microbatches * p.repeat + p.stages - 1))
   assert 0 < report["compiled_memory_per_device"]["peak"] < 95 * dry_run.GIB  # fits a v5p
+
+
+# ------------------------------------------- Pax's other LM files, where present
+
+# c4_multislice.py and optimal_scaling.py subclass c4.py's and lm_cloud.py's classes through
+# Pax's import paths, which paxlike.pax serves with its shipped experiments of those files.
+OTHER_FILES = ("c4_multislice", "optimal_scaling")
+MULTISLICE_22B = Pax(48, 6144, 24, 256, 32768, stages=1, microbatches=1, devices=0)
+MULTISLICE = {  # class: (dims, Pax's global batch, from each class's docstring)
+    "C4Spmd22BAdamMaxText": (MULTISLICE_22B, 128),
+    "C4Spmd22BAdam1xv4_128": (MULTISLICE_22B, 1024),
+    "C4Spmd22BAdam2xv4_128LimitSteps": (MULTISLICE_22B, 2048),
+    "C4Spmd22BAdam4xv4_128": (MULTISLICE_22B, 4096),
+    "C4Spmd22BAdam2xv4_384": (Pax(24, 9216, 24, 384, 32768, stages=1, microbatches=1,
+                                  devices=0), 3840),
+    "C4Spmd22BAdam4xv4_8LimitSteps": (Pax(16, 2048, 8, 256, 32768, stages=1, microbatches=1,
+                                          devices=0), 256),
+    "C4Spmd32BAdam2xv5_256": (Pax(40, 8192, 32, 256, 32768, stages=1, microbatches=1,
+                                  devices=0), 512),
+}
+
+
+@pytest.fixture(scope="module")
+def other_pax_modules(tmp_path_factory):
+  if not all((PAXREF / f"{name}.py").is_file() for name in OTHER_FILES):
+    pytest.skip(f"Pax's c4_multislice.py and optimal_scaling.py are not in {PAXREF}")
+  yield from _import_ports(tmp_path_factory.mktemp("pax_other_files"), OTHER_FILES)
+
+
+def _devices_and_model(monkeypatch, cls):
+  exp = experiment.instantiate(cls)
+  _on_devices(monkeypatch, math.prod(exp.ICI_MESH_SHAPE) * math.prod(exp.DCN_MESH_SHAPE or [1]))
+  _, model, rows = _model_of(cls)
+  return model, rows
+
+
+@pytest.mark.parametrize("name", sorted(MULTISLICE))
+def test_multislice_class_has_paxs_count_and_batch(other_pax_modules, monkeypatch, name):
+  pax, batch = MULTISLICE[name]
+  model, rows = _devices_and_model(monkeypatch, registry.get(f"pax_c4_multislice.{name}"))
+  assert (model.num_layers, rows, _count(model)) == (pax.layers, batch, pax_param_count(pax))
+
+
+def test_multislices_misnamed_checkpoint_knob_is_refused_by_name(other_pax_modules):
+  """C4SpmdGpt3AdamDataParallel2x16x16 sets CHECKPOINT_SAVE_MAX_TO_KEEP = 20, which only Pax's
+  BERT template reads (its LM templates read CHECKPOINT_MAX_TO_KEEP): Pax keeps 10."""
+  with pytest.raises(UserError, match=r"^CHECKPOINT_SAVE_MAX_TO_KEEP = 20 .*did you mean "
+                                      r"CHECKPOINT_MAX_TO_KEEP"):
+    _model_of(registry.get("pax_c4_multislice.C4SpmdGpt3AdamDataParallel2x16x16"))
+
+
+@pytest.mark.parametrize("name,layers,percore,devices", [
+    ("OptimalScaling2x2x1", 28, 16, 4), ("OptimalScaling4x4x4", 45, 8, 64),
+    ("OptimalScaling4x16x32", 64, 1, 2048)])
+def test_optimal_scaling_sets_its_dims_in_task_as_pax_does(other_pax_modules, monkeypatch, name,
+                                                           layers, percore, devices):
+  """OptimalScaling.task() assigns MODEL_DIMS = 128 x NUM_LAYERS and HIDDEN_DIMS = 4 x that
+  before the template reads them (heads of 128 dims, lm_cloud's 32000-token vocabulary)."""
+  model, rows = _devices_and_model(monkeypatch, registry.get(f"pax_optimal_scaling.{name}"))
+  pax = Pax(layers, 128 * layers, layers, 128, 32000, stages=1, microbatches=1, devices=0)
+  assert (model.model_dims, model.hidden_dims, rows, _count(model)) == (
+      128 * layers, 512 * layers, percore * devices, pax_param_count(pax))

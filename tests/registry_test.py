@@ -83,6 +83,42 @@ def test_missing_dependency_inside_a_user_module_is_not_reported_as_a_wrong_name
   assert "'no_such_dependency_xyz', which is not installed" in str(e.value)
 
 
+# A Pax file's port asking paxlike.pax for what it does not have, three ways (Pax's GPU
+# configs import paxml.contrib; TFRecordBertInput and TextInput are Pax's BERT and text inputs).
+PAX_GAPS = {
+    "from paxlike.pax.contrib.gpu.scripts_gpu.tasks import BoolQDataset": "contrib",
+    "from paxlike.pax.tasks.lm.input_generator import TFRecordBertInput":
+        "tasks.lm.input_generator.TFRecordBertInput",
+    "from paxlike.pax.tasks.lm import input_generator\nX = input_generator.TextInput":
+        "tasks.lm.input_generator.TextInput",
+}
+
+
+@pytest.mark.parametrize("source", sorted(PAX_GAPS))
+def test_a_pax_name_paxlike_lacks_is_one_line_naming_the_files_line(source, tmp_path,
+                                                                    monkeypatch):
+  (tmp_path / "ported.py").write_text(f"import os\n{source}\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.delitem(sys.modules, "ported", raising=False)
+  with pytest.raises(UserError) as e:
+    registry.get("ported.Anything")
+  message, last_line = str(e.value), source.splitlines()[-1]
+  assert "\n" not in message
+  assert f"ported.py:{len(source.splitlines()) + 1}: {last_line})" in message
+  assert f"paxlike.pax has no {PAX_GAPS[source]}: paxlike does not run" in message
+  assert "pax_porting.md" in message
+
+
+def test_a_users_own_attribute_error_keeps_its_traceback(tmp_path, monkeypatch):
+  """Only a Pax name paxlike.pax lacks is turned into a line; a bug in the user's own code
+  is theirs to read in full."""
+  (tmp_path / "buggy.py").write_text("import os\nX = os.no_such_function_xyz\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.delitem(sys.modules, "buggy", raising=False)
+  with pytest.raises(AttributeError, match="no_such_function_xyz"):
+    registry.get("buggy.Anything")
+
+
 def test_unknown_module_names_the_module():
   with pytest.raises(UserError, match="no_such_module_abc"):
     registry.get("no_such_module_abc.Foo")

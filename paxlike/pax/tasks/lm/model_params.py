@@ -5,9 +5,9 @@ The templates are paxlike's (paxlike.lm_experiments), with Pax's defaults.
 to the praxis optimizer configs Pax's set (paxlike.pax.optimizers, run by
 paxlike's learner), so later edits of `lp.optimizer.*` work as in Pax. The
 pipelined templates (TransformerLmSpmdPipelineAdafactor / Adam) run paxlike's
-pipeline (paxlike.layers.pipeline). ClassificationModelAdam exists so Pax's
-files import and register; running it is refused, as is maybe_setup_moe_params
-with experts.
+pipeline (paxlike.layers.pipeline). ClassificationModelAdam and the BERT
+templates exist so Pax's files (lm_cloud.py's MLPs, bert.py) import and
+register; running them is refused, as is maybe_setup_moe_params with experts.
 """
 
 from __future__ import annotations
@@ -110,9 +110,21 @@ class ClassificationModelAdam(_NotRunnable, BaseExperiment):
   TRAINING_OPTIMIZED_SHARDING = True
 
 
+class TransformerBertPmapAdam(_NotRunnable, BaseExperiment):
+  """Pax's BERT template on pmap (importable; running it is refused)."""
+
+  WHY = "a BERT masked language model (Pax's TransformerBertPmapAdam)"
+
+
+class TransformerBertSpmdAdafactor(_NotRunnable, BaseExperiment):
+  """Pax's BERT template on a mesh (importable; running it is refused)."""
+
+  WHY = "a BERT masked language model (Pax's TransformerBertSpmdAdafactor)"
+
+
 __all__ = [
-    "ClassificationModelAdam", "TransformerLmPmapAdam", "TransformerLmSpmdAdafactor",
-    "TransformerLmSpmdAdam", "TransformerLmSpmdPipelineAdafactor",
-    "TransformerLmSpmdPipelineAdam", "maybe_setup_moe_params", "set_default_adafactor",
-    "set_default_adam",
+    "ClassificationModelAdam", "TransformerBertPmapAdam", "TransformerBertSpmdAdafactor",
+    "TransformerLmPmapAdam", "TransformerLmSpmdAdafactor", "TransformerLmSpmdAdam",
+    "TransformerLmSpmdPipelineAdafactor", "TransformerLmSpmdPipelineAdam",
+    "maybe_setup_moe_params", "set_default_adafactor", "set_default_adam",
 ]
