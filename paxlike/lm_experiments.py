@@ -43,6 +43,7 @@ class TransformerLmSpmdAdam(AdamTraining):
   on, packed input honoured, pre-norm, tied tables, no gate.
   """
 
+  MODEL_CLASS = LanguageModel  # Pax's: the model task_p.model configures; a LanguageModel
   NUM_LAYERS = 32
   MODEL_DIMS = 1024
   HIDDEN_DIMS = None  # None: 4 x MODEL_DIMS
@@ -107,6 +108,7 @@ class TransformerLmSpmdAdam(AdamTraining):
                       f"{self.NUM_HEADS} x {self.DIMS_PER_HEAD}, which Pax's LM requires; set "
                       "DIMS_PER_HEAD=None (or NUM_HEADS=None) to derive it from the other.")
     self.activation()
+    self.model_class()
     if self.NORM_POLICY not in NORM_POLICIES:
       raise UserError(f"NORM_POLICY={self.NORM_POLICY!r} is not one of {list(NORM_POLICIES)}.")
     if self.EMBEDDING_LOOKUP_STYLE not in LOOKUP_STYLES:
@@ -138,6 +140,15 @@ class TransformerLmSpmdAdam(AdamTraining):
                       "ACTIVATION_CLS (Pax's name).")
     return name
 
+  def model_class(self) -> type[LanguageModel]:
+    """MODEL_CLASS: paxlike's LanguageModel or a subclass (praxis's CustomMetricsLM, Pax's GPU
+    configs' model, is one: paxlike.pax.contrib.gpu.scripts_gpu.models)."""
+    cls = self.MODEL_CLASS
+    if not (isinstance(cls, type) and issubclass(cls, LanguageModel)):
+      raise UserError(f"MODEL_CLASS={getattr(cls, '__name__', cls)!r}: this template builds "
+                      "paxlike's LanguageModel; set MODEL_CLASS to it or a subclass of it.")
+    return cls
+
   def _hparam_depth(self, name: str) -> int:
     """0 for an instance value (--set), else 1 + the index of the defining class in the MRO."""
     if name in vars(self):
@@ -162,7 +173,7 @@ class TransformerLmSpmdAdam(AdamTraining):
   def model(self) -> fdl.Config[LanguageModel]:
     """The LM's config; praxis's `lm_tpl` / `params_init` edits reach it (config_tree)."""
     return LmConfig(
-        LanguageModel, vocab_size=self.VOCAB_SIZE, model_dims=self.MODEL_DIMS,
+        self.model_class(), vocab_size=self.VOCAB_SIZE, model_dims=self.MODEL_DIMS,
         num_layers=self.NUM_LAYERS, num_heads=self.num_heads(),
         dim_per_head=self.dims_per_head(), hidden_dims=self.hidden_dims(),
         activation=self.activation(), combine_qkv=self.COMBINE_QKV,

@@ -44,6 +44,8 @@ class TrainSettings:
   eval_skip_train: bool = True  # paxlike evaluates the eval inputs only, never the train one
   always_use_train_for_model_init: bool = True  # the train input's shapes initialise the model
   inputs_split_mapping: Any = None  # paxlike shards a batch over (replica, data) by its rules
+  # paxlike measures steps/s (and MFU) over each summary interval; None or that interval.
+  compute_steps_per_sec_interval_steps: int | None = None
 
   def __post_init__(self) -> None:
     if not self.eval_skip_train:
@@ -67,6 +69,11 @@ class TrainSettings:
                  "save_max_to_keep"):
       if getattr(self, name) <= 0:
         raise UserError(f"task.train.{name} must be positive, got {getattr(self, name)}.")
+    every = self.compute_steps_per_sec_interval_steps
+    if every is not None and every != self.summary_interval_steps:
+      raise UserError(f"task.train.compute_steps_per_sec_interval_steps = {every!r}: paxlike "
+                      "measures steps/s over each summary interval, summary_interval_steps = "
+                      f"{self.summary_interval_steps}; set it to that or drop it.")
 
   # paxlike's earlier names, read by the trainer.
   @property

@@ -83,10 +83,11 @@ def test_missing_dependency_inside_a_user_module_is_not_reported_as_a_wrong_name
   assert "'no_such_dependency_xyz', which is not installed" in str(e.value)
 
 
-# A Pax file's port asking paxlike.pax for what it does not have, three ways (Pax's GPU
-# configs import paxml.contrib; TFRecordBertInput and TextInput are Pax's BERT and text inputs).
+# A Pax file's port asking paxlike.pax for what it does not have, three ways (Pax's GPU LLaMA
+# template imports SAX's layers; TFRecordBertInput and TextInput are Pax's BERT and text inputs).
 PAX_GAPS = {
-    "from paxlike.pax.contrib.gpu.scripts_gpu.tasks import BoolQDataset": "contrib",
+    "from paxlike.pax.contrib.gpu.scripts_gpu import saxml_layers":
+        "contrib.gpu.scripts_gpu.saxml_layers",
     "from paxlike.pax.tasks.lm.input_generator import TFRecordBertInput":
         "tasks.lm.input_generator.TFRecordBertInput",
     "from paxlike.pax.tasks.lm import input_generator\nX = input_generator.TextInput":

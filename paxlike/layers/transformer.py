@@ -87,7 +87,9 @@ class TransformerLayer(nn.Module):
   Pax's NORM_POLICY: 'pre' is x + f(norm(x)); 'post' is norm(x + f(x));
   'primer_hybrid' is x + norm_post(f(norm_pre(x))). dropout_rate (Pax's
   DROPOUT_PROB) drops attention probabilities, hidden FFN activations and
-  each sublayer's output before the residual add, while training.
+  each sublayer's output before the residual add, while training;
+  input_dropout_rate drops the layer's input (praxis's input_dropout_prob on
+  a repeated stack's one-layer block, which runs before every layer).
   """
 
   num_heads: int
@@ -108,6 +110,7 @@ class TransformerLayer(nn.Module):
   rope_timescales: tuple[float, float] | None = None  # see DotProductAttention
   norm_type: str = "layernorm"  # or "rmsnorm" (praxis's RmsNorm as the layer's ln_tpl)
   ffn_has_bias: bool = True
+  input_dropout_rate: float = 0.0
 
   def _residual(self, x: jax.Array, sublayer: Any, name: str) -> jax.Array:
     """x + sublayer(x) with this layer's norm policy; norms named pre_/post_<name>_norm."""
@@ -137,6 +140,8 @@ class TransformerLayer(nn.Module):
         use_bias=self.use_bias, logit_cap=self.atten_logit_cap, dropout_rate=self.dropout_rate,
         per_dim_scale=self.per_dim_scale, num_kv_heads=self.num_kv_heads,
         rope_timescales=self.rope_timescales, name="attention")
+    x = nn.Dropout(self.input_dropout_rate)(
+        x, deterministic=not dropout_active(self, self.input_dropout_rate))
     x = self._residual(x, lambda h: attention(h, index, segment_ids, positions), "attn")
     ffn = FeedForward(self.hidden_dims, self.activation, self.dtype,
                       use_gated_activation=self.use_gated_activation,
@@ -192,7 +197,8 @@ class StackedTransformer(nn.Module):
         use_repeated_layer=self.use_repeated_layer,
         checkpoint_policy=layout.stage_policy(self.checkpoint_policy),
         dtype=self.dtype, layer_kwargs=self.layer_kwargs, parent=None)
-    rate = dict(self.layer_kwargs).get("dropout_rate", 0.0)
+    kwargs = dict(self.layer_kwargs)
+    rate = max(kwargs.get("dropout_rate", 0.0), kwargs.get("input_dropout_rate", 0.0))
     rng = self.make_rng("dropout") if dropout_active(self, rate) else None
 
     def stage_fn(w: Any, h: jax.Array, seg: Any, pos: Any, key: Any) -> jax.Array:

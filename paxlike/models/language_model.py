@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from paxlike import decoding, flops
 from paxlike.errors import UserError
@@ -20,6 +21,7 @@ from paxlike.layers.embedding import (
   padded_vocab,
   sinusoidal_at,
 )
+from paxlike.layers.linear import dropout_active
 from paxlike.layers.transformer import StackedTransformer, make_norm
 from paxlike.models.base import BaseModel
 
@@ -147,6 +149,10 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
   norm_policy: str = "pre"
   layernorm_epsilon: float = 1e-6
   dropout_prob: float = 0.0
+  # praxis's StackedTransformer.input_dropout_prob: on the stack's input, once; on a repeated
+  # stack's one-layer block, before every layer (layer_input_dropout_prob).
+  input_dropout_prob: float = 0.0
+  layer_input_dropout_prob: float = 0.0
   atten_logit_cap: float = 0.0
   softmax_cap_logits: float = 0.0
   packed_input: bool = False
@@ -170,6 +176,9 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
   weight_init: tuple[str, float] | None = None
   softmax_weight_init: tuple[str, float] | None = None
   eos_id: int = 1  # the id decoding ends a row on (praxis's decoder_tpl.eos_id)
+  # praxis's apply_eval_sample_weights: a batch's per-row `eval_sample_weights` (0 for
+  # the rows padding a last eval batch) multiply its token weights.
+  apply_eval_sample_weights: bool = False
   # Pax's pipeline (NUM_STAGES; None: none): see StackedTransformer.
   num_stages: int | None = None
   circular_repeat: int = 1
@@ -197,7 +206,8 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
                     ("dropout_rate", self.dropout_prob), ("per_dim_scale", self.per_dim_scale),
                     ("num_kv_heads", self.num_kv_heads),
                     ("rope_timescales", _pair(self.rope_timescales)),
-                    ("norm_type", self.norm_type), ("ffn_has_bias", self.ffn_has_bias))
+                    ("norm_type", self.norm_type), ("ffn_has_bias", self.ffn_has_bias),
+                    ("input_dropout_rate", self.layer_input_dropout_prob))
     self.transformer = StackedTransformer(
         num_layers=self.num_layers, num_heads=self.num_heads, dim_per_head=self.dim_per_head,
         hidden_dims=self.hidden_dims, activation=self.activation,
@@ -207,6 +217,7 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
         circular_repeat=self.circular_repeat, num_microbatches=self.num_microbatches,
         microbatch_size=self.microbatch_size, stream_io=self.stream_io)
     self.final_norm = make_norm(self.norm_type, self.layernorm_epsilon, self.fprop_dtype)
+    self.input_dropout = nn.Dropout(self.input_dropout_prob)
 
   def __call__(self, ids: jax.Array, cache_mode: str | None = None,
                index: jax.Array | None = None, segment_ids: jax.Array | None = None,
@@ -229,6 +240,7 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
       x = x + sinusoidal_at(segment_pos, self.model_dims).astype(self.fprop_dtype)
     x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
     positions = segment_pos if self.rope_timescales is not None else None
+    x = self.input_dropout(x, deterministic=not dropout_active(self, self.input_dropout_prob))
     x = self.transformer(x, cache_mode, index, segment_ids, positions)
     # Outside a pipeline the softmax runs data-parallel over every core, stages included.
     batch_axis = "batch" if self.num_stages is None else "pipeline_batch"
@@ -243,7 +255,14 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
     if self.packed_input:
       segment_ids, segment_pos = batch.get("segment_ids"), batch.get("segment_pos")
     logits = self(batch["ids"], segment_ids=segment_ids, segment_pos=segment_pos)
-    return weighted_loss(logits, batch["labels"], batch["weights"])
+    weights = batch["weights"]
+    if self.apply_eval_sample_weights:
+      if "eval_sample_weights" in batch:
+        weights = weights * batch["eval_sample_weights"].astype(weights.dtype)[:, None]
+      else:  # as praxis: said once per compile, the weights used as they are
+        logging.warning("apply_eval_sample_weights is set, but the batch has no "
+                        "eval_sample_weights; its token weights are used as they are.")
+    return weighted_loss(logits, batch["labels"], weights)
 
   # ------------------------------------------------------------- decoding
 

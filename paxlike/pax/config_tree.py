@@ -125,6 +125,8 @@ def tree_of(m: fdl.Config) -> Config:
   stack = Config(pl.StackedTransformer, num_layers=layers, model_dims=m.model_dims,
                  hidden_dims=m.hidden_dims, num_heads=m.num_heads, dim_per_head=m.dim_per_head,
                  dropout_prob=m.dropout_prob, packed_input=m.packed_input,
+                 input_dropout_prob=(m.layer_input_dropout_prob if m.use_repeated_layer
+                                     else m.input_dropout_prob),
                  transformer_layer_params_tpl=layer)
   policy = AutodiffCheckpointType(policy_name(m.checkpoint_policy))
   if m.use_repeated_layer:
@@ -336,12 +338,16 @@ def _read_layer(r: _Reader, cfg: Any, path: str) -> None:
   _read_ffn(r, cfg.tr_fflayer_tpl, path + ".tr_fflayer_tpl")
 
 
-def _read_stack(r: _Reader, cfg: Any, path: str, repeats: int) -> None:
+def _read_stack(r: _Reader, cfg: Any, path: str, repeats: int, block: bool = False,
+                pipelined: bool = False) -> None:
+  """A StackedTransformer run `repeats` times over; `block`: a repeated stack's block,
+  `pipelined`: a pipeline's stage."""
   cfg = r.node(cfg, path, pl.StackedTransformer)
   r.fields(cfg, path, ("num_layers", "model_dims", "hidden_dims", "num_heads", "dim_per_head",
                        "dropout_prob", "atten_dropout_prob", "residual_dropout_prob",
                        "relu_dropout_prob", "packed_input", "transformer_layer_params_tpl",
-                       "checkpoint_policy", "mask_self_attention"))
+                       "checkpoint_policy", "mask_self_attention", "input_dropout_prob"))
+  _read_input_dropout(r, cfg, path, block, pipelined)
   if not cfg.mask_self_attention:
     raise UserError(f"{path}.mask_self_attention = False: paxlike's LM is causal; leave it "
                     "True.")
@@ -358,6 +364,23 @@ def _read_stack(r: _Reader, cfg: Any, path: str, repeats: int) -> None:
   if cfg.checkpoint_policy is not None:
     r.set("checkpoint_policy", path + ".checkpoint_policy", policy_name(cfg.checkpoint_policy))
   _read_layer(r, cfg.transformer_layer_params_tpl, path + ".transformer_layer_params_tpl")
+
+
+def _read_input_dropout(r: _Reader, cfg: Any, path: str, block: bool, pipelined: bool) -> None:
+  """praxis drops a stack's input each time the stack runs: once for a plain stack, before
+  every layer for a repeated stack's one-layer block (a pipeline stage's too)."""
+  rate = cfg.input_dropout_prob
+  if not rate:
+    return
+  where = f"{path}.input_dropout_prob"
+  if not 0.0 < rate < 1.0:
+    raise UserError(f"{where} = {rate!r} must be in [0, 1).")
+  if (pipelined and not block) or (block and _count(cfg.num_layers, path + ".num_layers") != 1):
+    raise UserError(f"{where} = {rate!r}: paxlike drops the stack's input once, or before "
+                    "every layer of a repeated stack whose block has one layer; this stack "
+                    f"runs {'per pipeline stage' if pipelined else 'in blocks of several layers'}"
+                    ", so leave it at 0.0.")
+  r.set("layer_input_dropout_prob" if block else "input_dropout_prob", where, rate)
 
 
 def _read_stacked(r: _Reader, cfg: Any, path: str, stages: int | None) -> None:
@@ -384,8 +407,9 @@ def _read_stacked(r: _Reader, cfg: Any, path: str, stages: int | None) -> None:
   _read_stage(r, cfg, path, 1)
 
 
-def _read_stage(r: _Reader, cfg: Any, path: str, times: int) -> None:
-  """A StackedTransformer(Repeated) whose layers the model has `times` copies of."""
+def _read_stage(r: _Reader, cfg: Any, path: str, times: int, pipelined: bool = False) -> None:
+  """A StackedTransformer(Repeated) whose layers the model has `times` copies of (a pipeline's
+  stage when `pipelined`)."""
   cfg = r.node(cfg, path, pl.StackedTransformer, pl.StackedTransformerRepeated)
   if issubclass(fdl.get_callable(cfg), pl.StackedTransformerRepeated):
     r.fields(cfg, path, ("block", "x_times", "checkpoint_policy", "unroll_in_decode"))
@@ -393,10 +417,11 @@ def _read_stage(r: _Reader, cfg: Any, path: str, times: int) -> None:
     if cfg.checkpoint_policy is not None:
       r.set("checkpoint_policy", path + ".checkpoint_policy",
             policy_name(cfg.checkpoint_policy))
-    _read_stack(r, cfg.block, path + ".block", _count(cfg.x_times, path + ".x_times") * times)
+    _read_stack(r, cfg.block, path + ".block", _count(cfg.x_times, path + ".x_times") * times,
+                block=True, pipelined=pipelined)
     return
   r.set("use_repeated_layer", path, False)
-  _read_stack(r, cfg, path, times)
+  _read_stack(r, cfg, path, times, pipelined=pipelined)
 
 
 def _count(value: Any, path: str, none_ok: bool = False) -> int | None:
@@ -442,7 +467,7 @@ def _read_pipeline(r: _Reader, cfg: fdl.Buildable, path: str, stages: int) -> No
   r.set("stream_io", path + ".stream_io", bool(cfg.stream_io))
   if cfg.checkpoint_policy is not None:
     r.set("checkpoint_policy", path + ".checkpoint_policy", policy_name(cfg.checkpoint_policy))
-  _read_stage(r, cfg.pipeline_stage, path + ".pipeline_stage", s * repeat)
+  _read_stage(r, cfg.pipeline_stage, path + ".pipeline_stage", s * repeat, pipelined=True)
 
 
 def _read_tables(r: _Reader, lm: fdl.Buildable, path: str) -> None:

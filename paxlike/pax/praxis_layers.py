@@ -58,6 +58,9 @@ class LayerNorm(_Template):
   use_scale: bool = True
   use_bias: bool = True
   direct_scale: bool = False
+  # praxis's default is False (reduce in the input's dtype); paxlike's LayerNorm always
+  # reduces in float32, so True (Pax's GPU configs set it) is what runs and False is refused.
+  reductions_in_fp32: bool = True
   name: str = ""
 
 

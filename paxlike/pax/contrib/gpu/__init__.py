@@ -1,0 +1,1 @@
+"""paxml.contrib.gpu / praxis.contrib.gpu: see scripts_gpu."""

@@ -1,0 +1,22 @@
+"""paxml.contrib.gpu.scripts_gpu.llama_utils: BaseLLaMA, importable and refused when run."""
+
+from __future__ import annotations
+
+from paxlike.errors import UserError
+from paxlike.lm_experiments import TransformerLmSpmdAdam
+
+
+class BaseLLaMA(TransformerLmSpmdAdam):
+  """Pax's GPU LLaMA template (SAX's LLaMA rotary embedding, multi-query attention).
+
+  A file that subclasses it imports and registers; running such a class is
+  refused in validate(), before anything is built or written.
+  """
+
+  def validate(self) -> None:
+    raise UserError(f"{type(self).__name__} is built on Pax's GPU LLaMA template (BaseLLaMA), "
+                    "which paxlike does not run; paxlike's Llama family trains and fine-tunes "
+                    "Llama models from their Hugging Face checkpoints (docs/llama.md).")
+
+
+__all__ = ["BaseLLaMA"]

@@ -1,0 +1,341 @@
+"""Pax's GPU configs (paxml/contrib/gpu/scripts_gpu/configs.py), their imports rewritten.
+
+The first part writes a module in that file's idiom (a GPT-3 class on
+synthetic data whose MODEL_CLASS is CustomMetricsLM, with the mixins and the
+task() edits the file makes) and runs it; the second reads Pax's own file from
+$PAXLIKE_PAXREF/gpu_configs.py (default /work/paxref), as pax_pipeline_files_test
+reads lm_cloud.py, c4.py and nvidia.py, and is skipped where it is absent.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import describe, parse_trained_line, run_cli
+from pax_pipeline_files_test import (
+  PAXREF,
+  Pax,
+  _count,
+  _model_of,
+  _on_devices,
+  pax_param_count,
+  rewrite_imports,
+)
+
+from paxlike import config, experiment, registry
+from paxlike.errors import UserError
+from paxlike.models.language_model import LanguageModel
+from paxlike.pax.contrib.gpu.scripts_gpu.models import CustomMetricsLM
+
+GPU_IDIOM = """\
+import fiddle as fdl
+from jax import numpy as jnp
+from paxlike.pax import experiment_registry
+from paxlike.pax.contrib.gpu.scripts_gpu.checkpoint_utils import CheckpointRestoreMixin
+from paxlike.pax.contrib.gpu.scripts_gpu.lora_utils import LoRAMixin
+from paxlike.pax.contrib.gpu.scripts_gpu.models import CustomMetricsLM
+from paxlike.pax.contrib.gpu.scripts_gpu.tasks import PileUnsupervisedDataset
+from paxlike.pax.tasks.lm.params.c4 import TransformerLmSpmdAdam
+from paxlike.pax.tasks.lm.params.lm_cloud import SyntheticDataset
+from paxlike.pax.layers import transformers
+
+
+class TinyGptBase(TransformerLmSpmdAdam, LoRAMixin, CheckpointRestoreMixin):
+  MODEL_CLASS = CustomMetricsLM
+  USE_REPEATED_LAYER = False
+  ICI_MESH_SHAPE = [1, 1, 1]
+  FPROP_DTYPE = jnp.float32
+  MAX_STEPS = 40
+  MAX_SEQ_LEN = 32
+  VOCAB_SIZE = 256
+  PERCORE_BATCH_SIZE = 8
+  NUM_LAYERS = 2
+  NUM_HEADS = 4
+  MODEL_DIMS = 64
+  HIDDEN_DIMS = 256
+  DIMS_PER_HEAD = 16
+  TRAINABLE_POSITION_EMB = True
+  USE_BIAS = True
+  LEARNING_RATE = 3e-3
+  LR_SCHEDULE = 'linear_rampup_cosine_decay'
+  LR_COS_WARMUP = 4
+  LR_COS_DECAY_START = 5
+  LR_COS_DECAY_END = 40
+  SUMMARY_INTERVAL_STEPS = 20
+
+  def task(self):
+    self.TRAINABLE_PE_MAX_SEQ_LEN = self.MAX_SEQ_LEN
+    task_p = super().task()
+    task_p.train.num_train_steps = self.MAX_STEPS
+    task_p.train.compute_steps_per_sec_interval_steps = self.SUMMARY_INTERVAL_STEPS
+    stacked_p = task_p.model.lm_tpl.stacked_transformer_tpl
+    if issubclass(fdl.get_callable(stacked_p), transformers.StackedTransformerRepeated):
+      stacked_p = stacked_p.block
+    layer_p = stacked_p.transformer_layer_params_tpl
+    layer_p.ln_tpl.reductions_in_fp32 = True
+    layer_p.tr_fflayer_tpl.ln_tpl.reductions_in_fp32 = True
+    task_p.model.lm_tpl.final_ln_tpl.reductions_in_fp32 = True
+    task_p.model.apply_eval_sample_weights = True
+    task_p = self.configure_lora(task_p)
+    return self.configure_checkpoint_restore(task_p)
+
+
+@experiment_registry.register
+class TinySynthetic(TinyGptBase, SyntheticDataset):
+  pass
+
+
+@experiment_registry.register
+class TinyPile(TinyGptBase, PileUnsupervisedDataset):
+  pass
+"""
+
+
+@pytest.fixture
+def gpu_idiom(tmp_path, monkeypatch):
+  """The module above as `pax_gpu_idiom`, imported; its registrations undone after."""
+  (tmp_path / "pax_gpu_idiom.py").write_text(GPU_IDIOM)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.delitem(sys.modules, "pax_gpu_idiom", raising=False)
+  before = set(registry.list_names())
+  yield tmp_path
+  for key in set(registry.list_names()) - before:
+    registry.unregister(key)
+
+
+def _built(name: str, **knobs):
+  """The built task of pax_gpu_idiom.NAME, in a subclass that sets these knobs."""
+  cls = registry.get(f"pax_gpu_idiom.{name}")
+  exp = experiment.instantiate(type(name, (cls,), knobs) if knobs else cls)
+  return config.build(experiment.build_checked(exp).task)
+
+
+def test_the_gpu_idiom_builds_custom_metrics_lm_with_its_edits(gpu_idiom):
+  task = _built("TinySynthetic")
+  assert type(task.model) is CustomMetricsLM and task.model.apply_eval_sample_weights
+  assert (task.train.num_train_steps, task.train.compute_steps_per_sec_interval_steps) == (40, 20)
+  assert task.model.trainable_position_emb and task.model.trainable_pe_max_seq_len == 32
+
+
+def test_the_gpu_idiom_trains_and_the_loss_goes_down(gpu_idiom):
+  job = gpu_idiom / "job"
+  proc = run_cli(["--exp=pax_gpu_idiom.TinySynthetic", f"--job_log_dir={job}"],
+                 cwd=gpu_idiom, pythonpath=[gpu_idiom])
+  assert proc.returncode == 0, describe(proc)
+  trained = parse_trained_line(proc.stdout)
+  assert trained["final_step"] == 40, describe(proc)
+  assert trained["last_loss"] < 0.7 * trained["first_loss"], describe(proc)
+  assert "task.model.apply_eval_sample_weights: bool = True" in (
+      job / "model_params.txt").read_text()
+  assert re.search(r"^MODEL_CLASS : .*\.CustomMetricsLM$",
+                   (job / "experiment_cls_vars.txt").read_text(), re.M)
+
+
+@pytest.mark.parametrize("knobs,expected", [
+    ({"USE_LORA": True}, r"^USE_LORA=True \(LORA_RANK=8, .*paxlike has no LoRA adapters yet"),
+    ({"CHECKPOINT_RESTORE_PATH": "/ckpt/checkpoint_00000000"},
+     r"^CHECKPOINT_RESTORE_PATH='/ckpt/checkpoint_00000000' restores a Pax checkpoint, which "
+     r"paxlike does not read; INIT_FROM"),
+    ({"MODEL_CLASS": dict}, r"^MODEL_CLASS='dict': this template builds paxlike's LanguageModel"),
+    ({"SUMMARY_INTERVAL_STEPS": 10}, None),  # task() ties the two together: accepted
+])
+def test_what_the_gpu_idiom_cannot_run_is_refused_by_name(gpu_idiom, knobs, expected):
+  if expected is None:
+    assert _built("TinySynthetic", **knobs).train.compute_steps_per_sec_interval_steps == 10
+    return
+  with pytest.raises(UserError, match=expected):
+    _built("TinySynthetic", **knobs)
+
+
+def test_the_pile_mixin_is_refused_before_anything_is_written(gpu_idiom):
+  job = gpu_idiom / "job"
+  proc = run_cli(["--exp=pax_gpu_idiom.TinyPile", f"--job_log_dir={job}"], cwd=gpu_idiom,
+                 pythonpath=[gpu_idiom])
+  assert proc.returncode == 2, describe(proc)
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      "error: TinyPile reads SeqIO mixture 'the_pile_lm' through Pax's GPU scripts' own TFDS "
+      "builder"), describe(proc)
+  assert not job.exists()
+
+
+def test_a_steps_per_sec_window_other_than_the_summary_interval_is_refused():
+  from paxlike.task import TrainSettings
+
+  with pytest.raises(UserError, match=r"compute_steps_per_sec_interval_steps = 10: paxlike "
+                                      r"measures steps/s over each summary interval, "
+                                      r"summary_interval_steps = 100"):
+    TrainSettings(compute_steps_per_sec_interval_steps=10)
+
+
+def test_custom_metrics_lm_refuses_the_eval_outputs_it_does_not_compute():
+  with pytest.raises(UserError, match=r"^CustomMetricsLM eval_task='lambada': paxlike does not "
+                                      r"compute these eval outputs yet"):
+    CustomMetricsLM(vocab_size=16, model_dims=8, num_layers=1, num_heads=1, dim_per_head=8,
+                    hidden_dims=16, eval_task="lambada")
+
+
+def test_apply_eval_sample_weights_drops_the_padding_rows_from_the_loss():
+  """praxis's merge of per-example and per-token weights: a row whose eval_sample_weights is
+  0 counts for nothing, so the loss is that of the other row alone."""
+  model = LanguageModel(vocab_size=32, model_dims=16, num_layers=1, num_heads=2, dim_per_head=8,
+                        hidden_dims=32, apply_eval_sample_weights=True)
+  rng = np.random.default_rng(0)
+  batch = {"ids": jnp.asarray(rng.integers(0, 32, (2, 8)), jnp.int32),
+           "labels": jnp.asarray(rng.integers(0, 32, (2, 8)), jnp.int32),
+           "weights": jnp.ones((2, 8), jnp.float32)}
+  params = model.init(jax.random.key(0), batch["ids"])
+
+  def loss(b):
+    return float(model.apply(params, b, method=model.fprop)[0])
+
+  padded = loss({**batch, "eval_sample_weights": jnp.asarray([1.0, 0.0])})
+  row0 = loss({k: v[:1] for k, v in batch.items()})
+  assert padded == pytest.approx(row0, rel=1e-5)
+  assert loss(batch) != pytest.approx(row0, rel=1e-3)  # without them, both rows count
+
+
+def test_a_layer_norm_reducing_in_its_input_dtype_is_refused():
+  from paxlike.pax.tasks.lm import model_params
+
+  class Exp(model_params.TransformerLmSpmdAdafactor):
+    MAX_SEQ_LEN = 16
+    PERCORE_BATCH_SIZE = 1
+
+    def task(self):
+      task_p = super().task()
+      task_p.model.lm_tpl.final_ln_tpl.reductions_in_fp32 = False
+      return task_p
+
+  with pytest.raises(UserError, match=r"final_ln_tpl\.reductions_in_fp32 = False: .*leave it at "
+                                      r"True"):
+    experiment.task_config(experiment.instantiate(Exp))
+
+
+# ------------------------------------------------------ Pax's own file, where present
+
+GPU_CONFIGS = PAXREF / "gpu_configs.py"
+GPT3_GPU = dict(gpt3=True, position_table=2048, stages=1, microbatches=1, devices=0)
+SYNTHETIC = {  # class: (Pax's dims, devices = ICI x DCN, global batch = PERCORE x devices)
+    "Synthetic126M": (Pax(12, 768, 12, 64, 50304, **GPT3_GPU), 64, 256),
+    "Synthetic5B": (Pax(24, 4096, 32, 128, 50304, **GPT3_GPU), 256, 2048),
+    "Synthetic175B": (Pax(96, 12288, 96, 128, 50257, **GPT3_GPU), 256, 1536),
+}
+
+
+@pytest.fixture(scope="module")
+def gpu_configs(tmp_path_factory):
+  if not GPU_CONFIGS.is_file():
+    pytest.skip(f"Pax's GPU configs are not at {GPU_CONFIGS} (set PAXLIKE_PAXREF)")
+  root = tmp_path_factory.mktemp("pax_gpu")
+  (root / "pax_gpu_configs.py").write_text(rewrite_imports(GPU_CONFIGS.read_text()))
+  registry.import_shipped()
+  before = set(registry.list_names())
+  sys.path.insert(0, str(root))
+  try:
+    importlib.import_module("pax_gpu_configs")
+    yield root
+  finally:
+    sys.path.remove(str(root))
+    for key in set(registry.list_names()) - before:
+      registry.unregister(key)
+    sys.modules.pop("pax_gpu_configs", None)
+
+
+def test_the_gpu_configs_typo_is_refused_by_name(gpu_configs):
+  """GPT126MBase sets R_COS_MIN_RATIO = 0.1 (Pax's name is LR_COS_MIN_RATIO, whose template
+  default is also 0.1): Pax ignores it silently."""
+  with pytest.raises(UserError, match=r"^R_COS_MIN_RATIO = 0\.1 on GPT126MBase: nothing reads "
+                                      r"it; did you mean LR_COS_MIN_RATIO"):
+    _model_of(registry.get("pax_gpu_configs.Synthetic126M"))
+
+
+def _typo_read(name: str) -> type:
+  """The file's class NAME (GLaM's are not registered), in a subclass whose task() reads
+  R_COS_MIN_RATIO where the class has it."""
+
+  class TypoRead(getattr(sys.modules["pax_gpu_configs"], name)):
+    def task(self):
+      assert getattr(self, "R_COS_MIN_RATIO", 0.1) == 0.1  # read, so not refused
+      return super().task()
+
+  return TypoRead
+
+
+@pytest.mark.parametrize("name", sorted(SYNTHETIC))
+def test_gpu_synthetic_class_has_paxs_count_and_batch(gpu_configs, monkeypatch, name):
+  pax, devices, batch = SYNTHETIC[name]
+  cls = _typo_read(name)
+  exp = experiment.instantiate(cls)
+  assert math.prod(exp.ICI_MESH_SHAPE) * math.prod(exp.DCN_MESH_SHAPE) == devices
+  _on_devices(monkeypatch, devices)
+  _, model, rows = _model_of(cls)
+  assert type(model) is CustomMetricsLM
+  assert (model.num_layers, rows, _count(model)) == (pax.layers, batch, pax_param_count(pax))
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("Pile126M", "reads SeqIO mixture 'the_pile_lm' through Pax's GPU scripts' own TFDS"),
+    ("Lambada126M", "reads SeqIO mixture 'lambada_eval'"),
+    ("PileGLaM126M64E", "mixture-of-experts"),
+    ("LLaMA7B", "is built on Pax's GPU LLaMA template (BaseLLaMA)"),
+    ("LLaMA70B", "is built on Pax's GPU LLaMA template (BaseLLaMA)"),
+])
+def test_gpu_classes_paxlike_does_not_run_are_refused_in_one_line(gpu_configs, name, expected):
+  with pytest.raises(UserError) as err:
+    _model_of(_typo_read(name))
+  assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("repeated,field", [(True, "layer_input_dropout_prob"),
+                                            (False, "input_dropout_prob")])
+def test_a_stacks_input_dropout_lands_where_praxis_applies_it(repeated, field):
+  """GPT5BBase's edit: on a repeated stack's one-layer block, praxis drops the input of every
+  layer; on a plain stack, the stack's input once."""
+  import fiddle as fdl
+
+  from paxlike.pax.layers import transformers
+  from paxlike.pax.tasks.lm import model_params
+
+  class Exp(model_params.TransformerLmSpmdAdafactor):
+    MAX_SEQ_LEN = 16
+    PERCORE_BATCH_SIZE = 1
+    USE_REPEATED_LAYER = repeated
+
+    def task(self):
+      task_p = super().task()
+      stacked_p = task_p.model.lm_tpl.stacked_transformer_tpl
+      if issubclass(fdl.get_callable(stacked_p), transformers.StackedTransformerRepeated):
+        stacked_p = stacked_p.block
+      stacked_p.input_dropout_prob = 0.1
+      return task_p
+
+  model = config.build(experiment.task_config(experiment.instantiate(Exp))).model
+  other = ({"input_dropout_prob", "layer_input_dropout_prob"} - {field}).pop()
+  assert (getattr(model, field), getattr(model, other)) == (0.1, 0.0)
+
+
+@pytest.mark.parametrize("field", ["input_dropout_prob", "layer_input_dropout_prob"])
+@pytest.mark.parametrize("repeated", [True, False])
+def test_input_dropout_drops_while_training_only(field, repeated):
+  model = LanguageModel(vocab_size=32, model_dims=16, num_layers=2, num_heads=2, dim_per_head=8,
+                        hidden_dims=32, use_repeated_layer=repeated, **{field: 0.5})
+  ids = jnp.asarray(np.random.default_rng(0).integers(0, 32, (2, 8)), jnp.int32)
+  batch = {"ids": ids, "labels": ids, "weights": jnp.ones((2, 8), jnp.float32)}
+  params = model.init(jax.random.key(0), ids)
+
+  def loss(key=None):
+    rngs = {} if key is None else {"dropout": jax.random.key(key)}
+    return float(model.apply(params, batch, method=model.fprop, rngs=rngs)[0])
+
+  plain = LanguageModel(vocab_size=32, model_dims=16, num_layers=2, num_heads=2, dim_per_head=8,
+                        hidden_dims=32, use_repeated_layer=repeated)
+  assert loss() == pytest.approx(float(plain.apply(params, batch, method=plain.fprop)[0]))
+  assert loss(1) != pytest.approx(loss(), rel=1e-4)
+  assert loss(1) != pytest.approx(loss(2), rel=1e-4)
