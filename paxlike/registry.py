@@ -145,7 +145,7 @@ def _try_import(module_name: str) -> bool:
   except ModuleNotFoundError as e:
     missing = e.name or ""
     if module_name == missing or module_name.startswith(missing + "."):
-      return False
+      return False  # the named module itself is missing: a wrong name, said by the caller
     gap = _pax_gap(module_name, e)
     if gap:
       raise UserError(gap) from None
