@@ -81,17 +81,19 @@ def maybe_setup_moe_params(model_p: Any) -> None:
                     "mixture-of-experts layers; MoE is not modelled yet in paxlike.")
 
 
-class _NotRunnable:
-  """Refuses the run in validate(), before anything is built or written."""
+class NotRunnable:
+  """Refuses the run in validate(), before anything is built or written: what the class is
+  (WHY) and what paxlike runs instead (INSTEAD)."""
 
   WHY = ""
+  INSTEAD = "use a TransformerLmSpmdAdafactor / TransformerLmSpmdAdam experiment"
 
   def validate(self) -> None:
     raise UserError(f"{type(self).__name__} is {self.WHY}, which paxlike does not run yet; "
-                    "use a TransformerLmSpmdAdafactor / TransformerLmSpmdAdam experiment.")
+                    f"{self.INSTEAD}.")
 
 
-class ClassificationModelAdam(_NotRunnable, BaseExperiment):
+class ClassificationModelAdam(NotRunnable, BaseExperiment):
   """Pax's MLP classifier template (importable; running it is refused)."""
 
   WHY = "an MLP classification model (praxis' ClassificationMLPModel)"
@@ -110,13 +112,13 @@ class ClassificationModelAdam(_NotRunnable, BaseExperiment):
   TRAINING_OPTIMIZED_SHARDING = True
 
 
-class TransformerBertPmapAdam(_NotRunnable, BaseExperiment):
+class TransformerBertPmapAdam(NotRunnable, BaseExperiment):
   """Pax's BERT template on pmap (importable; running it is refused)."""
 
   WHY = "a BERT masked language model (Pax's TransformerBertPmapAdam)"
 
 
-class TransformerBertSpmdAdafactor(_NotRunnable, BaseExperiment):
+class TransformerBertSpmdAdafactor(NotRunnable, BaseExperiment):
   """Pax's BERT template on a mesh (importable; running it is refused)."""
 
   WHY = "a BERT masked language model (Pax's TransformerBertSpmdAdafactor)"

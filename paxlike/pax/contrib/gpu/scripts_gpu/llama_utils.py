@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from paxlike.errors import UserError
 from paxlike.lm_experiments import TransformerLmSpmdAdam
+from paxlike.pax.tasks.lm.model_params import NotRunnable
 
 
-class BaseLLaMA(TransformerLmSpmdAdam):
+class BaseLLaMA(NotRunnable, TransformerLmSpmdAdam):
   """Pax's GPU LLaMA template (SAX's LLaMA rotary embedding, multi-query attention).
 
   A file that subclasses it imports and registers; running such a class is
   refused in validate(), before anything is built or written.
   """
 
-  def validate(self) -> None:
-    raise UserError(f"{type(self).__name__} is built on Pax's GPU LLaMA template (BaseLLaMA), "
-                    "which paxlike does not run; paxlike's Llama family trains and fine-tunes "
-                    "Llama models from their Hugging Face checkpoints (docs/llama.md).")
+  WHY = "built on Pax's GPU LLaMA template (BaseLLaMA)"
+  INSTEAD = ("paxlike's Llama family trains and fine-tunes Llama models from their Hugging "
+             "Face checkpoints (docs/llama.md)")
 
 
 __all__ = ["BaseLLaMA"]
