@@ -7,6 +7,7 @@ it at import time and imports nothing from JAX at the top.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import shutil
@@ -84,6 +85,22 @@ TINY = "LmCloudSpmdTiny"
 TINY_KEY = "experiments.lm.lm_cloud.LmCloudSpmdTiny"
 TRAINED_RE = re.compile(
     r"trained steps (\d+)\.\.(\d+): loss ([\d.]+) \(step (\d+)\) -> ([\d.]+) \(step (\d+)\)")
+
+
+@contextlib.contextmanager
+def registrations_undone():
+  """Unregisters what the block registers. The shipped experiments are imported first, so
+  they stay: a module that registered inside the block and stays in sys.modules would not
+  register again, and a later test would find its names gone."""
+  from paxlike import registry
+
+  registry.import_shipped()
+  before = set(registry.list_names())
+  try:
+    yield
+  finally:
+    for key in set(registry.list_names()) - before:
+      registry.unregister(key)
 
 
 def run_cli(args: list[str], cwd: Path, devices: int = 1, script: bool = False,

@@ -9,7 +9,6 @@ reads lm_cloud.py, c4.py and nvidia.py, and is skipped where it is absent.
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
 import sys
@@ -18,15 +17,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import describe, parse_trained_line, run_cli
+from conftest import describe, parse_trained_line, registrations_undone, run_cli
 from pax_pipeline_files_test import (
   PAXREF,
   Pax,
   _count,
+  _import_ports,
   _model_of,
   _on_devices,
   pax_param_count,
-  rewrite_imports,
 )
 
 from paxlike import config, experiment, registry
@@ -104,10 +103,8 @@ def gpu_idiom(tmp_path, monkeypatch):
   (tmp_path / "pax_gpu_idiom.py").write_text(GPU_IDIOM)
   monkeypatch.syspath_prepend(str(tmp_path))
   monkeypatch.delitem(sys.modules, "pax_gpu_idiom", raising=False)
-  before = set(registry.list_names())
-  yield tmp_path
-  for key in set(registry.list_names()) - before:
-    registry.unregister(key)
+  with registrations_undone():
+    yield tmp_path
 
 
 def _built(name: str, **knobs):
@@ -231,19 +228,7 @@ SYNTHETIC = {  # class: (Pax's dims, devices = ICI x DCN, global batch = PERCORE
 def gpu_configs(tmp_path_factory):
   if not GPU_CONFIGS.is_file():
     pytest.skip(f"Pax's GPU configs are not at {GPU_CONFIGS} (set PAXLIKE_PAXREF)")
-  root = tmp_path_factory.mktemp("pax_gpu")
-  (root / "pax_gpu_configs.py").write_text(rewrite_imports(GPU_CONFIGS.read_text()))
-  registry.import_shipped()
-  before = set(registry.list_names())
-  sys.path.insert(0, str(root))
-  try:
-    importlib.import_module("pax_gpu_configs")
-    yield root
-  finally:
-    sys.path.remove(str(root))
-    for key in set(registry.list_names()) - before:
-      registry.unregister(key)
-    sys.modules.pop("pax_gpu_configs", None)
+  yield from _import_ports(tmp_path_factory.mktemp("pax_gpu"), (GPU_CONFIGS.stem,))
 
 
 def test_the_gpu_configs_typo_is_refused_by_name(gpu_configs):

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, describe, parse_trained_line, run_cli
+from conftest import REPO_ROOT, describe, parse_trained_line, registrations_undone, run_cli
 
 from paxlike import config, experiment, mesh, registry, trainer
 from paxlike.errors import UserError
@@ -373,14 +373,10 @@ def test_lingvo_adaptor_config_dry_runs_trains_evals_and_stops_early(tmp_path, m
   (tmp_path / "pax_adapted.py").write_text(PAX_MODULE)
   monkeypatch.syspath_prepend(str(tmp_path))
   monkeypatch.delitem(sys.modules, "pax_adapted", raising=False)
-  before = set(registry.list_names())
-  try:
+  with registrations_undone():
     exp = experiment.instantiate(registry.get("pax_adapted.Adapted"))
     configs = experiment.build_checked(exp)
     report = dry_run.analyse(exp)
-  finally:
-    for key in set(registry.list_names()) - before:
-      registry.unregister(key)
   # The adaptor's configs are read as the synthetic inputs they wrap, its fields on them.
   train_cfg, eval_cfg = configs.datasets
   assert (train_cfg.is_training, eval_cfg.is_training, eval_cfg.name) == (True, False, "eval")

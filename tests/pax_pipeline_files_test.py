@@ -30,6 +30,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from conftest import registrations_undone
 
 from paxlike import config, dry_run, experiment, registry
 from paxlike import train_state as ts
@@ -79,27 +80,28 @@ def _import_ports(root, files):
   registrations, SeqIO tasks and modules (t5's stand-in included)."""
   for name in files:
     (root / f"pax_{name}.py").write_text(rewrite_imports((PAXREF / f"{name}.py").read_text()))
-  registry.import_shipped()  # the files import them: they stay registered after
-  before_keys, before_mods = set(registry.list_names()), set(sys.modules)
-  sys.path.insert(0, str(root))
-  seqio = pytest.importorskip("seqio")
-  tasks_before = set(seqio.TaskRegistry.names())
-  try:
-    yield {name: importlib.import_module(f"pax_{name}") for name in files}
-  finally:
-    sys.path.remove(str(root))
-    for key in set(registry.list_names()) - before_keys:
-      registry.unregister(key)
-    for name in set(seqio.TaskRegistry.names()) - tasks_before:
-      seqio.TaskRegistry.remove(name)
-    for mod in set(sys.modules) - before_mods:
-      if mod.startswith(("pax_", "t5")):
-        del sys.modules[mod]
+  with registrations_undone():  # the shipped experiments, imported first, stay registered
+    seqio = sys.modules.get("seqio")  # not imported yet: no SeqIO task is registered yet
+    before_mods = set(sys.modules)
+    tasks_before = set(seqio.TaskRegistry.names()) if seqio else set()
+    sys.path.insert(0, str(root))
+    try:
+      yield {name: importlib.import_module(f"pax_{name}") for name in files}
+    finally:
+      sys.path.remove(str(root))
+      seqio = sys.modules.get("seqio")  # c4.py imports it
+      if seqio:
+        for name in set(seqio.TaskRegistry.names()) - tasks_before:
+          seqio.TaskRegistry.remove(name)
+      for mod in set(sys.modules) - before_mods:
+        if mod.startswith(("pax_", "t5")):
+          del sys.modules[mod]
 
 
 @pytest.fixture(scope="module")
 def pax_modules(tmp_path_factory):
   """The three rewritten files imported (pax_lm_cloud, pax_c4, pax_nvidia)."""
+  pytest.importorskip("seqio")  # c4.py registers its SeqIO tasks at import
   root = tmp_path_factory.mktemp("pax_files")
   if importlib.util.find_spec("t5") is None:
     for rel, text in T5_STAND_IN.items():

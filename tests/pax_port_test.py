@@ -12,7 +12,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import REPO_ROOT, describe, parse_trained_line, run_cli
+from conftest import REPO_ROOT, describe, parse_trained_line, registrations_undone, run_cli
 
 HEADER = """\
 from jax import numpy as jnp
@@ -106,13 +106,9 @@ def dry_run_and_train(tmp_path, monkeypatch):
 
   monkeypatch.syspath_prepend(str(tmp_path))
   monkeypatch.delitem(sys.modules, "pax_idiom", raising=False)  # each test writes its own
-  before = set(registry.list_names())
-  try:
+  with registrations_undone():
     exp = experiment.instantiate(registry.get("pax_idiom.PaxIdiomLm"))
     report = dry_run.analyse(exp)
-  finally:
-    for key in set(registry.list_names()) - before:
-      registry.unregister(key)
   assert report["mesh"] == {"replica": 1, "data": 2, "mdl": 2}
   assert report["params"] > 0
   job = tmp_path / "job"

@@ -6,7 +6,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import TINY, TINY_KEY, describe, run_cli
+from conftest import TINY, TINY_KEY, describe, registrations_undone, run_cli
 
 from paxlike import experiment_registry, registry
 from paxlike.errors import UserError
@@ -22,11 +22,8 @@ SHIPPED = (
 @pytest.fixture(autouse=True)
 def clean_registry():
   """Unregisters whatever a test registers (shipped experiments stay)."""
-  registry.import_shipped()
-  before = set(registry.list_names())
-  yield
-  for key in set(registry.list_names()) - before:
-    registry.unregister(key)
+  with registrations_undone():
+    yield
 
 
 def _exp_class(module: str, name: str) -> type:
