@@ -135,26 +135,33 @@ def step_flops(side: ts.Side) -> dict[str, float]:
           "jaxpr_matmul_flops": flops.jaxpr_matmul_flops(jaxpr)}
 
 
-def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
-  """Builds both sides, checks their FLOPs, times them alternating; (record, FLOPs equal)."""
-  exps = peer_experiments(args.rope_theta, args.lm_norm, args.lm_rope)
-  sides = {name: build_side(name, exps[name], shape_sets(args, name) + args.set,
-                            args.num_batches) for name in ("llama", "lm")}
-  llama, lm = sides["llama"].runner, sides["lm"].runner
-  runners = [llama, lm]
-  counted = {n: step_flops(side) for n, side in sides.items()}
-  compiled = {n: side.runner.compile(side.lower) for n, side in sides.items()}
-  hlo = ts.dump_hlo(args.hlo_dir, {n: c.as_text() for n, c in compiled.items()}) if (
-      args.hlo_dir) else None
-  del compiled
+def timed(sides: dict[str, ts.Side], args: argparse.Namespace
+          ) -> tuple[dict[str, float], dict[str, float]]:
+  """Each compiled side's first loss, --warmup untimed steps, then --rounds alternating rounds
+  of --block steps: (median step seconds, median CPU seconds) by side name."""
+  runners = [side.runner for side in sides.values()]
   for side in sides.values():
     side.runner.first_loss = ts.host_metrics(side.setup.partitioner, side.runner.run())["loss"]
   for _ in range(args.warmup):
     for r in runners:
       r.run()
   ts.time_interleaved(runners, args.rounds * args.block, args.block)
-  med = {r.name: statistics.median(r.times) for r in runners}
-  cpu = {r.name: statistics.median(r.cpu_times) for r in runners}
+  return ({r.name: statistics.median(r.times) for r in runners},
+          {r.name: statistics.median(r.cpu_times) for r in runners})
+
+
+def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
+  """Builds both sides, checks their FLOPs, times them alternating; (record, FLOPs equal)."""
+  exps = peer_experiments(args.rope_theta, args.lm_norm, args.lm_rope)
+  sides = {name: build_side(name, exps[name], shape_sets(args, name) + args.set,
+                            args.num_batches) for name in ("llama", "lm")}
+  llama, lm = sides["llama"].runner, sides["lm"].runner
+  counted = {n: step_flops(side) for n, side in sides.items()}
+  compiled = {n: side.runner.compile(side.lower) for n, side in sides.items()}
+  hlo = ts.dump_hlo(args.hlo_dir, {n: c.as_text() for n, c in compiled.items()}) if (
+      args.hlo_dir) else None
+  del compiled
+  med, cpu = timed(sides, args)
   same = all(counted["llama"][k] == counted["lm"][k] for k in counted["llama"])
   import jax
 
@@ -193,10 +200,9 @@ def summary(record: dict[str, Any]) -> str:
       f"CPU seconds {record['ratio_cpu']:.3f})"])
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-  p = ts.Parser(prog="python -m benchmarks.llama_step",
-                description="Times the Llama-family step against the Pax LM step of the same "
-                            "model FLOPs, alternating, in one process.")
+def parser(prog: str, description: str) -> ts.Parser:
+  """The shape, timing and override flags (benchmarks.lora_step adds its own to them)."""
+  p = ts.Parser(prog=prog, description=description)
   for flag, default, what in (
       ("layers", 4, "layers"), ("model_dims", 512, "model dims"), ("heads", 8, "query heads"),
       ("head_dim", 64, "dims per head"), ("kv_heads", None, "Llama's key/value heads "
@@ -222,12 +228,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                  help="further overrides of both sides.")
   p.add_argument("--hlo_dir", default=None,
                  help="write both optimized HLOs here; op counts go into the JSON line.")
-  args = p.parse_args(argv)
+  return p
+
+
+def checked(args: argparse.Namespace) -> argparse.Namespace:
+  """The parsed flags with --kv_heads defaulted, every count checked positive."""
   if args.kv_heads is None:
     args.kv_heads = args.heads
   ts.check_counts(args, ("layers", "model_dims", "heads", "head_dim", "kv_heads", "hidden_dims",
                          "vocab", "seq", "batch", "rounds", "block", "num_batches"))
   return args
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+  return checked(parser("python -m benchmarks.llama_step",
+                        "Times the Llama-family step against the Pax LM step of the same "
+                        "model FLOPs, alternating, in one process.").parse_args(argv))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

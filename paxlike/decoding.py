@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from paxlike.layers.linear import merge_lora
+
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSettings:
@@ -105,7 +107,11 @@ def decoding_model(model: Any, params: Any = None) -> tuple[Any, Any]:
   A model with a layer stack decodes as its twin model.for_decoding(): the same
   layers unpipelined and unrolled, so that each layer's KV cache is written in
   place (see BaseModel.for_decoding), whose parameters are these restacked (its
-  restack_params). A model already in that layout decodes as it is.
+  restack_params). A model already in that layout decodes as it is. A model
+  with LoRA adapters (lora_rank) decodes and exports as its twin without them,
+  each adapter folded into its weight (paxlike.layers.linear.merge_lora): the
+  same function, no adapter product per generated token, and exports whose
+  weights are the plain model's.
 
   Args:
     model: the task's model.
@@ -115,11 +121,15 @@ def decoding_model(model: Any, params: Any = None) -> tuple[Any, Any]:
     (the decoding model, params in its layout, None when params is None).
   """
   plain = model.for_decoding()
+  restack = plain.restack_params
+  if getattr(plain, "lora_rank", 0) > 0:  # adapters folded into their weights (merge_lora)
+    plain = plain.clone(lora_rank=0, parent=None)
+    restack = lambda p: plain.restack_params(merge_lora(p))  # noqa: E731
   if plain is model or params is None:
     return plain, params
   if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):
-    return plain, jax.eval_shape(plain.restack_params, params)
-  return plain, plain.restack_params(params)
+    return plain, jax.eval_shape(restack, params)
+  return plain, restack(params)
 
 
 def brevity_penalty(length: jax.Array, alpha: float) -> jax.Array:

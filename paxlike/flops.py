@@ -66,6 +66,7 @@ class LmDims:
   num_kv_heads: int | None = None  # grouped-query attention: k and v have these heads
   ffn_bias: bool = True  # praxis's TransformerFeedForward.has_bias
   norm_bias: bool = True  # False for RmsNorm (a scale only)
+  adapter_params: int = 0  # USE_LORA: lora_adapter_params; the other weights are frozen
 
 
 def ffn_matrices(d: LmDims) -> int:
@@ -112,7 +113,39 @@ def model_flops_per_token(d: LmDims, causal_halving: bool = True) -> float:
   attn = 12 * d.num_layers * d.seq_len * d.num_heads * d.dims_per_head
   if causal_halving:
     attn //= 2
-  return 6 * matmul_params(d) + attn
+  return weight_flops_per_token(matmul_params(d), d.adapter_params) + attn
+
+
+def weight_flops_per_token(weights: int, adapter_params: int = 0) -> float:
+  """The weights' matmul FLOPs a token costs, forward and backward.
+
+  6 per weight: its product, the input's gradient and its own gradient. With
+  LoRA adapters (adapter_params > 0, USE_LORA) every other weight is frozen
+  and needs no gradient of its own: 4 per frozen weight, and 6 per adapter
+  weight (paxlike.layers.linear.lora_output applies the two factors in turn).
+  """
+  if adapter_params:
+    return 4.0 * weights + 6.0 * adapter_params
+  return 6.0 * weights
+
+
+def lora_adapter_params(rank: int, target_layers: str, model_dims: int, q_width: int,
+                        kv_width: int, hidden_dims: int, ffn_matrices: int,
+                        combine_qkv: bool = False) -> int:
+  """One layer's adapter weights: rank x (in + out) per adapted projection.
+
+  'attention' adapts q, k, v (or the combined qkv) and the output projection
+  (widths q_width = heads x dim, kv_width = kv heads x dim); 'mlp' the
+  feed-forward's ffn_matrices [model, hidden] projections; 'all' both.
+  """
+  total = 0
+  if target_layers in ("all", "attention"):
+    qkv = ([model_dims + q_width + 2 * kv_width] if combine_qkv
+           else [model_dims + q_width, model_dims + kv_width, model_dims + kv_width])
+    total += sum(qkv) + q_width + model_dims
+  if target_layers in ("all", "mlp"):
+    total += ffn_matrices * (model_dims + hidden_dims)
+  return rank * total
 
 
 def model_flops_per_step(d: LmDims, global_batch: int, causal_halving: bool = True) -> float:
@@ -179,6 +212,7 @@ class LlamaDims:
   head_dim: int
   vocab_size: int
   seq_len: int
+  adapter_params: int = 0  # USE_LORA: lora_adapter_params; the other weights are frozen
 
 
 def llama_flops_per_token(d: LlamaDims) -> float:
@@ -189,12 +223,13 @@ def llama_flops_per_token(d: LlamaDims) -> float:
       + 6 * L * S * n*h                                causal attention (QK and PV, halved)
 
   Grouped-query attention shrinks only the k/v projections: every query head
-  still attends over S keys. The embedding is a gather and not counted.
+  still attends over S keys. The embedding is a gather and not counted. LoRA
+  runs count their weights as weight_flops_per_token does.
   """
   n_h, kv_h = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
   per_layer = 2 * d.model_dims * n_h + 2 * d.model_dims * kv_h + 3 * d.model_dims * d.hidden_dims
   weights = d.num_layers * per_layer + d.model_dims * d.vocab_size
-  return 6.0 * weights + 6.0 * d.num_layers * d.seq_len * n_h
+  return weight_flops_per_token(weights, d.adapter_params) + 6.0 * d.num_layers * d.seq_len * n_h
 
 
 def llama_flops_per_step(d: LlamaDims, global_batch: int) -> float:

@@ -242,7 +242,6 @@ def _abstract_state(model: Any, tx: Any, sample_batch: dict[str, Any]) -> tuple[
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
-  import optax
   from jax.sharding import PartitionSpec
 
   from paxlike import train_state as ts
@@ -250,11 +249,10 @@ def _abstract_state(model: Any, tx: Any, sample_batch: dict[str, Any]) -> tuple[
   boxed = jax.eval_shape(lambda: ts.init_params(model, jax.random.key(0), sample_batch))
   params = nn.unbox(boxed)
   opt_state = jax.eval_shape(tx.init, params)
-  opt_specs = optax.tree_map_params(
-      tx, lambda slot, spec, param: spec if getattr(slot, "shape", None) == param.shape
-      else PartitionSpec(), opt_state, nn.get_partition_spec(boxed), params,
-      transform_non_params=lambda _: PartitionSpec(),
-      is_leaf=lambda x: isinstance(x, PartitionSpec))
+  opt_specs = ts.opt_state_specs(
+      tx, opt_state, nn.get_partition_spec(boxed), params,
+      lambda slot, spec, param: spec if getattr(slot, "shape", None) == param.shape
+      else PartitionSpec())
   step = jax.ShapeDtypeStruct((), jnp.int32)
   return (ts.TrainState(step=step, params=params, opt_state=opt_state),
           ts.TrainState(step=PartitionSpec(), params=nn.get_partition_spec(boxed),

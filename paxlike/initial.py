@@ -150,6 +150,8 @@ def plan(init: InitFrom, target: dict[str, Any], source: dict[str, Any]) -> Plan
     UserError: (strict) a parameter no rule covers or that the source lacks; a shape
       that differs (always).
   """
+  from paxlike.layers.linear import LORA_NAMES
+
   mapping: dict[str, str | None] = {}
   renamed = 0
   for name, leaf in target.items():
@@ -168,7 +170,9 @@ def plan(init: InitFrom, target: dict[str, Any], source: dict[str, Any]) -> Plan
       continue
     src = m.expand(repl)
     if src not in source:
-      if init.strict:
+      if init.strict and not re.fullmatch(LORA_NAMES, name):
+        # A LoRA adapter the source lacks starts fresh (Pax's CHECKPOINT_IGNORE_RULES
+        # for LoRA): its zero lora_b leaves the source's function as it was.
         raise UserError(f"parameter {name} maps to {src}, which {init.spec} does not have; "
                         "fix INIT_FROM_RULES or set INIT_FROM_STRICT=False to initialise it "
                         "fresh.")

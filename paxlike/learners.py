@@ -13,6 +13,8 @@ regularizers and clippings its optimizers chain around them.
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -78,11 +80,28 @@ class Learner:
   # 'total_loss'; the separator only names scanned layers' variables in Pax.
   loss_name: str = "total_loss"
   repeat_prefix_sep: str = "#"
+  # praxis's Learner fields: regexes over parameter names ('transformer/repeat/ffn/ffn1/w',
+  # as model_analysis.txt lists them), each matching a whole name. Non-empty inclusion
+  # trains only the parameters it matches; exclusion freezes the ones it matches. A
+  # frozen parameter gets no gradient and no optimizer slots (see freeze()).
+  bprop_variable_inclusion: Sequence[str] = ()
+  bprop_variable_exclusion: Sequence[str] = ()
 
   def __post_init__(self) -> None:
     if self.loss_name not in ("total_loss", "loss"):
       raise UserError(f"learner.loss_name={self.loss_name!r}: paxlike's models train on "
                       "their one loss, 'total_loss'.")
+    for field in ("bprop_variable_inclusion", "bprop_variable_exclusion"):
+      patterns = getattr(self, field)
+      if isinstance(patterns, str):
+        patterns = (patterns,)
+      setattr(self, field, tuple(patterns))
+      for pattern in patterns:
+        try:
+          re.compile(pattern)
+        except (re.error, TypeError) as e:
+          raise UserError(f"learner.{field} entry {pattern!r} is not a regular expression "
+                          f"({e}).") from None
     if not isinstance(self.optimizer, str):
       if not (callable(getattr(self.optimizer, "learning_rate_fn", None))
               and callable(getattr(self.optimizer, "transformation", None))):
@@ -112,8 +131,38 @@ class Learner:
     return rampup_schedule(self.schedule, lr * self.max, self.warmup_steps, self.decay_start,
                            self.decay_end, self.min_ratio)
 
+  def trainable(self, tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> Any:
+    """tree (parameters, or anything keyed as they are) with None for each frozen one.
+
+    Raises:
+      UserError: the patterns leave no parameter to train.
+    """
+    include, exclude = self.bprop_variable_inclusion, self.bprop_variable_exclusion
+    if not include and not exclude:
+      return tree
+
+    def keep(path: Any, leaf: Any) -> Any:
+      name = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+      if include and not any(re.fullmatch(p, name) for p in include):
+        return None
+      return None if any(re.fullmatch(p, name) for p in exclude) else leaf
+
+    out = jax.tree_util.tree_map_with_path(keep, tree, is_leaf=is_leaf)
+    if not jax.tree.leaves(out, is_leaf=is_leaf):
+      raise UserError(f"learner.bprop_variable_inclusion={list(include)} and "
+                      f"bprop_variable_exclusion={list(exclude)} leave no parameter to train; "
+                      "the names are those model_analysis.txt lists "
+                      f"({next(iter(_names(tree, is_leaf)), 'none')}, ...).")
+    return out
+
   def transform(self) -> optax.GradientTransformation:
-    """The optax chain: clip by global norm, then the optimizer."""
+    """The optax chain: clip by global norm, then the optimizer; freeze() around it when
+    bprop_variable_inclusion / _exclusion freeze parameters."""
+    if self.bprop_variable_inclusion or self.bprop_variable_exclusion:
+      return freeze(self._transform(), self.trainable)
+    return self._transform()
+
+  def _transform(self) -> optax.GradientTransformation:
     if not isinstance(self.optimizer, str):
       return self.optimizer.transformation()
     schedule = self.lr_schedule()
@@ -128,6 +177,45 @@ class Learner:
     if self.clip_gradient_norm_to_value > 0:
       return optax.chain(optax.clip_by_global_norm(self.clip_gradient_norm_to_value), opt)
     return opt
+
+
+def _names(tree: Any, is_leaf: Callable[[Any], bool] | None) -> list[str]:
+  return ["/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+          for path, _ in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]]
+
+
+class FrozenTransformation(NamedTuple):
+  """An optax transformation over the parameters `select` keeps (freeze()).
+
+  init and update take and give whole parameter trees; the state is
+  `inner`'s over the selected ones. Updates are None for the frozen
+  parameters: apply them with apply_updates below. Gradients may come
+  selected already (None where frozen), as the train step computes them.
+  """
+
+  init: Callable[[Any], Any]
+  update: Callable[..., tuple[Any, Any]]
+  inner: optax.GradientTransformation
+  select: Callable[[Any], Any]
+
+
+def freeze(inner: optax.GradientTransformation,
+           select: Callable[[Any], Any]) -> FrozenTransformation:
+  """inner over select(params) only: a frozen parameter has no slots and no update."""
+  def init(params: Any) -> Any:
+    return inner.init(select(params))
+
+  def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+    return inner.update(select(updates), state, None if params is None else select(params))
+
+  return FrozenTransformation(init, update, inner, select)
+
+
+def apply_updates(params: Any, updates: Any) -> Any:
+  """optax.apply_updates where an update may be None (a frozen parameter: unchanged)."""
+  return jax.tree.map(
+      lambda p, u: p if u is None else (jnp.asarray(p) + u).astype(jnp.asarray(p).dtype),
+      params, updates)
 
 
 # ------------------------------------------------------------------ schedules

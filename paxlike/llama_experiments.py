@@ -25,10 +25,10 @@ from paxlike.inputs.text import TextInput
 from paxlike.layers.llama import rope_type
 from paxlike.lm_experiments import PipelineHParams
 from paxlike.models.llama import LlamaModel
-from paxlike.training_experiment import AdamTraining
+from paxlike.training_experiment import AdamTraining, LoraHParams
 
 
-class LlamaSpmdAdam(AdamTraining):
+class LlamaSpmdAdam(LoraHParams, AdamTraining):
   """A Llama-family decoder trained with Adam on a device mesh."""
 
   NUM_LAYERS = 2
@@ -86,7 +86,7 @@ class LlamaSpmdAdam(AdamTraining):
         rope_scaling=dict(self.ROPE_SCALING) if self.ROPE_SCALING else None,
         norm_epsilon=self.NORM_EPSILON, qkv_bias=self.QKV_BIAS, max_seq_len=self.MAX_SEQ_LEN,
         use_repeated_layer=self.USE_REPEATED_LAYER, checkpoint_policy=self.CHECKPOINT_POLICY,
-        fprop_dtype=self.FPROP_DTYPE, **self.special_ids())
+        fprop_dtype=self.FPROP_DTYPE, **self.special_ids(), **self.lora_fields())
 
   def special_ids(self) -> dict[str, int]:
     """eos_id and pad_id: EOS_ID / PAD_ID, or the checkpoint tokenizer's where None."""

@@ -30,10 +30,10 @@ from paxlike.layers.linear import ACTIVATIONS
 from paxlike.layers.transformer import NORM_POLICIES
 from paxlike.models.language_model import LanguageModel
 from paxlike.pax.config_tree import LmConfig
-from paxlike.training_experiment import AdamTraining
+from paxlike.training_experiment import AdamTraining, LoraHParams
 
 
-class TransformerLmSpmdAdam(AdamTraining):
+class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
   """A decoder-only Transformer LM trained with Adam on a device mesh.
 
   Pax's c4.TransformerLmSpmdAdam: its own values, and those it inherits
@@ -187,7 +187,7 @@ class TransformerLmSpmdAdam(AdamTraining):
         trainable_pe_max_seq_len=self.TRAINABLE_PE_MAX_SEQ_LEN,
         embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
         vocab_pad_multiple=self.mdl_axis_size(), softmax_has_bias=self.SOFTMAX_HAS_BIAS,
-        per_dim_scale=self.PER_DIM_SCALE)
+        per_dim_scale=self.PER_DIM_SCALE, **self.lora_fields())
 
 
 class TransformerLmSpmdAdafactor(TransformerLmSpmdAdam):

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from paxlike.errors import UserError
+from paxlike.learners import FrozenTransformation, apply_updates
 from paxlike.train_state import TrainState
 
 # Metrics key of an int32 code saying what, if anything, was not finite in a step:
@@ -64,7 +65,8 @@ def check_microbatches(global_batch: int, num_microbatches: int, batch_shards: i
 
 
 def _accumulated_grads(grad_fn: Callable, params: Any, batch: dict[str, jax.Array],
-                       key: jax.Array, num_microbatches: int):
+                       key: jax.Array, num_microbatches: int,
+                       select: Callable[[Any], Any] | None = None):
   """(loss, metrics), grads of the whole batch, computed k microbatches at a time.
 
   fprop's loss is a mean over its weighted tokens (metrics["num_tokens"]), so
@@ -73,7 +75,8 @@ def _accumulated_grads(grad_fn: Callable, params: Any, batch: dict[str, jax.Arra
   others are token-weighted means, as for the whole batch.
   """
   micro = split_microbatches(batch, num_microbatches)
-  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+  trained = params if select is None else select(params)  # grad_fn's gradients' tree
+  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), trained)
 
   def body(carry, xs):
     grad_sum, metric_sums = carry
@@ -92,7 +95,7 @@ def _accumulated_grads(grad_fn: Callable, params: Any, batch: dict[str, jax.Arra
   (grad_sum, metric_sums), _ = jax.lax.scan(
       body, (zeros, metric_zeros), (jnp.arange(num_microbatches), micro))
   total = jnp.maximum(metric_sums.get("num_tokens", float(num_microbatches)), 1e-8)
-  grads = jax.tree.map(lambda g, p: (g / total).astype(p.dtype), grad_sum, params)
+  grads = jax.tree.map(lambda g, p: (g / total).astype(p.dtype), grad_sum, trained)
   metrics = {k: v if k.startswith("num_") else v / total for k, v in metric_sums.items()}
   return (metrics["loss"], metrics), grads
 
@@ -111,21 +114,31 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   time and applies one update equal to the whole batch's.
   """
 
+  # A learner that freezes parameters (bprop_variable_inclusion / _exclusion, USE_LORA)
+  # gives a FrozenTransformation: the gradient is taken of the trained ones only (None
+  # for the others), so no frozen weight's gradient is computed, reduced or stored.
+  select = tx.select if isinstance(tx, FrozenTransformation) else None
+
   def grad_fn(params, batch, key):
     def loss_fn(params):
       return model.apply({"params": params}, batch, method="fprop", rngs={"dropout": key})
-    return jax.value_and_grad(loss_fn, has_aux=True)(params)
+    if select is None:
+      return jax.value_and_grad(loss_fn, has_aux=True)(params)
+
+    def trained_loss_fn(trained):
+      return loss_fn(jax.tree.map(lambda p, t: p if t is None else t, params, trained))
+    return jax.value_and_grad(trained_loss_fn, has_aux=True)(select(params))
 
   def train_step(state: TrainState, batch: dict[str, jax.Array], key: jax.Array):
     step_key = jax.random.fold_in(key, state.step)
     if num_microbatches > 1:
       (loss, metrics), grads = _accumulated_grads(grad_fn, state.params, batch, step_key,
-                                                  num_microbatches)
+                                                  num_microbatches, select)
     else:
       (loss, metrics), grads = grad_fn(state.params, batch, step_key)
     grads, metrics, loss = reduce((grads, metrics, loss))
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    params = apply_updates(state.params, updates)
     metrics = dict(metrics)
     metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)

@@ -11,6 +11,8 @@ import optax
 from flax import struct
 from jax.sharding import PartitionSpec
 
+from paxlike.learners import FrozenTransformation
+
 
 class TrainState(struct.PyTreeNode):
   step: jax.Array
@@ -57,10 +59,7 @@ def logical_specs(model: nn.Module, tx: optax.GradientTransformation,
   # axes) and the state's shapes; a trace costs about half a second on a tiny model.
   boxed, abstract = jax.eval_shape(boxed_and_state, jax.random.key(0))
   param_specs = nn.get_partition_spec(boxed)
-  opt_specs = optax.tree_map_params(
-      tx, _slot_spec, abstract.opt_state, param_specs, abstract.params,
-      transform_non_params=lambda _: PartitionSpec(),
-      is_leaf=lambda x: isinstance(x, PartitionSpec))
+  opt_specs = opt_state_specs(tx, abstract.opt_state, param_specs, abstract.params)
   specs = TrainState(step=PartitionSpec(), params=param_specs, opt_state=opt_specs)
   return abstract, specs
 
@@ -80,6 +79,19 @@ def task_logical_specs(task: Any, sample_batch: dict[str, jax.Array]
   if key not in memo:
     memo[key] = logical_specs(task.model, task.learner.transform(), sample_batch)
   return memo[key]
+
+
+def opt_state_specs(tx: optax.GradientTransformation, opt_state: Any, param_specs: Any,
+                    params: Any, slot_spec: Any = None) -> Any:
+  """The optimizer state's PartitionSpecs: slot_spec(slot, param's spec, param) for each
+  slot of a parameter (default _slot_spec), replicated for the rest. A
+  FrozenTransformation's state holds slots of the trained parameters only."""
+  is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
+  if isinstance(tx, FrozenTransformation):
+    tx, params, param_specs = tx.inner, tx.select(params), tx.select(param_specs, is_spec)
+  return optax.tree_map_params(
+      tx, slot_spec or _slot_spec, opt_state, param_specs, params,
+      transform_non_params=lambda _: PartitionSpec(), is_leaf=is_spec)
 
 
 def _slot_spec(slot: Any, spec: PartitionSpec, param: Any) -> PartitionSpec:

@@ -249,6 +249,11 @@ class _TrainRun:
           os.path.join(job_log_dir, "model_analysis.txt"), self.program.abstract.params,
           partitioner.mesh_specs(self.program.logical.params))
       logging.info("model has %s parameters", f"{num_params:,}")
+      trained_params = ts.count_params(task.learner.trainable(self.program.abstract.params))
+      if trained_params != num_params:
+        logging.info("training %s of them (%.2f%%); the learner's bprop_variable_inclusion / "
+                     "_exclusion freeze the rest", f"{trained_params:,}",
+                     100.0 * trained_params / num_params)
     self.ckpt = ckpt_lib.Checkpointer(
         ckpt_lib.checkpoint_dir(job_log_dir), max_to_keep=self.settings.max_checkpoints_to_keep,
         async_save=options.async_checkpoint, state_format=options.checkpoint_format,
@@ -281,7 +286,9 @@ class _TrainRun:
     self.writer = summaries.SummaryWriter(
         self.job_log_dir, "train", enabled=self.is_chief and self.options.enable_summary_writer)
     self.prefetch = Prefetcher(self.train_input)
-    self.guard = nonfinite.FiniteGuard(nonfinite.param_names(self.program.abstract.params),
+    # The step's nonfinite code counts the gradients it takes: the trained parameters'.
+    trained = self.program.task.learner.trainable(self.program.abstract.params)
+    self.guard = nonfinite.FiniteGuard(nonfinite.param_names(trained),
                                        self.partitioner.unshard,
                                        skip=self.options.skip_nonfinite_steps)
     self.watcher = preemption.StopWatcher().install()

@@ -16,6 +16,7 @@ import jax
 
 from paxlike.errors import UserError
 from paxlike.experiment import BaseExperiment
+from paxlike.layers.linear import LORA_NAMES, lora_targets
 from paxlike.learners import Learner
 from paxlike.task import Task, TrainSettings
 
@@ -178,6 +179,40 @@ class AdamTraining(BaseExperiment):
       return self.per_host_batch_size()
     return pax_batch_size("PERCORE_EVAL_BATCH_SIZE", percore, jax.local_device_count(),
                           jax.process_count())
+
+
+class LoraHParams:
+  """Pax's LoRA knobs (the LoRAMixin of paxml's GPU scripts) on a decoder's template.
+
+  USE_LORA=True gives the attention's projections (q/k/v or combined, and the
+  output), the feed-forward's, or both (LORA_TARGET_LAYERS 'attention', 'mlp',
+  'all') LORA_RANK-wide adapters (paxlike.layers.linear.lora_output) and trains
+  only them: the learner's bprop_variable_inclusion is Pax's, every parameter
+  named lora. INIT_FROM's source needs no adapters: those it lacks start
+  fresh, as Pax's CHECKPOINT_IGNORE_RULES for LoRA let them. Decoding and
+  exports fold each adapter into its weight (merge_lora).
+  """
+
+  USE_LORA = False
+  LORA_RANK = 8
+  LORA_TARGET_LAYERS = "all"
+
+  def lora_fields(self) -> dict[str, Any]:
+    """The model's lora_rank and lora_target_layers ({} with USE_LORA False)."""
+    if not self.USE_LORA:
+      self.not_used("LORA_RANK", "LORA_TARGET_LAYERS", reason="USE_LORA is False")
+      return {}
+    if not isinstance(self.LORA_RANK, int) or isinstance(self.LORA_RANK, bool) \
+        or self.LORA_RANK <= 0:
+      raise UserError(f"LORA_RANK must be a positive integer, got {self.LORA_RANK!r}.")
+    lora_targets(self.LORA_RANK, self.LORA_TARGET_LAYERS)
+    return {"lora_rank": self.LORA_RANK, "lora_target_layers": self.LORA_TARGET_LAYERS}
+
+  def task(self) -> fdl.Config[Any]:
+    cfg = super().task()
+    if self.USE_LORA:  # set on the task's learner, whichever learner() made it
+      cfg.train.learner.bprop_variable_inclusion = [LORA_NAMES]
+    return cfg
 
 
 def pax_batch_size(name: str, percore: float, local_devices: int, processes: int = 1) -> int:

@@ -137,8 +137,17 @@ def test_the_gpu_idiom_trains_and_the_loss_goes_down(gpu_idiom):
                    (job / "experiment_cls_vars.txt").read_text(), re.M)
 
 
+def test_the_gpu_idiom_with_use_lora_trains_adapters_alone(gpu_idiom):
+  task = _built("TinySynthetic", USE_LORA=True, LORA_RANK=4, LORA_TARGET_LAYERS="attention")
+  assert (task.model.lora_rank, task.model.lora_target_layers) == (4, "attention")
+  params = {"transformer": {"x_layers_0": {"attention": {"query": {"w": 1, "lora_a": 2}}}},
+            "softmax": {"logits_ffn": {"w": 3}}}
+  assert jax.tree.leaves(task.learner.trainable(params)) == [2]
+
+
 @pytest.mark.parametrize("knobs,expected", [
-    ({"USE_LORA": True}, r"^USE_LORA=True \(LORA_RANK=8, .*paxlike has no LoRA adapters yet"),
+    ({"USE_LORA": True, "LORA_TARGET_LAYERS": "ffn"},
+     r"^LORA_TARGET_LAYERS='ffn' is not one of \['all', 'attention', 'mlp'\]"),
     ({"CHECKPOINT_RESTORE_PATH": "/ckpt/checkpoint_00000000"},
      r"^CHECKPOINT_RESTORE_PATH='/ckpt/checkpoint_00000000' restores a Pax checkpoint, which "
      r"paxlike does not read; INIT_FROM"),

@@ -33,7 +33,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from paxlike.errors import UserError
-from paxlike.layers.linear import Linear, project
+from paxlike.layers.linear import Linear, lora_output, project
 from paxlike.layers.platform import lowering_platform
 
 Dtype = Any
@@ -711,12 +711,15 @@ class DotProductAttention(nn.Module):
   # (min, max) timescales of rotary positions on q and k (praxis's
   # use_rotary_position_emb / rope_min_max_timescales); None: none.
   rope_timescales: tuple[float, float] | None = None
+  # LoRA adapters (paxlike.layers.linear.lora_output) on the q/k/v (or combined) and
+  # output projections, as praxis's LoRA attention projections; 0: none.
+  lora_rank: int = 0
 
   @nn.compact
   def __call__(self, x: jax.Array, index: jax.Array | None = None,
                segment_ids: jax.Array | None = None,
                positions: jax.Array | None = None) -> jax.Array:
-    n, h, b = self.num_heads, self.dim_per_head, self.use_bias
+    n, h, b, r = self.num_heads, self.dim_per_head, self.use_bias, self.lora_rank
     kv = self.num_kv_heads or n
     if kv <= 0 or n % kv:
       raise UserError(f"NUM_KV_HEADS={kv} must divide NUM_HEADS={n}.")
@@ -724,15 +727,15 @@ class DotProductAttention(nn.Module):
       if kv != n:
         raise UserError("combined q/k/v projections need as many key/value heads as query "
                         f"heads ({kv} != {n}); set COMBINE_QKV=False.")
-      qkv = Linear((3, n, h), ("embed", "qkv", "heads", "kv"), self.dtype, b, name="qkv")(x)
+      qkv = Linear((3, n, h), ("embed", "qkv", "heads", "kv"), self.dtype, b, r, name="qkv")(x)
       qkv = checkpoint_name(qkv, "combined_qkv_proj")
       q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     else:
-      q = checkpoint_name(Linear((n, h), ("embed", "heads", "kv"), self.dtype, b,
+      q = checkpoint_name(Linear((n, h), ("embed", "heads", "kv"), self.dtype, b, r,
                                  name="query")(x), "query_proj")
-      k = checkpoint_name(Linear((kv, h), ("embed", "heads", "kv"), self.dtype, b,
+      k = checkpoint_name(Linear((kv, h), ("embed", "heads", "kv"), self.dtype, b, r,
                                  name="key")(x), "key_proj")
-      v = checkpoint_name(Linear((kv, h), ("embed", "heads", "kv"), self.dtype, b,
+      v = checkpoint_name(Linear((kv, h), ("embed", "heads", "kv"), self.dtype, b, r,
                                  name="value")(x), "value_proj")
     if self.rope_timescales is not None:
       if positions is None:
@@ -763,11 +766,14 @@ class DotProductAttention(nn.Module):
                                       dropout_rng=rng)
     context = nn.with_logical_constraint(context, ("batch", "length", "activation_heads", "kv"))
     context = checkpoint_name(context, "context")
-    out = project(
-        context, self.param("post", nn.with_logical_partitioning(
-            nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
-                                             in_axis=(0, 1), out_axis=2),
-            ("heads", "kv", "embed")), (n, h, x.shape[-1]), jnp.float32).astype(self.dtype), 2)
+    post = self.param("post", nn.with_logical_partitioning(
+        nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
+                                         in_axis=(0, 1), out_axis=2),
+        ("heads", "kv", "embed")), (n, h, x.shape[-1]), jnp.float32)
+    out = project(context, post.astype(self.dtype), 2)
+    adapted = lora_output(self, context, post.shape, 2, r, self.dtype, "post_")
+    if adapted is not None:
+      out = out + adapted
     if b:
       out = out + self.param("post_bias", nn.with_logical_partitioning(
           nn.initializers.zeros, ("embed",)), (x.shape[-1],), jnp.float32).astype(self.dtype)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -82,13 +84,77 @@ def _project_cpu_bwd(in_dims: int, res: tuple[jax.Array, jax.Array], g: jax.Arra
 _project_cpu.defvjp(_project_cpu_fwd, _project_cpu_bwd)
 
 
+LORA_TARGETS = ("all", "attention", "mlp")
+LORA_PARAM = r"(post_)?lora_[ab]"  # the last part of a LoRA adapter's parameter name
+LORA_NAMES = r"(.*/)?" + LORA_PARAM  # the whole name (learner.bprop_variable_inclusion)
+
+
+def lora_targets(rank: int, target_layers: str) -> tuple[int, int]:
+  """(attention's rank, the feed-forward's rank) of Pax's LORA_RANK / LORA_TARGET_LAYERS."""
+  if target_layers not in LORA_TARGETS:
+    from paxlike.errors import UserError
+
+    raise UserError(f"LORA_TARGET_LAYERS={target_layers!r} is not one of {list(LORA_TARGETS)}.")
+  return (rank if target_layers in ("all", "attention") else 0,
+          rank if target_layers in ("all", "mlp") else 0)
+
+
+def lora_output(module: nn.Module, x: jax.Array, w_shape: Sequence[int], in_dims: int,
+                rank: int, dtype: Dtype, prefix: str = "") -> jax.Array | None:
+  """The low-rank adapter's share of x @ w (Pax's USE_LORA): (x @ lora_a) @ lora_b^T.
+
+  As praxis's LoRA layers: lora_a [w's input size, rank] is drawn as such a
+  kernel is, lora_b [w's output size, rank] starts at zero, so a fresh
+  adapter leaves the layer's function unchanged; both are replicated, and
+  there is no alpha scaling; the layer computes x @ w + this, which is x @
+  (w + lora_a @ lora_b^T) (merge_lora). Applied to x through the two thin
+  factors, never as a [in, out] product: a frozen w then needs no [in, out]
+  gradient, only x's, and the adapter adds 6 x rank x (in + out) FLOPs a
+  token. `in_dims` of w's leading dims are its input (2 for a [heads, dim,
+  embed] output projection); `prefix` names the pair beside a module's other
+  weights. rank 0: None.
+  """
+  if rank <= 0:
+    return None
+  fan_in, fan_out = math.prod(w_shape[:in_dims]), math.prod(w_shape[in_dims:])
+  a = module.param(prefix + "lora_a", nn.with_logical_partitioning(
+      nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal"), (None, None)),
+      (fan_in, rank), jnp.float32)
+  b = module.param(prefix + "lora_b", nn.with_logical_partitioning(
+      nn.initializers.zeros, (None, None)), (fan_out, rank), jnp.float32)
+  rows = x.shape[:x.ndim - in_dims]
+  h = project(x.reshape(*rows, fan_in).astype(dtype), a.astype(dtype))
+  return project(h, b.T.astype(dtype)).reshape(*rows, *w_shape[in_dims:])
+
+
+def merge_lora(params: Any) -> Any:
+  """params with every LoRA adapter folded into its weight and dropped.
+
+  The weight (`w`, or `post` beside `post_lora_a`) becomes w + lora_a @
+  lora_b^T in w's shape, the function lora_output adds to it, for any
+  leading layer axes (a scanned or pipelined stack's). What exports write:
+  the model's function, in the weights of the same model without adapters.
+  """
+  if not isinstance(params, dict):
+    return params
+  out = {k: merge_lora(v) for k, v in params.items() if not re.fullmatch(LORA_PARAM, k)}
+  for prefix, weight in (("", "w"), ("post_", "post")):
+    if prefix + "lora_a" in params:
+      a, b, w = params[prefix + "lora_a"], params[prefix + "lora_b"], out[weight]
+      delta = jnp.einsum("...ir,...or->...io", jnp.asarray(a, jnp.float32),
+                         jnp.asarray(b, jnp.float32))
+      out[weight] = (jnp.asarray(w, jnp.float32) + delta.reshape(w.shape)).astype(w.dtype)
+  return out
+
+
 class Linear(nn.Module):
-  """y = x @ w over x's last dim; w's shape is (in, *features)."""
+  """y = x @ w over x's last dim; w's shape is (in, *features). lora_rank > 0: see lora_output."""
 
   features: Sequence[int]
   axes: Sequence[str]  # logical names of w's dims, input dim first
   dtype: Dtype = jnp.float32
   use_bias: bool = False
+  lora_rank: int = 0
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -98,6 +164,9 @@ class Linear(nn.Module):
                                          in_axis=0, out_axis=tuple(range(1, 1 + len(features)))),
         tuple(self.axes)), (x.shape[-1], *features), jnp.float32)
     y = project(x.astype(self.dtype), w.astype(self.dtype))
+    adapted = lora_output(self, x, w.shape, 1, self.lora_rank, self.dtype)
+    if adapted is not None:
+      y = y + adapted
     if self.use_bias:
       b = self.param("b", nn.with_logical_partitioning(nn.initializers.zeros, tuple(self.axes[1:])),
                      features, jnp.float32)
@@ -144,20 +213,22 @@ class FeedForward(nn.Module):
   use_gated_activation: bool = False
   dropout_rate: float = 0.0
   has_bias: bool = True  # praxis's TransformerFeedForward.has_bias
+  lora_rank: int = 0  # each projection's LoRA adapter (lora_output)
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     d = x.shape[-1]
-    bias = self.has_bias
-    h = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, use_bias=bias, name="ffn1")(x)
+    bias, r = self.has_bias, self.lora_rank
+    h = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, use_bias=bias, lora_rank=r,
+               name="ffn1")(x)
     if self.use_gated_activation:
       gate = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, use_bias=bias,
-                    name="ffn1_gate")(x)
+                    lora_rank=r, name="ffn1_gate")(x)
       h = ACTIVATIONS[self.activation](gate) * h
     else:
       h = ACTIVATIONS[self.activation](h)
     h = nn.Dropout(self.dropout_rate)(h, deterministic=not dropout_active(self, self.dropout_rate))
     h = nn.with_logical_constraint(h, ("batch", "length", "activation_mlp"))
     h = checkpoint_name(h, "ffn1")
-    y = Linear((d,), ("mlp", "embed"), self.dtype, use_bias=bias, name="ffn2")(h)
+    y = Linear((d,), ("mlp", "embed"), self.dtype, use_bias=bias, lora_rank=r, name="ffn2")(h)
     return checkpoint_name(y, "ffn2")

@@ -31,7 +31,7 @@ from paxlike.layers.attention import (
   dot_product_attention,
   use_kv_cache,
 )
-from paxlike.layers.linear import Linear, project
+from paxlike.layers.linear import Linear, lora_output, lora_targets, project
 from paxlike.layers.platform import lowering_platform
 
 Dtype = Any
@@ -106,12 +106,13 @@ class GqaAttention(nn.Module):
   qkv_bias: bool = False
   dtype: Dtype = jnp.float32
   mode: str = FULL
+  lora_rank: int = 0  # adapters on q/k/v/o_proj (paxlike.layers.linear.lora_output)
 
   @nn.compact
   def __call__(self, x: jax.Array, inputs: dict[str, Any]) -> jax.Array:
     n, kv, h = self.num_heads, self.num_kv_heads, self.head_dim
     proj = lambda heads, name: Linear((heads, h), ("embed", "heads", "kv"), self.dtype,
-                                      self.qkv_bias, name=name)(x)
+                                      self.qkv_bias, self.lora_rank, name=name)(x)
     # The projections carry Pax's names, which CHECKPOINT_POLICY=SAVE_QKV_OUT_PROJ saves.
     q = checkpoint_name(proj(n, "q_proj"), "query_proj")
     k = checkpoint_name(proj(kv, "k_proj"), "key_proj")
@@ -133,7 +134,7 @@ class GqaAttention(nn.Module):
     context = nn.with_logical_constraint(context, ("batch", "length", "activation_heads", "kv"))
     context = checkpoint_name(context, "context")
     # o_proj's kernel is [heads, head_dim, embed] (HF's [embed, heads * head_dim], transposed).
-    out = _HeadsOut(x.shape[-1], self.dtype, name="o_proj")(context)
+    out = _HeadsOut(x.shape[-1], self.dtype, self.lora_rank, name="o_proj")(context)
     return checkpoint_name(out, "out_proj")
 
 
@@ -142,6 +143,7 @@ class _HeadsOut(nn.Module):
 
   features: int
   dtype: Dtype = jnp.float32
+  lora_rank: int = 0
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -149,7 +151,9 @@ class _HeadsOut(nn.Module):
         nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
                                          in_axis=(0, 1), out_axis=2),
         ("heads", "kv", "embed")), (*x.shape[-2:], self.features), jnp.float32)
-    return project(x.astype(self.dtype), w.astype(self.dtype), 2)
+    y = project(x.astype(self.dtype), w.astype(self.dtype), 2)
+    adapted = lora_output(self, x, w.shape, 2, self.lora_rank, self.dtype)
+    return y if adapted is None else y + adapted
 
 
 @jax.custom_vjp
@@ -209,15 +213,18 @@ class SwiGlu(nn.Module):
 
   hidden_dims: int
   dtype: Dtype = jnp.float32
+  lora_rank: int = 0  # adapters on gate/up/down_proj
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    gate = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, name="gate_proj")(x)
-    up = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, name="up_proj")(x)
+    r = self.lora_rank
+    gate = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, lora_rank=r,
+                  name="gate_proj")(x)
+    up = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, lora_rank=r, name="up_proj")(x)
     h = jax.nn.silu(gate) * up
     h = nn.with_logical_constraint(h, ("batch", "length", "activation_mlp"))
     h = checkpoint_name(h, "ffn1")
-    y = Linear((x.shape[-1],), ("mlp", "embed"), self.dtype, name="down_proj")(h)
+    y = Linear((x.shape[-1],), ("mlp", "embed"), self.dtype, lora_rank=r, name="down_proj")(h)
     return checkpoint_name(y, "ffn2")
 
 
@@ -233,13 +240,17 @@ class LlamaDecoderLayer(nn.Module):
   norm_epsilon: float = 1e-5
   dtype: Dtype = jnp.float32
   mode: str = FULL
+  lora_rank: int = 0  # Pax's LORA_RANK / LORA_TARGET_LAYERS (USE_LORA)
+  lora_target_layers: str = "all"
 
   @nn.compact
   def __call__(self, x: jax.Array, inputs: dict[str, Any]) -> tuple[jax.Array, None]:
+    atten_rank, mlp_rank = lora_targets(self.lora_rank, self.lora_target_layers)
     h = RmsNorm(self.norm_epsilon, self.dtype, name="input_layernorm")(x)
     x = x + GqaAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.inv_freq,
-                         self.qkv_bias, self.dtype, self.mode, name="self_attn")(h, inputs)
+                         self.qkv_bias, self.dtype, self.mode, atten_rank,
+                         name="self_attn")(h, inputs)
     x = nn.with_logical_constraint(x, EMBED_AXES)
     h = RmsNorm(self.norm_epsilon, self.dtype, name="post_attention_layernorm")(x)
-    x = x + SwiGlu(self.hidden_dims, self.dtype, name="mlp")(h)
+    x = x + SwiGlu(self.hidden_dims, self.dtype, mlp_rank, name="mlp")(h)
     return nn.with_logical_constraint(x, EMBED_AXES), None

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from paxlike.errors import UserError
 from paxlike.layers import pipeline
 from paxlike.layers.attention import DotProductAttention
-from paxlike.layers.linear import FeedForward, LayerNorm, dropout_active
+from paxlike.layers.linear import FeedForward, LayerNorm, dropout_active, lora_targets
 from paxlike.layers.llama import RmsNorm
 
 Dtype = Any
@@ -111,6 +111,10 @@ class TransformerLayer(nn.Module):
   norm_type: str = "layernorm"  # or "rmsnorm" (praxis's RmsNorm as the layer's ln_tpl)
   ffn_has_bias: bool = True
   input_dropout_rate: float = 0.0
+  # Pax's LORA_RANK / LORA_TARGET_LAYERS (USE_LORA): adapters on the attention's and/or
+  # the feed-forward's projections (paxlike.layers.linear.lora_output); rank 0: none.
+  lora_rank: int = 0
+  lora_target_layers: str = "all"
 
   def _residual(self, x: jax.Array, sublayer: Any, name: str) -> jax.Array:
     """x + sublayer(x) with this layer's norm policy; norms named pre_/post_<name>_norm."""
@@ -135,17 +139,19 @@ class TransformerLayer(nn.Module):
   def __call__(self, x: jax.Array, index: jax.Array | None = None,
                segment_ids: jax.Array | None = None,
                positions: jax.Array | None = None) -> tuple[jax.Array, None]:
+    atten_rank, ffn_rank = lora_targets(self.lora_rank, self.lora_target_layers)
     attention = DotProductAttention(
         self.num_heads, self.dim_per_head, self.combine_qkv, self.dtype, self.cache_mode,
         use_bias=self.use_bias, logit_cap=self.atten_logit_cap, dropout_rate=self.dropout_rate,
         per_dim_scale=self.per_dim_scale, num_kv_heads=self.num_kv_heads,
-        rope_timescales=self.rope_timescales, name="attention")
+        rope_timescales=self.rope_timescales, lora_rank=atten_rank, name="attention")
     x = nn.Dropout(self.input_dropout_rate)(
         x, deterministic=not dropout_active(self, self.input_dropout_rate))
     x = self._residual(x, lambda h: attention(h, index, segment_ids, positions), "attn")
     ffn = FeedForward(self.hidden_dims, self.activation, self.dtype,
                       use_gated_activation=self.use_gated_activation,
-                      dropout_rate=self.dropout_rate, has_bias=self.ffn_has_bias, name="ffn")
+                      dropout_rate=self.dropout_rate, has_bias=self.ffn_has_bias,
+                      lora_rank=ffn_rank, name="ffn")
     x = self._residual(x, ffn, "ffn")
     return x, None
 

@@ -21,7 +21,7 @@ from paxlike.layers.embedding import (
   padded_vocab,
   sinusoidal_at,
 )
-from paxlike.layers.linear import dropout_active
+from paxlike.layers.linear import dropout_active, lora_targets
 from paxlike.layers.transformer import StackedTransformer, make_norm
 from paxlike.models.base import BaseModel
 
@@ -185,8 +185,13 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
   num_microbatches: int | None = None  # the pipeline's; or microbatch_size
   microbatch_size: int | None = None
   stream_io: bool = False
+  # Pax's USE_LORA (LoRAMixin): LORA_RANK-wide adapters on LORA_TARGET_LAYERS'
+  # projections ("all", "attention", "mlp"); 0: none. See layers.linear.lora_output.
+  lora_rank: int = 0
+  lora_target_layers: str = "all"
 
   def setup(self) -> None:
+    lora_targets(self.lora_rank, self.lora_target_layers)
     rows = padded_vocab(self.vocab_size, self.vocab_pad_multiple)
     self.softmax = SharedEmbeddingSoftmax(
         self.vocab_size, self.model_dims, self.fprop_dtype, padded_rows=rows,
@@ -207,7 +212,8 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
                     ("num_kv_heads", self.num_kv_heads),
                     ("rope_timescales", _pair(self.rope_timescales)),
                     ("norm_type", self.norm_type), ("ffn_has_bias", self.ffn_has_bias),
-                    ("input_dropout_rate", self.layer_input_dropout_prob))
+                    ("input_dropout_rate", self.layer_input_dropout_prob),
+                    ("lora_rank", self.lora_rank), ("lora_target_layers", self.lora_target_layers))
     self.transformer = StackedTransformer(
         num_layers=self.num_layers, num_heads=self.num_heads, dim_per_head=self.dim_per_head,
         hidden_dims=self.hidden_dims, activation=self.activation,
@@ -357,7 +363,13 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
                         norms_per_sublayer=2 if self.norm_policy == "primer_hybrid" else 1,
                         softmax_bias=self.softmax_has_bias, per_dim_scale=self.per_dim_scale,
                         num_kv_heads=self.num_kv_heads, ffn_bias=self.ffn_has_bias,
-                        norm_bias=self.norm_type == "layernorm")
+                        norm_bias=self.norm_type == "layernorm",
+                        adapter_params=self.num_layers * flops.lora_adapter_params(
+                            self.lora_rank, self.lora_target_layers, self.model_dims,
+                            self.num_heads * self.dim_per_head,
+                            (self.num_kv_heads or self.num_heads) * self.dim_per_head,
+                            self.hidden_dims, 3 if self.use_gated_activation else 2,
+                            self.combine_qkv))
 
   def model_flops_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> float:
     batch, seq_len = specs["ids"].shape[:2]

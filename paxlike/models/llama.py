@@ -34,6 +34,7 @@ import numpy as np
 from paxlike import decoding, flops
 from paxlike.errors import UserError
 from paxlike.layers import pipeline
+from paxlike.layers.linear import lora_targets
 from paxlike.layers.llama import (
   EMBED_AXES,
   EXTEND,
@@ -79,8 +80,13 @@ class LlamaModel(pipeline.PipelinedModel, BaseModel):
   num_microbatches: int | None = None  # the pipeline's; or microbatch_size
   microbatch_size: int | None = None
   stream_io: bool = False
+  # Pax's USE_LORA: LORA_RANK-wide adapters on LORA_TARGET_LAYERS' projections ("all",
+  # "attention": q/k/v/o_proj, "mlp": gate/up/down_proj); 0: none. See lora_output.
+  lora_rank: int = 0
+  lora_target_layers: str = "all"
 
   def setup(self) -> None:
+    lora_targets(self.lora_rank, self.lora_target_layers)
     if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
       raise UserError(f"NUM_KV_HEADS={self.num_kv_heads} must divide NUM_HEADS="
                       f"{self.num_heads}.")
@@ -98,7 +104,8 @@ class LlamaModel(pipeline.PipelinedModel, BaseModel):
                   inv_freq=tuple(float(f) for f in rope_inv_freq(
                       self.head_dim, self.rope_theta, self.rope_scaling)),
                   qkv_bias=self.qkv_bias, norm_epsilon=self.norm_epsilon,
-                  dtype=self.fprop_dtype, mode=mode)
+                  dtype=self.fprop_dtype, mode=mode, lora_rank=self.lora_rank,
+                  lora_target_layers=self.lora_target_layers)
     if self.num_stages is not None:
       if mode != FULL:
         raise UserError("a pipelined Llama decodes through its unpipelined model "
@@ -205,7 +212,11 @@ class LlamaModel(pipeline.PipelinedModel, BaseModel):
 
   def flops_dims(self, seq_len: int) -> flops.LlamaDims:
     return flops.LlamaDims(self.num_layers, self.model_dims, self.hidden_dims, self.num_heads,
-                           self.num_kv_heads, self.head_dim, self.vocab_size, seq_len)
+                           self.num_kv_heads, self.head_dim, self.vocab_size, seq_len,
+                           adapter_params=self.num_layers * flops.lora_adapter_params(
+                               self.lora_rank, self.lora_target_layers, self.model_dims,
+                               self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                               self.hidden_dims, 3))
 
   def model_flops_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> float:
     batch, seq_len = specs["ids"].shape[:2]

@@ -5,13 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from paxlike.errors import UserError
+from paxlike.layers.linear import LORA_NAMES, lora_targets
 
 
 class LoRAMixin:
-  """Pax's mixin that swaps the LM's projections for LoRA ones when USE_LORA is True.
+  """Pax's mixin whose configure_lora(task_p) gives the LM LoRA adapters when USE_LORA.
 
-  With USE_LORA False (its default) configure_lora leaves the task as it is, as
-  in Pax; True is refused: paxlike has no LoRA adapters yet.
+  As Pax's: LORA_RANK-wide adapters on LORA_TARGET_LAYERS' projections ('all',
+  'attention': the q/k/v (or combined) and output projections, 'mlp': the
+  feed-forward's), and the learner trains only them
+  (bprop_variable_inclusion). paxlike's LM templates read the same knobs
+  themselves (paxlike.training_experiment.LoraHParams), so a class that
+  never calls configure_lora gets its adapters too; calling it again
+  changes nothing.
   """
 
   USE_LORA = False
@@ -19,10 +25,16 @@ class LoRAMixin:
   LORA_TARGET_LAYERS = "all"
 
   def configure_lora(self, task_p: Any) -> Any:
-    if self.USE_LORA:
-      raise UserError(f"USE_LORA=True (LORA_RANK={self.LORA_RANK}, LORA_TARGET_LAYERS="
-                      f"{self.LORA_TARGET_LAYERS!r}): paxlike has no LoRA adapters yet; set "
-                      "USE_LORA=False to fine-tune every parameter.")
+    if not self.USE_LORA:
+      return task_p
+    lora_targets(self.LORA_RANK, self.LORA_TARGET_LAYERS)
+    if not hasattr(task_p.model, "lora_rank"):
+      raise UserError(f"USE_LORA=True on {type(self).__name__}, whose model has no LoRA "
+                      "adapters; paxlike's decoder LMs (TransformerLmSpmdAdam, the Llama "
+                      "family) have them.")
+    task_p.model.lora_rank = self.LORA_RANK
+    task_p.model.lora_target_layers = self.LORA_TARGET_LAYERS
+    task_p.train.learner.bprop_variable_inclusion = [LORA_NAMES]
     return task_p
 
 
