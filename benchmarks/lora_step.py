@@ -7,7 +7,7 @@
 Both sides are benchmarks.llama_step's Llama experiment at the same shape,
 built as `paxlike.main` builds them; the LoRA side adds USE_LORA, LORA_RANK
 and LORA_TARGET_LAYERS. Their model FLOPs (what MFU divides: 4 per frozen
-weight and token, 6 per adapter weight, paxlike.flops.weight_flops_per_token)
+weight and token, 6 per adapter weight, paxlike.flops.weight_flops)
 and the matmul FLOPs of their step's jaxpr are printed; then, after
 compiling and `--warmup` untimed steps each, the two are timed in `--rounds`
 rounds, alternating, and the medians and the ratio LoRA / full are printed

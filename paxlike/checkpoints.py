@@ -178,18 +178,23 @@ def _fmt(leaf: Any) -> str:
 def first_mismatch(abstract: Any, stored: Any) -> str | None:
   """The first difference between this run's abstract state and a checkpoint's, in words.
 
-  Parameters are compared before optimizer slots (train-state field order).
+  Each train-state field is compared both ways before the next (parameters before
+  optimizer slots), so a parameter only one side has is named, not a slot it implies.
   """
   want, have = flat(abstract), flat(stored)
-  for name, leaf in want.items():
-    if name not in have:
-      return f"{name} (shape {tuple(leaf.shape)}) is in this run's model but not in the checkpoint"
-    got = have[name]
-    if tuple(got.shape) != tuple(leaf.shape) or np.dtype(got.dtype) != np.dtype(leaf.dtype):
-      return f"{name} has {_fmt(got)} in the checkpoint but {_fmt(leaf)} in this run"
-  for name, got in have.items():
-    if name not in want:
-      return f"{name} ({_fmt(got)}) is in the checkpoint but not in this run's model"
+  for field in dict.fromkeys(name.split("/", 1)[0] for name in [*want, *have]):
+    for name, leaf in want.items():
+      if name.split("/", 1)[0] != field:
+        continue
+      if name not in have:
+        return (f"{name} (shape {tuple(leaf.shape)}) is in this run's model but not in the "
+                "checkpoint")
+      got = have[name]
+      if tuple(got.shape) != tuple(leaf.shape) or np.dtype(got.dtype) != np.dtype(leaf.dtype):
+        return f"{name} has {_fmt(got)} in the checkpoint but {_fmt(leaf)} in this run"
+    for name, got in have.items():
+      if name.split("/", 1)[0] == field and name not in want:
+        return f"{name} ({_fmt(got)}) is in the checkpoint but not in this run's model"
   return None
 
 

@@ -113,11 +113,12 @@ def model_flops_per_token(d: LmDims, causal_halving: bool = True) -> float:
   attn = 12 * d.num_layers * d.seq_len * d.num_heads * d.dims_per_head
   if causal_halving:
     attn //= 2
-  return weight_flops_per_token(matmul_params(d), d.adapter_params) + attn
+  return weight_flops(matmul_params(d), d.adapter_params) + attn
 
 
-def weight_flops_per_token(weights: int, adapter_params: int = 0) -> float:
-  """The weights' matmul FLOPs a token costs, forward and backward.
+def weight_flops(weights: int, adapter_params: int = 0) -> float:
+  """The weights' matmul FLOPs, forward and backward, of a token (or of an example, with
+  weights and adapter_params summed over its positions).
 
   6 per weight: its product, the input's gradient and its own gradient. With
   LoRA adapters (adapter_params > 0, USE_LORA) every other weight is frozen
@@ -166,6 +167,8 @@ class EncDecDims:
   input_len: int  # encoder positions per example
   target_len: int  # decoder positions per example
   gated: bool = True  # gated FFN (wi_0, wi_1, wo): three matrices instead of two
+  lora_rank: int = 0  # USE_LORA: adapters of this rank; the other weights are frozen
+  lora_target_layers: str = "all"
 
 
 def enc_dec_flops_per_example(d: EncDecDims) -> float:
@@ -182,7 +185,8 @@ def enc_dec_flops_per_example(d: EncDecDims) -> float:
       + 12 * L_dec * T*S * A                              cross-attention
 
   The token embedding is a gather, not a matmul, so it is not counted; a
-  tied output projection is counted once, as the matmul it is.
+  tied output projection is counted once, as the matmul it is. LoRA runs
+  count their weights as weight_flops does.
   """
   a = d.num_heads * d.dims_per_head
   f = (3 if d.gated else 2) * d.model_dims * d.hidden_dims
@@ -193,7 +197,21 @@ def enc_dec_flops_per_example(d: EncDecDims) -> float:
                     + d.model_dims * d.vocab_size))
   attention = (12 * d.num_encoder_layers * s * s * a + 6 * d.num_decoder_layers * t * t * a
                + 12 * d.num_decoder_layers * t * s * a)
-  return 6.0 * weights + attention
+  return weight_flops(weights, _enc_dec_adapters(d, s, t)) + attention
+
+
+def _enc_dec_adapters(d: EncDecDims, s: int, t: int) -> int:
+  """The adapter weights an example's positions pass through (LoRA; 0 without): per
+  encoder position its layers' and the decoder's cross-attention k and v adapters, per
+  decoder position its self-attention's, cross q and out, and feed-forward's."""
+  if not d.lora_rank:
+    return 0
+  attn = d.lora_target_layers in ("all", "attention")
+  mlp = d.lora_target_layers in ("all", "mlp")
+  proj = d.lora_rank * (d.model_dims + d.num_heads * d.dims_per_head) if attn else 0
+  ffn = d.lora_rank * (3 if d.gated else 2) * (d.model_dims + d.hidden_dims) if mlp else 0
+  return (s * (d.num_encoder_layers * (4 * proj + ffn) + d.num_decoder_layers * 2 * proj)
+          + t * d.num_decoder_layers * (6 * proj + ffn))
 
 
 def enc_dec_flops_per_step(d: EncDecDims, global_batch: int) -> float:
@@ -224,12 +242,12 @@ def llama_flops_per_token(d: LlamaDims) -> float:
 
   Grouped-query attention shrinks only the k/v projections: every query head
   still attends over S keys. The embedding is a gather and not counted. LoRA
-  runs count their weights as weight_flops_per_token does.
+  runs count their weights as weight_flops does.
   """
   n_h, kv_h = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
   per_layer = 2 * d.model_dims * n_h + 2 * d.model_dims * kv_h + 3 * d.model_dims * d.hidden_dims
   weights = d.num_layers * per_layer + d.model_dims * d.vocab_size
-  return weight_flops_per_token(weights, d.adapter_params) + 6.0 * d.num_layers * d.seq_len * n_h
+  return weight_flops(weights, d.adapter_params) + 6.0 * d.num_layers * d.seq_len * n_h
 
 
 def llama_flops_per_step(d: LlamaDims, global_batch: int) -> float:

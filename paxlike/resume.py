@@ -22,6 +22,7 @@ naming the step, and with fallback=True the damaged step is moved aside
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 from typing import Any
 
@@ -105,6 +106,9 @@ def check_compatible(source: Source, step: int, abstract: Any,
     return restack
   hint = ("start this model in a new --job_log_dir (the existing checkpoints stay as they are)"
           if source.own else "pass the checkpoints of a run of this model")
+  if re.search(r"(^|/)(post_)?lora_[ab] ", problem):  # paxlike.layers.linear.LORA_PARAM
+    hint = ("the run that wrote it and this one differ in USE_LORA, LORA_RANK or "
+            "LORA_TARGET_LAYERS: set them as that run did, or " + hint)
   raise UserError(
       f"checkpoint step {step} in {source.directory} does not fit this run's model: "
       f"{problem}; {hint}.")

@@ -20,12 +20,12 @@ from paxlike.file_data import FilesDataset
 from paxlike.inputs.synthetic import SyntheticSeq2SeqInput
 from paxlike.inputs.text import TextInput
 from paxlike.models.t5 import T5Model
-from paxlike.training_experiment import AdamTraining
+from paxlike.training_experiment import AdamTraining, LoraHParams
 
 ACTIVATIONS = ("gated-gelu", "relu")
 
 
-class T5SpmdAdam(AdamTraining):
+class T5SpmdAdam(LoraHParams, AdamTraining):
   """A T5 v1.1-style encoder-decoder trained with Adam on a device mesh."""
 
   NUM_ENCODER_LAYERS = 2
@@ -75,7 +75,8 @@ class T5SpmdAdam(AdamTraining):
         relative_attention_max_distance=self.RELATIVE_ATTENTION_MAX_DISTANCE,
         layer_norm_epsilon=self.LAYERNORM_EPSILON, dropout_rate=self.DROPOUT_PROB,
         use_repeated_layer=self.USE_REPEATED_LAYER, checkpoint_policy=self.CHECKPOINT_POLICY,
-        fprop_dtype=self.FPROP_DTYPE, max_target_len=self.MAX_TARGET_LEN)
+        fprop_dtype=self.FPROP_DTYPE, max_target_len=self.MAX_TARGET_LEN,
+        **self.lora_fields())
 
 
 class SyntheticSeq2SeqDataset(FilesDataset):

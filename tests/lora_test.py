@@ -118,6 +118,12 @@ def test_a_lora_fine_tune_changes_only_its_adapters_and_keeps_slots_for_them(tmp
   slot_size = sum(np.asarray(x).size for x in jax.tree.leaves(lora_state["opt_state"]))
   assert 2 * adapter_size <= slot_size < 2 * adapter_size + 64, (slot_size, adapter_size)
 
+  # A later run of the job without the adapters is told which knobs differ.
+  proc = run_cli([*TINY_LM, f"--job_log_dir={lora}", "--set", "NUM_TRAIN_STEPS=20",
+                  "--mode=export", "--export_format=stablehlo"], tmp_path)
+  assert proc.returncode == 2, describe(proc)
+  assert "differ in USE_LORA, LORA_RANK or LORA_TARGET_LAYERS" in proc.stderr.splitlines()[-1]
+
 
 def test_a_llama_lora_fine_tune_exports_merged_weights_transformers_loads(tmp_path):
   pytest.importorskip("torch")
@@ -171,14 +177,20 @@ def test_a_rank_set_without_use_lora_is_refused_in_one_line(tmp_path):
   assert "USE_LORA is False" in proc.stderr.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("family", ["lm", "llama"])
+@pytest.mark.parametrize("family", ["lm", "llama", "t5"])
 def test_frozen_weights_get_no_gradient_and_mfu_counts_what_lora_computes(family):
-  from paxlike import steps
+  from paxlike import flops, steps
   from paxlike import train_state as ts
   from paxlike.learners import Learner
+  from paxlike.models.t5 import T5Model
 
   batch = {"ids": jnp.zeros((8, 64), jnp.int32), "labels": jnp.zeros((8, 64), jnp.int32),
            "weights": jnp.ones((8, 64))}
+  if family == "t5":
+    batch = {"encoder_input_tokens": jnp.ones((8, 64), jnp.int32),
+             "decoder_input_tokens": jnp.ones((8, 32), jnp.int32),
+             "decoder_target_tokens": jnp.ones((8, 32), jnp.int32),
+             "decoder_loss_weights": jnp.ones((8, 32))}
 
   def compiled_flops(model, lora: bool) -> tuple[float, object]:
     learner = Learner(bprop_variable_inclusion=[LORA_NAMES] if lora else ())
@@ -192,17 +204,67 @@ def test_frozen_weights_get_no_gradient_and_mfu_counts_what_lora_computes(family
   if family == "lm":
     make = lambda **kw: LanguageModel(num_heads=4, dim_per_head=64, hidden_dims=1024,  # noqa: E731
                                       use_gated_activation=True, combine_qkv=True, **dims, **kw)
-  else:
+  elif family == "llama":
     make = lambda **kw: LlamaModel(num_heads=4, num_kv_heads=2, head_dim=64,  # noqa: E731
                                    hidden_dims=768, max_seq_len=64, **dims, **kw)
+  else:
+    make = lambda **kw: T5Model(vocab_size=512, model_dims=256, num_encoder_layers=2,  # noqa: E731
+                                num_decoder_layers=2, num_heads=4, dim_per_head=64,
+                                hidden_dims=768, **kw)
   full, lora = make(), make(lora_rank=8)
   full_flops, _ = compiled_flops(full, False)
   lora_flops, abstract = compiled_flops(lora, True)
   adapters = sum(v.size for n, v in flat_names(abstract.params).items()
                  if re.fullmatch(LORA_NAMES, n))
-  assert lora.flops_dims(64).adapter_params == adapters
+  if family == "t5":  # every adapter is passed through by 64 encoder or 32 decoder positions
+    encoder = sum(v.size for n, v in flat_names(abstract.params).items()
+                  if re.fullmatch(LORA_NAMES, n) and re.match(
+                      r"encoder/|.*encoder_decoder_attention/(key|value)/", n))
+    assert flops._enc_dec_adapters(lora.flops_dims(64, 32), 64, 32) == (
+        64 * encoder + 32 * (adapters - encoder))
+  else:
+    assert lora.flops_dims(64).adapter_params == adapters
   # Without the frozen weights' own gradients the compiled step does about 4/6 of the
   # weights' work (the attention's stays), and the model FLOPs that MFU divides say so too.
   model_ratio = lora.model_flops_per_step(batch) / full.model_flops_per_step(batch)
   assert 0.65 < model_ratio < 0.8
   assert abs(lora_flops / full_flops - model_ratio) < 0.05, (lora_flops / full_flops, model_ratio)
+
+
+@pytest.mark.parametrize("targets", ["all", "attention"])
+def test_flan_t5_adapters_start_neutral_and_export_merged_to_transformers(targets, tmp_path):
+  """T5 (encoder, decoder, cross-attention): LoRA logits, merged and exported, reloaded."""
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  from hf_interop_test import _batch, _hf_forward, _hf_model, _paxlike_forward, _paxlike_model
+  from transformers import T5ForConditionalGeneration
+
+  from paxlike import decoding
+  from paxlike.interop import hf
+
+  path = str(tmp_path / "flan")
+  _hf_model("gated-gelu", tie=False, seed=0).save_pretrained(path)
+  model = _paxlike_model(scanned=True).clone(lora_rank=3, lora_target_layers=targets)
+  params = hf.import_params(path, _paxlike_model(scanned=True))
+  fresh = flax.linen.unbox(model.init(jax.random.key(0), _batch())["params"])
+  adapters = {k: v for k, v in flax.traverse_util.flatten_dict(fresh).items()
+              if re.fullmatch(LORA_NAMES, "/".join(k))}
+  assert any("encoder_decoder_attention" in "/".join(k) for k in adapters)
+  assert any("mlp" in "/".join(k) for k in adapters) == (targets == "all")
+  with_adapters = flax.traverse_util.unflatten_dict(
+      {**flax.traverse_util.flatten_dict(params), **adapters})
+  batch = _batch()
+  _, plain_logits = _paxlike_forward(_paxlike_model(scanned=True), params, batch)
+  np.testing.assert_array_equal(_paxlike_forward(model, with_adapters, batch)[1], plain_logits)
+
+  key = iter(jax.random.split(jax.random.key(1), 256))
+  trained = jax.tree_util.tree_map_with_path(
+      lambda p, x: jax.random.normal(next(key), x.shape) * 0.3
+      if str(p[-1].key).endswith("lora_b") else x, with_adapters)
+  _, lora_logits = _paxlike_forward(model, trained, batch)
+  assert np.abs(lora_logits - plain_logits).max() > 1e-2
+  export_model, export_params = decoding.decoding_model(model, trained)
+  assert export_model.lora_rank == 0
+  hf.export_params(export_params, export_model, str(tmp_path / "out"))
+  reloaded = T5ForConditionalGeneration.from_pretrained(str(tmp_path / "out")).eval()
+  np.testing.assert_allclose(_hf_forward(reloaded, batch)[1], lora_logits, atol=1e-4)

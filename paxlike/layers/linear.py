@@ -130,7 +130,7 @@ def lora_output(module: nn.Module, x: jax.Array, w_shape: Sequence[int], in_dims
 def merge_lora(params: Any) -> Any:
   """params with every LoRA adapter folded into its weight and dropped.
 
-  The weight (`w`, or `post` beside `post_lora_a`) becomes w + lora_a @
+  The weight (`w`, T5's `kernel`, or `post` beside `post_lora_a`) becomes w + lora_a @
   lora_b^T in w's shape, the function lora_output adds to it, for any
   leading layer axes (a scanned or pipelined stack's). What exports write:
   the model's function, in the weights of the same model without adapters.
@@ -138,8 +138,9 @@ def merge_lora(params: Any) -> Any:
   if not isinstance(params, dict):
     return params
   out = {k: merge_lora(v) for k, v in params.items() if not re.fullmatch(LORA_PARAM, k)}
-  for prefix, weight in (("", "w"), ("post_", "post")):
+  for prefix in ("", "post_"):
     if prefix + "lora_a" in params:
+      weight = "post" if prefix else next(k for k in ("w", "kernel") if k in out)
       a, b, w = params[prefix + "lora_a"], params[prefix + "lora_b"], out[weight]
       delta = jnp.einsum("...ir,...or->...io", jnp.asarray(a, jnp.float32),
                          jnp.asarray(b, jnp.float32))

@@ -39,7 +39,7 @@ from paxlike.layers.attention import (
   to_cache_layout,
   use_kv_cache,
 )
-from paxlike.layers.linear import dropout_active, project
+from paxlike.layers.linear import dropout_active, lora_output, lora_targets, project
 
 Dtype = Any
 
@@ -84,6 +84,7 @@ class DenseGeneral(nn.Module):
   init_scale: float = 1.0
   distribution: str = "normal"
   dtype: Dtype = jnp.float32
+  lora_rank: int = 0  # a LoRA adapter (paxlike.layers.linear.lora_output); 0: none
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -94,7 +95,9 @@ class DenseGeneral(nn.Module):
                         self.init_scale)
     kernel = self.param("kernel", nn.with_logical_partitioning(init, tuple(self.axes)),
                         (*in_shape, *features), jnp.float32)
-    return project(x.astype(self.dtype), kernel.astype(self.dtype), n_in)
+    y = project(x.astype(self.dtype), kernel.astype(self.dtype), n_in)
+    adapted = lora_output(self, x, kernel.shape, n_in, self.lora_rank, self.dtype)
+    return y if adapted is None else y + adapted
 
 
 class Embed(nn.Module):
@@ -255,6 +258,7 @@ class T5Attention(nn.Module):
     num_heads, dim_per_head: the attention shape.
     cross: keys/values come from the encoder (cached once in PREFILL).
     dropout_rate: on the attention probabilities.
+    lora_rank: LoRA adapters on query, key, value and out (0: none).
   """
 
   num_heads: int
@@ -262,6 +266,7 @@ class T5Attention(nn.Module):
   cross: bool = False
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
+  lora_rank: int = 0
 
   @nn.compact
   def __call__(self, x: jax.Array, kv: jax.Array | None = None, *, bias: jax.Array | None = None,
@@ -269,7 +274,8 @@ class T5Attention(nn.Module):
                cache_len: int = 0) -> jax.Array | None:
     n, h = self.num_heads, self.dim_per_head
     d = x.shape[-1]
-    proj = dict(features=(n, h), axes=("embed", "heads", "kv"), dtype=self.dtype)
+    proj = dict(features=(n, h), axes=("embed", "heads", "kv"), dtype=self.dtype,
+                lora_rank=self.lora_rank)
     query = DenseGeneral(**proj, init_scale=h ** -0.5, name="query")
     key = DenseGeneral(**proj, name="key")
     value = DenseGeneral(**proj, name="value")
@@ -310,7 +316,7 @@ class T5Attention(nn.Module):
       context = attend(self, q, k, v, bias, mask, self.dropout_rate)
     context = checkpoint_name(constrain(context), "context")
     out = DenseGeneral((d,), ("heads", "kv", "embed"), in_dims=2, dtype=self.dtype,
-                       name="out")(context)
+                       lora_rank=self.lora_rank, name="out")(context)
     return checkpoint_name(out, "out_proj")
 
 
@@ -327,12 +333,13 @@ class T5FeedForward(nn.Module):
   activation: str = "gated-gelu"
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
+  lora_rank: int = 0  # LoRA adapters on wi_0, wi_1 (or wi) and wo; 0: none
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     d = x.shape[-1]
     dense = dict(features=(self.hidden_dims,), axes=("embed", "mlp"),
-                 distribution="truncated_normal", dtype=self.dtype)
+                 distribution="truncated_normal", dtype=self.dtype, lora_rank=self.lora_rank)
     if self.activation == "gated-gelu":
       gate = jax.nn.gelu(DenseGeneral(**dense, name="wi_0")(x), approximate=True)
       h = gate * DenseGeneral(**dense, name="wi_1")(x)
@@ -344,7 +351,7 @@ class T5FeedForward(nn.Module):
     h = checkpoint_name(h, "ffn1")
     h = nn.Dropout(self.dropout_rate)(h, deterministic=not dropout_active(self, self.dropout_rate))
     y = DenseGeneral((d,), ("mlp", "embed"), distribution="truncated_normal", dtype=self.dtype,
-                     name="wo")(h)
+                     lora_rank=self.lora_rank, name="wo")(h)
     return checkpoint_name(y, "ffn2")
 
 
@@ -361,6 +368,8 @@ class T5LayerConfig(nn.Module):
   layer_norm_epsilon: float = 1e-6
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
+  lora_rank: int = 0  # Pax's LORA_RANK / LORA_TARGET_LAYERS (USE_LORA)
+  lora_target_layers: str = "all"
 
   def residual(self, x: jax.Array, y: jax.Array) -> jax.Array:
     """x + dropout(y), constrained like the residual stream."""
@@ -373,12 +382,12 @@ class T5LayerConfig(nn.Module):
 
   def attention(self, name: str, cross: bool = False) -> T5Attention:
     return T5Attention(self.num_heads, self.dim_per_head, cross, self.dropout_rate, self.dtype,
-                       name=name)
+                       lora_targets(self.lora_rank, self.lora_target_layers)[0], name=name)
 
   def mlp(self, x: jax.Array) -> jax.Array:
     h = self.norm("pre_mlp_layer_norm")(x)
     h = T5FeedForward(self.hidden_dims, self.activation, self.dropout_rate, self.dtype,
-                      name="mlp")(h)
+                      lora_targets(self.lora_rank, self.lora_target_layers)[1], name="mlp")(h)
     return self.residual(x, h)
 
 

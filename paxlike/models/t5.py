@@ -38,18 +38,19 @@ import numpy as np
 from paxlike import decoding, flops
 from paxlike.errors import UserError
 from paxlike.layers import pipeline
+from paxlike.layers.linear import lora_targets
 from paxlike.layers.t5 import (
-    EXTEND,
-    FFN_ACTIVATIONS,
-    FULL,
-    PREFILL,
-    DenseGeneral,
-    Embed,
-    RelativePositionBias,
-    RmsNorm,
-    T5DecoderLayer,
-    T5EncoderLayer,
-    dropout_active,
+  EXTEND,
+  FFN_ACTIVATIONS,
+  FULL,
+  PREFILL,
+  DenseGeneral,
+  Embed,
+  RelativePositionBias,
+  RmsNorm,
+  T5DecoderLayer,
+  T5EncoderLayer,
+  dropout_active,
 )
 from paxlike.layers.transformer import remat_policy, rematerialises
 from paxlike.models.base import BaseModel
@@ -100,12 +101,15 @@ class T5Stack(nn.Module):
   use_repeated_layer: bool = False
   checkpoint_policy: str = "SAVE_NOTHING"
   dtype: Dtype = jnp.float32
+  lora_rank: int = 0
+  lora_target_layers: str = "all"
 
   def layer_kwargs(self) -> dict[str, Any]:
     return dict(num_heads=self.num_heads, dim_per_head=self.dim_per_head,
                 hidden_dims=self.hidden_dims, activation=self.activation,
                 layer_norm_epsilon=self.layer_norm_epsilon, dropout_rate=self.dropout_rate,
-                dtype=self.dtype)
+                dtype=self.dtype, lora_rank=self.lora_rank,
+                lora_target_layers=self.lora_target_layers)
 
   def relpos(self, bidirectional: bool) -> RelativePositionBias:
     return RelativePositionBias(self.relative_attention_num_buckets,
@@ -229,8 +233,13 @@ class T5Model(BaseModel):
   pad_id: int = 0
   eos_id: int = 1
   decoder_start_id: int = 0
+  # Pax's USE_LORA: LORA_RANK-wide adapters on LORA_TARGET_LAYERS' projections ("all",
+  # "attention": every attention's query/key/value/out, "mlp": wi_0/wi_1/wo); 0: none.
+  lora_rank: int = 0
+  lora_target_layers: str = "all"
 
   def setup(self) -> None:
+    lora_targets(self.lora_rank, self.lora_target_layers)
     if self.activation not in FFN_ACTIVATIONS:
       raise UserError(f"ACTIVATION={self.activation!r} is not one of {FFN_ACTIVATIONS}.")
     self.token_embedder = Embed(self.vocab_size, self.model_dims, self.fprop_dtype)
@@ -240,7 +249,8 @@ class T5Model(BaseModel):
                  relative_attention_max_distance=self.relative_attention_max_distance,
                  layer_norm_epsilon=self.layer_norm_epsilon, dropout_rate=self.dropout_rate,
                  use_repeated_layer=self.use_repeated_layer,
-                 checkpoint_policy=self.checkpoint_policy, dtype=self.fprop_dtype)
+                 checkpoint_policy=self.checkpoint_policy, dtype=self.fprop_dtype,
+                 lora_rank=self.lora_rank, lora_target_layers=self.lora_target_layers)
     self.encoder = T5Encoder(num_layers=self.num_encoder_layers, **stack)
     self.decoder = T5Decoder(num_layers=self.num_decoder_layers, vocab_size=self.vocab_size,
                              tie_embeddings=self.tie_embeddings, **stack)
@@ -363,7 +373,8 @@ class T5Model(BaseModel):
         num_encoder_layers=self.num_encoder_layers, num_decoder_layers=self.num_decoder_layers,
         model_dims=self.model_dims, hidden_dims=self.hidden_dims, num_heads=self.num_heads,
         dims_per_head=self.dim_per_head, vocab_size=self.vocab_size, input_len=input_len,
-        target_len=target_len, gated=self.activation.startswith("gated"))
+        target_len=target_len, gated=self.activation.startswith("gated"),
+        lora_rank=self.lora_rank, lora_target_layers=self.lora_target_layers)
 
   def model_flops_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> float:
     batch, input_len = specs["encoder_input_tokens"].shape[:2]
