@@ -142,17 +142,18 @@ class Learner:
       return tree
 
     def keep(path: Any, leaf: Any) -> Any:
-      name = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+      name = _param_name(path)
       if include and not any(re.fullmatch(p, name) for p in include):
         return None
       return None if any(re.fullmatch(p, name) for p in exclude) else leaf
 
     out = jax.tree_util.tree_map_with_path(keep, tree, is_leaf=is_leaf)
     if not jax.tree.leaves(out, is_leaf=is_leaf):
+      first_path = jax.tree_util.tree_flatten_with_path(tree, is_leaf)[0][0][0]
       raise UserError(f"learner.bprop_variable_inclusion={list(include)} and "
                       f"bprop_variable_exclusion={list(exclude)} leave no parameter to train; "
                       "the names are those model_analysis.txt lists "
-                      f"({next(iter(_names(tree, is_leaf)), 'none')}, ...).")
+                      f"({_param_name(first_path)}, ...).")
     return out
 
   def transform(self) -> optax.GradientTransformation:
@@ -179,9 +180,9 @@ class Learner:
     return opt
 
 
-def _names(tree: Any, is_leaf: Callable[[Any], bool] | None) -> list[str]:
-  return ["/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
-          for path, _ in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]]
+def _param_name(path: Any) -> str:
+  """A parameter's tree path as model_analysis.txt names it: 'transformer/repeat/ffn/ffn1/w'."""
+  return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
 class FrozenTransformation(NamedTuple):

@@ -106,7 +106,9 @@ def check_compatible(source: Source, step: int, abstract: Any,
     return restack
   hint = ("start this model in a new --job_log_dir (the existing checkpoints stay as they are)"
           if source.own else "pass the checkpoints of a run of this model")
-  if re.search(r"(^|/)(post_)?lora_[ab] ", problem):  # paxlike.layers.linear.LORA_PARAM
+  from paxlike.layers.linear import LORA_PARAM
+
+  if re.search(rf"(^|/){LORA_PARAM} ", problem):
     hint = ("the run that wrote it and this one differ in USE_LORA, LORA_RANK or "
             "LORA_TARGET_LAYERS: set them as that run did, or " + hint)
   raise UserError(

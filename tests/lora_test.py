@@ -268,3 +268,28 @@ def test_flan_t5_adapters_start_neutral_and_export_merged_to_transformers(target
   hf.export_params(export_params, export_model, str(tmp_path / "out"))
   reloaded = T5ForConditionalGeneration.from_pretrained(str(tmp_path / "out")).eval()
   np.testing.assert_allclose(_hf_forward(reloaded, batch)[1], lora_logits, atol=1e-4)
+
+
+def test_bprop_variable_exclusion_freezes_what_it_names_and_bad_patterns_are_one_line():
+  from paxlike import steps
+  from paxlike import train_state as ts
+  from paxlike.learners import Learner
+
+  model = _model("lm")
+  learner = Learner(learning_rate=1e-2, bprop_variable_exclusion=[r"softmax/.*", r".*/ffn1/w"])
+  tx = learner.transform()
+  state = ts.init_fn(model, tx, BATCH)(jax.random.key(0))
+  step = jax.jit(steps.make_train_step(model, tx, learner.lr_schedule()))
+  new, metrics = step(state, BATCH, jax.random.key(1))
+  assert np.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
+  before, after = flat_names(state.params), flat_names(new.params)
+  frozen = {n for n in before if n.startswith("softmax/") or n.endswith("/ffn1/w")}
+  assert frozen and all(np.array_equal(before[n], after[n]) for n in frozen)
+  assert all(not np.array_equal(before[n], after[n]) for n in set(before) - frozen
+             if not n.endswith(("lora_b", "/b", "bias")))
+  with pytest.raises(UserError, match=r"leave no parameter to train; the names are those "
+                                      r"model_analysis.txt lists \(final_norm/bias, "):
+    Learner(bprop_variable_inclusion=["nothing"]).trainable(state.params)
+  with pytest.raises(UserError, match=r"^learner.bprop_variable_exclusion entry '\(' is not a "
+                                      "regular expression"):
+    Learner(bprop_variable_exclusion="(")

@@ -30,8 +30,8 @@ class LoRAMixin:
     lora_targets(self.LORA_RANK, self.LORA_TARGET_LAYERS)
     if not hasattr(task_p.model, "lora_rank"):
       raise UserError(f"USE_LORA=True on {type(self).__name__}, whose model has no LoRA "
-                      "adapters; paxlike's decoder LMs (TransformerLmSpmdAdam, the Llama "
-                      "family) have them.")
+                      "adapters; the models of paxlike's LM, Llama and Flan-T5 templates "
+                      "have them.")
     task_p.model.lora_rank = self.LORA_RANK
     task_p.model.lora_target_layers = self.LORA_TARGET_LAYERS
     task_p.train.learner.bprop_variable_inclusion = [LORA_NAMES]
