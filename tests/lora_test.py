@@ -293,3 +293,22 @@ def test_bprop_variable_exclusion_freezes_what_it_names_and_bad_patterns_are_one
   with pytest.raises(UserError, match=r"^learner.bprop_variable_exclusion entry '\(' is not a "
                                       "regular expression"):
     Learner(bprop_variable_exclusion="(")
+
+
+def test_llama32_1b_at_rank_16_keeps_adam_slots_for_its_adapters_only():
+  """The fine-tuning page's figures, from the abstract state (nothing allocated)."""
+  from paxlike import config
+  from paxlike import train_state as ts
+
+  def state(*sets):
+    exp = experiment.instantiate(registry.get("Llama32_1B"), ["ICI_MESH_SHAPE=[1,1,1]", *sets])
+    task = config.build(exp.task())
+    batch = {"ids": jnp.zeros((1, 64), jnp.int32), "labels": jnp.zeros((1, 64), jnp.int32),
+             "weights": jnp.ones((1, 64))}
+    return ts.logical_specs(task.model, task.learner.transform(), batch)[0]
+
+  full, lora = state(), state("USE_LORA=True", "LORA_RANK=16")
+  assert ts.count_params(full.params) == 1_235_814_400
+  assert ts.count_params(lora.params) == 1_235_814_400 + 11_272_192
+  assert ts.count_params(full.opt_state) == 2 * 1_235_814_400 + 2  # + two step counters
+  assert ts.count_params(lora.opt_state) == 2 * 11_272_192 + 2
