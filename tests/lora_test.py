@@ -312,3 +312,24 @@ def test_llama32_1b_at_rank_16_keeps_adam_slots_for_its_adapters_only():
   assert ts.count_params(lora.params) == 1_235_814_400 + 11_272_192
   assert ts.count_params(full.opt_state) == 2 * 1_235_814_400 + 2  # + two step counters
   assert ts.count_params(lora.opt_state) == 2 * 11_272_192 + 2
+
+
+@pytest.mark.parametrize("exp", ["LmCloudTransformerAdamTiny", "LlamaPipelineTiny"],
+                         ids=["pmap", "pipeline"])
+def test_lora_trains_only_adapters_in_the_pmap_loop_and_a_pipeline(exp, tmp_path):
+  job = tmp_path / "job"
+  proc = run_cli([f"--exp={exp}", f"--job_log_dir={job}", "--set", "USE_LORA=True", "--set",
+                  "LORA_RANK=4", "--set", "NUM_TRAIN_STEPS=6", "--set",
+                  "CHECKPOINT_EVERY_N_STEPS=3", "--set", "CHECKPOINT_MAX_TO_KEEP=2"],
+                 tmp_path, devices=2)
+  assert proc.returncode == 0, describe(proc)
+  from paxlike import checkpoints
+
+  ckpt = checkpoints.Checkpointer(str(job / "checkpoints"), read_only=True)
+  assert ckpt.all_steps() == [3, 6]
+  at3, at6 = (flat_names(ckpt.restore_host(s)[0]["params"]) for s in (3, 6))
+  ckpt.close()
+  adapters = {n for n in at3 if re.fullmatch(LORA_NAMES, n)}
+  assert adapters and all(not np.array_equal(at3[n], at6[n]) for n in adapters
+                          if n.endswith("lora_b"))
+  assert all(np.array_equal(at3[n], at6[n]) for n in set(at3) - adapters)
