@@ -242,6 +242,8 @@ class _TrainRun:
     self.gp = options.goodput or goodput.Recorder()
     self.program = build_train_program(task, train_input, partitioner,
                                        skip_nonfinite=options.skip_nonfinite_steps)
+    # The parameters the step takes gradients of (the learner's bprop_variable_* rules).
+    self.trained = task.learner.trainable(self.program.abstract.params)
     if options.model_flops_per_step is None:
       options.model_flops_per_step = task.model.model_flops_per_step(self.program.global_specs)
     if self.is_chief:
@@ -249,7 +251,7 @@ class _TrainRun:
           os.path.join(job_log_dir, "model_analysis.txt"), self.program.abstract.params,
           partitioner.mesh_specs(self.program.logical.params))
       logging.info("model has %s parameters", f"{num_params:,}")
-      trained_params = ts.count_params(task.learner.trainable(self.program.abstract.params))
+      trained_params = ts.count_params(self.trained)
       if trained_params != num_params:
         logging.info("training %s of them (%.2f%%); the learner's bprop_variable_inclusion / "
                      "_exclusion freeze the rest", f"{trained_params:,}",
@@ -287,8 +289,7 @@ class _TrainRun:
         self.job_log_dir, "train", enabled=self.is_chief and self.options.enable_summary_writer)
     self.prefetch = Prefetcher(self.train_input)
     # The step's nonfinite code counts the gradients it takes: the trained parameters'.
-    trained = self.program.task.learner.trainable(self.program.abstract.params)
-    self.guard = nonfinite.FiniteGuard(nonfinite.param_names(trained),
+    self.guard = nonfinite.FiniteGuard(nonfinite.param_names(self.trained),
                                        self.partitioner.unshard,
                                        skip=self.options.skip_nonfinite_steps)
     self.watcher = preemption.StopWatcher().install()

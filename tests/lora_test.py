@@ -45,6 +45,14 @@ def _without_lora(params):
       {k: v for k, v in flat.items() if not re.fullmatch(LORA_NAMES, "/".join(k))})
 
 
+def _with_trained_adapters(params):
+  """params with every lora_b drawn (x 0.3): adapters that move the model's function."""
+  keys = iter(jax.random.split(jax.random.key(1), len(jax.tree.leaves(params))))
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: jax.random.normal(next(keys), x.shape) * 0.3
+      if str(path[-1].key).endswith("lora_b") else x, params)
+
+
 def _logits(model, params):
   return np.asarray(model.apply({"params": params}, jnp.asarray(BATCH["ids"])))
 
@@ -68,10 +76,7 @@ def test_adapters_start_neutral_sit_where_asked_and_merge_into_the_weights(famil
   np.testing.assert_array_equal(_logits(model, params), _logits(plain, _without_lora(params)))
 
   # A trained adapter moves the logits, and merged into its weight moves them the same.
-  key = iter(jax.random.split(jax.random.key(1), 64))
-  trained = jax.tree_util.tree_map_with_path(
-      lambda path, x: jax.random.normal(next(key), x.shape) * 0.3
-      if str(path[-1].key).endswith("lora_b") else x, params)
+  trained = _with_trained_adapters(params)
   lora_logits = _logits(model, trained)
   assert np.abs(lora_logits - _logits(model, params)).max() > 1e-2
   np.testing.assert_allclose(_logits(plain, merge_lora(trained)), lora_logits, atol=2e-5)
@@ -81,11 +86,12 @@ TINY_LM = ["--exp=LmCloudSpmdTiny", "--set", "SUMMARY_INTERVAL_STEPS=5", "--set"
            "CHECKPOINT_EVERY_N_STEPS=100", "--set", "EVAL_INTERVAL_STEPS=0"]
 
 
-def _restored_params(job):
+def _restored_params(job, step=None):
+  """(step, the stored state as host arrays) of job's checkpoint at step (None: the latest)."""
   from paxlike import checkpoints
 
   ckpt = checkpoints.Checkpointer(str(job / "checkpoints"), read_only=True)
-  step = max(ckpt.all_steps())
+  step = max(ckpt.all_steps()) if step is None else step
   state, _ = ckpt.restore_host(step)
   ckpt.close()
   return step, state
@@ -257,10 +263,7 @@ def test_flan_t5_adapters_start_neutral_and_export_merged_to_transformers(target
   _, plain_logits = _paxlike_forward(_paxlike_model(scanned=True), params, batch)
   np.testing.assert_array_equal(_paxlike_forward(model, with_adapters, batch)[1], plain_logits)
 
-  key = iter(jax.random.split(jax.random.key(1), 256))
-  trained = jax.tree_util.tree_map_with_path(
-      lambda p, x: jax.random.normal(next(key), x.shape) * 0.3
-      if str(p[-1].key).endswith("lora_b") else x, with_adapters)
+  trained = _with_trained_adapters(with_adapters)
   _, lora_logits = _paxlike_forward(model, trained, batch)
   assert np.abs(lora_logits - plain_logits).max() > 1e-2
   export_model, export_params = decoding.decoding_model(model, trained)
@@ -323,12 +326,9 @@ def test_lora_trains_only_adapters_in_the_pmap_loop_and_a_pipeline(exp, tmp_path
                   "CHECKPOINT_EVERY_N_STEPS=3", "--set", "CHECKPOINT_MAX_TO_KEEP=2"],
                  tmp_path, devices=2)
   assert proc.returncode == 0, describe(proc)
-  from paxlike import checkpoints
-
-  ckpt = checkpoints.Checkpointer(str(job / "checkpoints"), read_only=True)
-  assert ckpt.all_steps() == [3, 6]
-  at3, at6 = (flat_names(ckpt.restore_host(s)[0]["params"]) for s in (3, 6))
-  ckpt.close()
+  assert sorted(p.name for p in (job / "checkpoints").glob("checkpoint_*")) == [
+      "checkpoint_00000003", "checkpoint_00000006"]
+  at3, at6 = (flat_names(_restored_params(job, s)[1]["params"]) for s in (3, 6))
   adapters = {n for n in at3 if re.fullmatch(LORA_NAMES, n)}
   assert adapters and all(not np.array_equal(at3[n], at6[n]) for n in adapters
                           if n.endswith("lora_b"))

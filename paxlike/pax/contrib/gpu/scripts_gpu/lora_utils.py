@@ -5,36 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 from paxlike.errors import UserError
-from paxlike.layers.linear import LORA_NAMES, lora_targets
+from paxlike.training_experiment import LoraHParams
 
 
-class LoRAMixin:
+class LoRAMixin(LoraHParams):
   """Pax's mixin whose configure_lora(task_p) gives the LM LoRA adapters when USE_LORA.
 
-  As Pax's: LORA_RANK-wide adapters on LORA_TARGET_LAYERS' projections ('all',
-  'attention': the q/k/v (or combined) and output projections, 'mlp': the
-  feed-forward's), and the learner trains only them
-  (bprop_variable_inclusion). paxlike's LM templates read the same knobs
-  themselves (paxlike.training_experiment.LoraHParams), so a class that
-  never calls configure_lora gets its adapters too; calling it again
-  changes nothing.
+  Its knobs (USE_LORA, LORA_RANK, LORA_TARGET_LAYERS) are the templates' own
+  (paxlike.training_experiment.LoraHParams): the LM, Llama and Flan-T5
+  templates' model() and task() already give the model its adapters and the
+  learner Pax's bprop_variable_inclusion, so a class that never calls
+  configure_lora gets them too, and configure_lora only checks that its
+  template did.
   """
 
-  USE_LORA = False
-  LORA_RANK = 8
-  LORA_TARGET_LAYERS = "all"
-
   def configure_lora(self, task_p: Any) -> Any:
-    if not self.USE_LORA:
-      return task_p
-    lora_targets(self.LORA_RANK, self.LORA_TARGET_LAYERS)
-    if not hasattr(task_p.model, "lora_rank"):
+    if self.USE_LORA and getattr(task_p.model, "lora_rank", None) != self.LORA_RANK:
       raise UserError(f"USE_LORA=True on {type(self).__name__}, whose model has no LoRA "
                       "adapters; the models of paxlike's LM, Llama and Flan-T5 templates "
                       "have them.")
-    task_p.model.lora_rank = self.LORA_RANK
-    task_p.model.lora_target_layers = self.LORA_TARGET_LAYERS
-    task_p.train.learner.bprop_variable_inclusion = [LORA_NAMES]
     return task_p
 
 
