@@ -72,7 +72,8 @@ def eval_batches(inp: BaseInput, model: Any) -> Iterator[dict[str, np.ndarray]]:
 
 
 def eval_step_sums(model: Any, reduce_sum: Callable[[Any], Any]) -> Callable:
-  """(state, batch, key) -> sums over the batch: loss, correct, tokens, examples."""
+  """(state, batch, key) -> sums over the batch: loss, correct, tokens, examples (and rows
+  predicted whole, where the model counts them)."""
 
   def step(state, batch, key):
     del key
@@ -80,6 +81,8 @@ def eval_step_sums(model: Any, reduce_sum: Callable[[Any], Any]) -> Callable:
     n = m["num_tokens"]
     sums = {"loss_sum": m["loss"] * n, "correct_sum": m["accuracy"] * n, "num_tokens": n,
             "num_examples": m["num_examples"]}
+    if "strict_correct" in m:
+      sums["strict_correct"] = m["strict_correct"]
     return reduce_sum(sums)
 
   return step
@@ -138,6 +141,8 @@ class Evaluator:
       metrics = {"loss": t["loss_sum"] / tokens, "log_pplx": t["loss_sum"] / tokens,
                  "accuracy": t["correct_sum"] / tokens, "num_examples": t["num_examples"],
                  "num_tokens": t["num_tokens"]}
+      if "strict_correct" in t:  # praxis's acc_strict: rows predicted whole
+        metrics["acc_strict"] = t["strict_correct"] / max(t["num_examples"], 1.0)
       writer = self._writer(f"eval_test_{inp.name}")
       writer.scalars(step, metrics)
       writer.close()

@@ -133,9 +133,12 @@ class Recorder:
   def loop_started(self) -> None:
     self.loop_start = self.clock()
 
-  def first_step(self, seconds: float) -> None:
-    """The first call of the step: compilation plus one step."""
-    self.first_step_seconds = seconds
+  def first_step(self, seconds: float) -> float:
+    """The first call of the step: compilation plus one step, given as the time since the
+    loop started; returns it less the spans timed meanwhile (the first batches' input
+    wait, a memory preflight), which their own buckets hold."""
+    self.first_step_seconds = max(seconds - self._loop_spans, 0.0)
+    return self.first_step_seconds
 
   def step_done(self, step: int, force_progress: bool = False) -> None:
     """Global step `step` (counting from 1) was dispatched."""

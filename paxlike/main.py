@@ -215,7 +215,9 @@ class _Built:
 
   @property
   def train_input(self) -> Any:
-    return next(i for i in self.inputs if i.is_training)
+    """The training input; in an eval-only experiment, the first eval input (its shapes
+    initialise the model)."""
+    return next((i for i in self.inputs if i.is_training), None) or self.inputs[0]
 
   @property
   def eval_inputs(self) -> list[Any]:
@@ -521,7 +523,13 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
     if getattr(inp, "vocab", None) is not None:
       vocabulary.check_fits(inp.vocab, task.model)
   if not any(i.is_training for i in inputs):
-    raise UserError(f"{name}.datasets() has no input with is_training=True.")
+    eval_only = inputs and not task.train.always_use_train_for_model_init
+    if not eval_only:
+      raise UserError(f"{name}.datasets() has no input with is_training=True.")
+    if argv_flags.mode in ("train", "tune", "dry_run"):
+      raise UserError(f"{name} is an eval-only experiment (no training input; "
+                      "always_use_train_for_model_init = False): run it with --mode=eval on "
+                      "a trained job's --job_log_dir.")
   _check_work(exp, argv_flags, inputs, decode_inputs)
   target = getattr(getattr(task, "train", None), "target_log_pplx", None)
   if target is not None and argv_flags.mode == "train" and not (

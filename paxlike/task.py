@@ -42,7 +42,9 @@ class TrainSettings:
   target_log_pplx: float | None = None  # stop once an eval's log_pplx is at or below it
   # Pax's fields for what paxlike always does; the other value is refused, not ignored.
   eval_skip_train: bool = True  # paxlike evaluates the eval inputs only, never the train one
-  always_use_train_for_model_init: bool = True  # the train input's shapes initialise the model
+  # False (Pax's eval-only configs): an experiment with no training input initialises the
+  # model from its first eval input's shapes, for --mode=eval / decode.
+  always_use_train_for_model_init: bool = True
   inputs_split_mapping: Any = None  # paxlike shards a batch over (replica, data) by its rules
   # paxlike measures steps/s (and MFU) over each summary interval; None or that interval.
   compute_steps_per_sec_interval_steps: int | None = None
@@ -51,9 +53,6 @@ class TrainSettings:
     if not self.eval_skip_train:
       raise UserError("task.train.eval_skip_train = False: paxlike does not evaluate on the "
                       "training input; leave it True.")
-    if not self.always_use_train_for_model_init:
-      raise UserError("task.train.always_use_train_for_model_init = False: paxlike "
-                      "initialises the model from the training input's shapes; leave it True.")
     if self.inputs_split_mapping is not None:
       raise UserError("task.train.inputs_split_mapping: paxlike shards each batch over the "
                       "mesh's (replica, data) axes by its own rules; drop the mapping.")

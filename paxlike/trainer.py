@@ -353,9 +353,9 @@ class _TrainRun:
     """The first step's timing and HFU, then scalars every SUMMARY_INTERVAL_STEPS."""
     if self.t_mark is None:
       jax.block_until_ready(metrics)
-      self.result.compile_seconds = time.perf_counter() - self.t_start
+      # Without the wait for the first batches, which goodput counts as input_wait.
+      self.result.compile_seconds = self.gp.first_step(time.perf_counter() - self.t_start)
       logging.info("first step (with compilation) took %.2fs", self.result.compile_seconds)
-      self.gp.first_step(self.result.compile_seconds)
       if self.options.measure_hardware_flops:
         with self.gp.span("other"):
           hw = flops.measure_step(self.step_fn, (self.state, batch, self.key), self.num_devices,

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,6 +165,26 @@ def cudnn_via_xla(monkeypatch):
 def describe(proc: subprocess.CompletedProcess) -> str:
   """Exit code and output of a finished CLI run, for assertion messages."""
   return f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-4000:]}"
+
+
+def write_tfds(data_dir: Path, name: str, version: str, features: dict[str, Any],
+               splits: dict[str, list[dict[str, Any]]], config: str | None = None) -> None:
+  """A TFDS dataset name[/config]:version with these splits' rows under data_dir, as a
+  builder of that name writes it (not registered: TFDS reads it from the files)."""
+  import tensorflow_datasets as tfds
+
+  feature_dict = tfds.features.FeaturesDict(features)
+  attrs = {
+      "name": name, "VERSION": tfds.core.Version(version),
+      "_info": lambda self: tfds.core.DatasetInfo(builder=self, features=feature_dict),
+      "_split_generators": lambda self, dl_manager: {
+          split: self._generate_examples(rows) for split, rows in splits.items()},
+      "_generate_examples": lambda self, rows: enumerate(rows),
+  }
+  if config:
+    attrs["BUILDER_CONFIGS"] = [tfds.core.BuilderConfig(name=config)]
+  builder = type(name, (tfds.core.GeneratorBasedBuilder,), attrs, skip_registration=True)
+  builder(data_dir=str(data_dir)).download_and_prepare()
 
 
 def parse_trained_line(stdout: str) -> dict[str, float]:

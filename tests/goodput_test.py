@@ -23,15 +23,18 @@ class FakeClock:
 
 
 def _simulate(rec: goodput.Recorder, clock: FakeClock, first: int, last: int,
-              step_s: float = 1.0) -> None:
-  """A loop over steps first..last: 0.25 s input wait each, a 2 s checkpoint at the end."""
+              step_s: float = 1.0, first_wait: float = 0.25) -> None:
+  """A loop over steps first..last: 0.25 s input wait each (first_wait before the first),
+  a 2 s checkpoint at the end."""
   rec.loop_started()
+  t0 = clock()
   for step in range(first, last + 1):
     with rec.span("input_wait"):
-      clock.advance(0.25)
+      clock.advance(first_wait if step == first else 0.25)
     if step == first:
       clock.advance(5.0 + step_s)  # compilation + the step itself
-      rec.first_step(5.0 + step_s)
+      # As the trainer times it: from the loop's start, the first batch's wait included.
+      assert rec.first_step(clock() - t0) == pytest.approx(5.0 + step_s)
     else:
       clock.advance(step_s)
     rec.step_done(step)
@@ -65,6 +68,20 @@ def test_buckets_split_the_wall_time_exactly(tmp_path):
   assert s["restart_redo"] == 0
   assert r["goodput"] == pytest.approx(10.0 / r["wall_seconds"])
   assert json.loads((tmp_path / "progress.json").read_text())["furthest_step"] == 10
+
+
+def test_a_slow_first_batch_is_input_wait_not_compilation_or_lost_steps():
+  """A SeqIO input filling its shuffle buffer makes the first batch wait 30 s: that is
+  input_wait; compilation and the productive steps keep their own seconds."""
+  clock = FakeClock()
+  rec = goodput.Recorder(start=clock(), clock=clock)
+  rec.restored(None, step=0)
+  _simulate(rec, clock, 1, 10, first_wait=30.0)
+  rec.finish()
+  s = rec.report()["seconds"]
+  assert (s["input_wait"], s["compilation"], s["productive"]) == pytest.approx(
+      (30.0 + 9 * 0.25, 5.0, 10.0))
+  assert sum(s.values()) == pytest.approx(rec.report()["wall_seconds"])
 
 
 def test_steps_before_the_furthest_step_reached_count_as_lost_to_the_restart(tmp_path):

@@ -12,12 +12,19 @@ from __future__ import annotations
 import math
 import re
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import describe, parse_trained_line, registrations_undone, run_cli
+from conftest import (
+  describe,
+  parse_trained_line,
+  registrations_undone,
+  run_cli,
+  write_tfds,
+)
 from pax_pipeline_files_test import (
   PAXREF,
   Pax,
@@ -158,14 +165,17 @@ def test_what_the_gpu_idiom_cannot_run_is_refused_by_name(gpu_idiom, knobs, expe
     _built("TinySynthetic", **knobs)
 
 
-def test_the_pile_mixin_is_refused_before_anything_is_written(gpu_idiom):
+def test_the_pile_mixin_without_vocab_path_is_refused_before_anything_is_written(
+    gpu_idiom, monkeypatch):
+  pytest.importorskip("seqio")
+  monkeypatch.delenv("VOCAB_PATH", raising=False)
   job = gpu_idiom / "job"
   proc = run_cli(["--exp=pax_gpu_idiom.TinyPile", f"--job_log_dir={job}"], cwd=gpu_idiom,
                  pythonpath=[gpu_idiom])
   assert proc.returncode == 2, describe(proc)
-  assert proc.stderr.strip().splitlines()[-1].startswith(
-      "error: TinyPile reads SeqIO mixture 'the_pile_lm' through Pax's GPU scripts' own TFDS "
-      "builder"), describe(proc)
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "error: Pax's GPU data mixins tokenize with the SentencePiece model that the VOCAB_PATH "
+      "environment variable names; set VOCAB_PATH=/path/to/spm.model."), describe(proc)
   assert not job.exists()
 
 
@@ -179,10 +189,27 @@ def test_a_steps_per_sec_window_other_than_the_summary_interval_is_refused():
 
 
 def test_custom_metrics_lm_refuses_the_eval_outputs_it_does_not_compute():
-  with pytest.raises(UserError, match=r"^CustomMetricsLM eval_task='lambada': paxlike does not "
-                                      r"compute these eval outputs yet"):
+  with pytest.raises(UserError, match=r"^CustomMetricsLM eval_task='boolq', boolq_yn_tokens="
+                                      r".*paxlike does not compute these eval outputs yet"):
     CustomMetricsLM(vocab_size=16, model_dims=8, num_layers=1, num_heads=1, dim_per_head=8,
-                    hidden_dims=16, eval_task="lambada")
+                    hidden_dims=16, eval_task="boolq", boolq_yn_tokens=[[3], [4]])
+
+
+def test_lambadas_strict_accuracy_counts_rows_predicted_whole():
+  """praxis's acc_strict: a row counts when every weighted token's argmax is its label;
+  rows without weight (padding) count for nothing."""
+  from paxlike.models.language_model import weighted_loss
+
+  labels = jnp.array([[1, 2, 3], [1, 2, 3], [1, 2, 3]])
+  logits = jax.nn.one_hot(jnp.array([[0, 2, 3], [1, 0, 3], [0, 0, 0]]), 4)  # argmax per token
+  weights = jnp.array([[0, 1, 1], [0, 1, 1], [0, 0, 0]], jnp.float32)
+  _, m = weighted_loss(logits, labels, weights, strict=True)
+  assert (float(m["strict_correct"]), float(m["num_examples"])) == (1.0, 2.0)
+  model = CustomMetricsLM(vocab_size=16, model_dims=8, num_layers=1, num_heads=1,
+                          dim_per_head=8, hidden_dims=16, eval_task="lambada")
+  assert model.strict_accuracy and not LanguageModel(
+      vocab_size=16, model_dims=8, num_layers=1, num_heads=1, dim_per_head=8,
+      hidden_dims=16).strict_accuracy
 
 
 def test_apply_eval_sample_weights_drops_the_padding_rows_from_the_loss():
@@ -273,8 +300,6 @@ def test_gpu_synthetic_class_has_paxs_count_and_batch(gpu_configs, monkeypatch, 
 
 
 @pytest.mark.parametrize("name,expected", [
-    ("Pile126M", "reads SeqIO mixture 'the_pile_lm' through Pax's GPU scripts' own TFDS"),
-    ("Lambada126M", "reads SeqIO mixture 'lambada_eval'"),
     ("PileGLaM126M64E", "mixture-of-experts"),
     ("LLaMA7B", "is built on Pax's GPU LLaMA template (BaseLLaMA)"),
     ("LLaMA70B", "is built on Pax's GPU LLaMA template (BaseLLaMA)"),
@@ -331,3 +356,73 @@ def test_input_dropout_drops_while_training_only(field, repeated):
   assert loss() == pytest.approx(float(plain.apply(params, batch, method=plain.fprop)[0]))
   assert loss(1) != pytest.approx(loss(), rel=1e-4)
   assert loss(1) != pytest.approx(loss(2), rel=1e-4)
+
+
+# ------------------------------------ Pax's Pile and LAMBADA classes on local TFDS copies
+
+WORDS = "the a cat dog sat ran on under mat log big small red blue and then".split()
+
+
+def _write_pile_and_lambada(data_dir) -> None:
+  """TFDS datasets named and shaped as Pax's GPU builders write them (ThePile and MyLambada,
+  1.0.0, config 'lm'), under data_dir."""
+  import tensorflow_datasets as tfds
+
+  rng = np.random.default_rng(0)
+
+  def text() -> str:
+    return " ".join(rng.choice(WORDS, size=int(rng.integers(5, 30))))
+
+  write_tfds(data_dir, "the_pile", "1.0.0", {"text": tfds.features.Text()},
+             {"train": [{"text": text()} for _ in range(400)],
+              "validation": [{"text": text()} for _ in range(16)]}, config="lm")
+  passages = [{"inputs": text(), "targets": " " + str(rng.choice(WORDS))} for _ in range(20)]
+  write_tfds(data_dir, "my_lambada", "1.0.0",
+             {"inputs": tfds.features.Text(), "targets": tfds.features.Text()},
+             {"test": passages}, config="lm")
+
+
+# GPT126MBase cut to a CPU's size; its data, converter, model class and optimizer are Pax's.
+SMALL_GPT = ["NUM_LAYERS=2", "MODEL_DIMS=64", "HIDDEN_DIMS=256", "NUM_HEADS=4",
+             "DIMS_PER_HEAD=16", "PERCORE_BATCH_SIZE=8", "MAX_SEQ_LEN=128", "VOCAB_SIZE=64",
+             "ICI_MESH_SHAPE=[1,1,1]", "DCN_MESH_SHAPE=[1,1,1]", "FPROP_DTYPE=float32"]
+
+
+def test_paxs_pile_class_trains_and_its_lambada_class_evaluates_the_job(tmp_path, monkeypatch):
+  """Pax's run_pile_singlenode.sh then run_lambada_singlenode.sh, on local TFDS copies: the
+  file as written but for its import lines and the R_COS_MIN_RATIO line paxlike refuses."""
+  seqio = pytest.importorskip("seqio")
+  if not GPU_CONFIGS.is_file():
+    pytest.skip(f"Pax's GPU configs are not at {GPU_CONFIGS} (set PAXLIKE_PAXREF)")
+  from pax_pipeline_files_test import rewrite_imports
+
+  text = rewrite_imports(GPU_CONFIGS.read_text())
+  (tmp_path / "pax_gpu_configs.py").write_text(
+      "\n".join(line for line in text.splitlines() if "R_COS_MIN_RATIO" not in line))
+  _write_pile_and_lambada(tmp_path / "tfds")
+  monkeypatch.setenv("VOCAB_PATH", str(Path(seqio.__file__).parent / "test_data" /
+                                       "sentencepiece" / "sentencepiece.model"))
+  small = [a for knob in SMALL_GPT for a in ("--set", knob)]
+  common = ["--job_log_dir=job", f"--tfds_data_dir={tmp_path / 'tfds'}", *small]
+  proc = run_cli(["--exp=pax_gpu_configs.Pile126M", *common, "--set", "MAX_STEPS=40",
+                  "--set", "EVAL_INTERVAL_STEPS=40", "--set", "LEARNING_RATE=3e-3",
+                  "--set", "LR_COS_WARMUP=2", "--set", "LR_COS_DECAY_START=3"],
+                 tmp_path, pythonpath=[tmp_path])
+  assert proc.returncode == 0, describe(proc)
+  trained = parse_trained_line(proc.stdout)
+  assert trained["last_loss"] < 0.6 * trained["first_loss"], describe(proc)
+  assert "eval_test_PileValidation at step 40:" in proc.stdout
+  assert "eval_sample_weights" not in proc.stderr  # the SeqIO rows carry them, as Pax's do
+
+  proc = run_cli(["--exp=pax_gpu_configs.Lambada126M", *common, "--mode=eval"], tmp_path,
+                 pythonpath=[tmp_path])
+  assert proc.returncode == 0, describe(proc)
+  line = re.search(r"^eval LambadaValidation at step 40: .*$", proc.stdout, re.M)
+  assert line and "num_examples 20.0000" in line.group(0), describe(proc)
+  strict = float(re.search(r"acc_strict (\S+)", line.group(0)).group(1))
+  assert 0.0 <= strict <= 1.0
+  # An eval-only class does not train, in one line.
+  proc = run_cli(["--exp=pax_gpu_configs.Lambada126M", *common], tmp_path,
+                 pythonpath=[tmp_path])
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
+      "error: Lambada126M is an eval-only experiment"), describe(proc)

@@ -421,16 +421,18 @@ def test_seqio_input_imports_without_tensorflow_and_maps_paxs_fields(monkeypatch
   monkeypatch.setattr(core_seqio, "_seqio", lambda: FakeSeqio)
   inp = config.build(cfg)
   # Pax's repeat=None on an eval input is a finite input; the seed is input_random_seed.
-  assert (inp.feature_converter, inp.pack, inp.repeat, inp.seed) == ("lm", False, False, 4321)
+  assert (inp.feature_converter, inp.pack, inp.repeat, inp.seed) == (
+      "decoder", False, False, 4321)
   # What paxlike's converters cannot produce is refused when data is read, not when the
   # input is built: a dry run (C4 from TFDS, offline) needs only the shapes.
-  cfg.feature_converter = seqio_input.LanguageModelFeatures(reverse_bos_padding=True)
+  cfg.feature_converter = seqio_input.LanguageModelFeatures(target_has_suffix=True)
   inp = config.build(cfg)
   assert {k: v.shape for k, v in inp.peek_specs().items()} == {
-      "ids": (2, 16), "labels": (2, 16), "weights": (2, 16)}
+      "ids": (2, 16), "labels": (2, 16), "weights": (2, 16), "prompt_lens": (2,),
+      "eval_sample_weights": (2,)}
   with pytest.raises(UserError) as e:
     inp.get_next()
-  assert "reverse_bos_padding=True" in _one_line(e)
+  assert "target_has_suffix=True" in _one_line(e)
 
 
 def test_paxs_helper_modules():

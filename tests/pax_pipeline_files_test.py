@@ -6,8 +6,9 @@ them from $PAXLIKE_PAXREF (default /work/paxref) and are skipped where they
 are absent. Each is copied into a temporary directory with its `paxml` /
 `praxis` import lines rewritten to `paxlike.pax`, nothing else; the copies are
 named pax_<file> (a module named nvidia shadows the CUDA packages). t5, which
-c4.py imports for its SeqIO task registry and which is not installed here, is
-stood in for by seqio's classes that t5.data re-exports.
+c4.py imports for its SeqIO tasks and which is not installed here, is stood in
+for by seqio's classes that t5.data re-exports and the three t5 preprocessors
+c4.py's tasks run (T5_STAND_IN).
 
 Every pipelined class gets the parameter count Pax's configuration implies
 (computed below from its dims alone) and Pax's schedule, on the batch its
@@ -44,14 +45,27 @@ pytestmark = pytest.mark.skipif(
     not all((PAXREF / f"{name}.py").is_file() for name in FILES),
     reason=f"Pax's lm_cloud.py, c4.py and nvidia.py are not in {PAXREF} (set PAXLIKE_PAXREF)")
 
-# t5.data as c4.py uses it at import: seqio's classes, and t5's TaskRegistry.add.
+# t5.data as c4.py uses it: seqio's classes, t5's TaskRegistry.add, and the three t5
+# preprocessors its C4 tasks run (paxlike writes two for Pax's GPU tasks). This
+# machine reaches no gs:// bucket, so a gs:// SentencePiece model is seqio's own test model.
 T5_STAND_IN = {
     "t5/__init__.py": "from t5 import data  # noqa: F401\n",
     "t5/data/__init__.py": textwrap.dedent("""\
+        import os
+
         import seqio
-        from seqio import Feature, PassThroughVocabulary, SentencePieceVocabulary  # noqa: F401
+        from seqio import Feature, PassThroughVocabulary  # noqa: F401
 
         from t5.data import preprocessors  # noqa: F401
+
+        TEST_MODEL = os.path.join(os.path.dirname(seqio.__file__), "test_data",
+                                  "sentencepiece", "sentencepiece.model")
+
+
+        class SentencePieceVocabulary(seqio.SentencePieceVocabulary):
+          def __init__(self, path, *args, **kwargs):
+            super().__init__(TEST_MODEL if path.startswith("gs://") else path, *args,
+                             **kwargs)
 
 
         class TaskRegistry(seqio.TaskRegistry):
@@ -60,13 +74,22 @@ T5_STAND_IN = {
             return seqio.TaskRegistry.add(name, task_cls=task_cls, **kwargs)
         """),
     "t5/data/preprocessors.py": textwrap.dedent("""\
-        def _unused(*args, **kwargs):
-          raise NotImplementedError("the t5 stand-in reads no data")
+        import seqio
 
+        from paxlike.inputs.seqio_preprocessors import (  # noqa: F401
+            reduce_concat_tokens, split_tokens_to_targets_length)
 
-        rekey = reduce_concat_tokens = split_tokens_to_targets_length = _unused
+        rekey = seqio.preprocessors.rekey
         """),
 }
+
+
+def write_t5_stand_in(root: Path) -> None:
+  """The stand-in above under root, unless t5 itself is installed."""
+  if importlib.util.find_spec("t5") is None:
+    for rel, text in T5_STAND_IN.items():
+      (root / rel).parent.mkdir(parents=True, exist_ok=True)
+      (root / rel).write_text(text)
 
 
 def rewrite_imports(text: str) -> str:
@@ -103,10 +126,7 @@ def pax_modules(tmp_path_factory):
   """The three rewritten files imported (pax_lm_cloud, pax_c4, pax_nvidia)."""
   pytest.importorskip("seqio")  # c4.py registers its SeqIO tasks at import
   root = tmp_path_factory.mktemp("pax_files")
-  if importlib.util.find_spec("t5") is None:
-    for rel, text in T5_STAND_IN.items():
-      (root / rel).parent.mkdir(parents=True, exist_ok=True)
-      (root / rel).write_text(text)
+  write_t5_stand_in(root)
   yield from _import_ports(root, FILES)
 
 

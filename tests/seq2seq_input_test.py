@@ -120,8 +120,10 @@ def test_text_input_and_seqio_input_give_the_same_enc_dec_features():
   assert batches == native.num_batches() == 4  # 500 held-out examples, the last batch padded
   assert seqio_inp.ids_to_strings(got["encoder_input_tokens"][:2]) == native.ids_to_strings(
       want["encoder_input_tokens"][:2])
-  with pytest.raises(UserError, match="enc_dec feature converter only"):
-    SeqIOInput(name="s", mixture_name="paxlike_arithmetic", feature_converter="lm", pack=True)
+  with pytest.raises(UserError, match="prepacked=True reads rows the task packed already, "
+                                      "with the decoder converter"):
+    SeqIOInput(name="s", mixture_name="paxlike_arithmetic", feature_converter="enc_dec",
+               prepacked=True)
 
 
 def test_packing_keeps_every_example_once_in_stream_order(tmp_path):

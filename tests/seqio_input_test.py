@@ -137,3 +137,21 @@ def test_tfds_data_dir_points_a_tasks_tfds_source_at_local_data(tmp_path):
     SeqIOInput(name="t", mixture_name="paxlike_tfds_sums", split_name="test",
                task_feature_lengths={"inputs": 6, "targets": 6}, num_infeed_hosts=1,
                infeed_host_index=0, batch_size=4, is_training=False).get_next()
+
+
+@pytest.mark.parametrize("converter,pack,training", [
+    ("lm", False, True), ("prefix_lm", False, False), ("prefix_lm", True, True),
+    ("decoder", True, True), ("enc_dec", False, False), ("enc_dec", True, True)])
+def test_peek_specs_without_reading_data_are_the_batches_shapes(converter, pack, training):
+  """A dry run plans from peek_specs, which reads no data: they must be get_next's."""
+  task = "paxlike_arithmetic_seq2seq" if converter == "enc_dec" else "paxlike_arithmetic"
+  inp = SeqIOInput(name="t", mixture_name=task, task_module="tasks.seqio_tasks",
+                   task_feature_lengths={"targets": 8} if converter == "lm" else
+                   {"inputs": 6, "targets": 8}, feature_converter=converter,
+                   pack=pack, split_name="test", batch_size=4, is_training=training,
+                   repeat=False, reset_for_eval=not training, num_infeed_hosts=1,
+                   infeed_host_index=0)
+  batch = inp.get_next()
+  assert {k: (v.shape, v.dtype) for k, v in inp.peek_specs().items()} == {
+      k: (v.shape, v.dtype) for k, v in batch.items()}
+  assert ("segment_ids" in batch or "decoder_segment_ids" in batch) == (pack and training)

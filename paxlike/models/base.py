@@ -200,8 +200,12 @@ class BaseModel(nn.Module):
       raise UserError(f"the input gives no {', '.join(missing)} but {type(self).__name__} "
                       f"reads {', '.join(self.input_features())}; use an input that makes "
                       "those features.")
-    return {k: jnp.zeros((1, *specs[k].shape[1:]), specs[k].dtype)
-            for k in self.input_features()}
+    keys = [*self.input_features(), *(k for k in self.optional_features() if k in specs)]
+    return {k: jnp.zeros((1, *specs[k].shape[1:]), specs[k].dtype) for k in keys}
+
+  def optional_features(self) -> tuple[str, ...]:
+    """Features fprop reads where the input gives them (init traces them too)."""
+    return ()
 
   def decode(self, params: Any, batch: dict[str, jax.Array], key: jax.Array,
              settings: decoding.DecodeSettings) -> decoding.DecodeOutput:

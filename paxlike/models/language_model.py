@@ -87,13 +87,14 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
   return logz - label_logit
 
 
-def weighted_loss(logits: jax.Array, labels: jax.Array, weights: jax.Array
-                  ) -> tuple[jax.Array, dict[str, jax.Array]]:
+def weighted_loss(logits: jax.Array, labels: jax.Array, weights: jax.Array,
+                  strict: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
   """fprop's (loss, metrics) of every family: weighted mean cross-entropy and counts.
 
   Metrics: loss, log_pplx, accuracy (weighted argmax match), num_tokens (the
   weight sum) and num_examples (rows with any weight), which the evaluator
-  turns back into sums.
+  turns back into sums; strict: also strict_correct, the number of rows with
+  weight whose every weighted token's argmax is its label.
   """
   weights = weights.astype(jnp.float32)
   xent = softmax_cross_entropy(logits, labels)
@@ -107,6 +108,10 @@ def weighted_loss(logits: jax.Array, labels: jax.Array, weights: jax.Array
       "num_tokens": jnp.sum(weights),
       "num_examples": jnp.sum(jnp.any(weights > 0, axis=-1).astype(jnp.float32)),
   }
+  if strict:
+    missed = jnp.sum((1.0 - correct) * (weights > 0), axis=-1)
+    metrics["strict_correct"] = jnp.sum(
+        (jnp.any(weights > 0, axis=-1) & (missed == 0)).astype(jnp.float32))
   return loss, metrics
 
 
@@ -179,6 +184,9 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
   # praxis's apply_eval_sample_weights: a batch's per-row `eval_sample_weights` (0 for
   # the rows padding a last eval batch) multiply its token weights.
   apply_eval_sample_weights: bool = False
+  # praxis's report_strict_acc: eval also reports acc_strict, the fraction of rows whose
+  # every weighted token is predicted (LAMBADA's whole-word accuracy).
+  report_strict_acc: bool = False
   # Pax's pipeline (NUM_STAGES; None: none): see StackedTransformer.
   num_stages: int | None = None
   circular_repeat: int = 1
@@ -268,7 +276,12 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
       else:  # as praxis: said once per compile, the weights used as they are
         logging.warning("apply_eval_sample_weights is set, but the batch has no "
                         "eval_sample_weights; its token weights are used as they are.")
-    return weighted_loss(logits, batch["labels"], weights)
+    return weighted_loss(logits, batch["labels"], weights, self.strict_accuracy)
+
+  @property
+  def strict_accuracy(self) -> bool:
+    """Whether fprop counts strict_correct (report_strict_acc)."""
+    return self.report_strict_acc
 
   # ------------------------------------------------------------- decoding
 
@@ -349,6 +362,9 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
 
   def input_features(self) -> tuple[str, ...]:
     return ("ids", "labels", "weights")
+
+  def optional_features(self) -> tuple[str, ...]:
+    return ("eval_sample_weights",) if self.apply_eval_sample_weights else ()
 
   def decode_features(self) -> tuple[str, ...]:
     return ("ids", "prompt_lens")

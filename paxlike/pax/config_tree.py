@@ -571,8 +571,7 @@ def read_tree(tree: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     eos = eos[0]
   r.set("eos_id", dpath + ".eos_id", int(eos))
   if tree["report_strict_acc"]:
-    r.notes.append("task_p.model.report_strict_acc = True: paxlike reports the per-token "
-                   "accuracy only, not praxis's strict (whole-sequence) accuracy.")
+    r.set("report_strict_acc", "task_p.model.report_strict_acc", True)
   return {k: v for k, (_, v) in r.values.items()}, r.notes
 
 

@@ -6,13 +6,16 @@
                       is_training=True, input_random_seed=..., batch_size=...)
 
 builds paxlike.inputs.seqio_input.SeqIOInput with Pax's fields translated:
-LanguageModelFeatures -> the 'lm' converter ('prefix_lm' with
-weights_on_targets_only=True), SequenceModelFeatures -> 'enc_dec', their
-pack -> pack; input_random_seed -> seed; repeat=None -> repeat training data
-only; num_batches_to_skip -> the stream starts that many batches in.
-Nothing here imports seqio or TensorFlow: building the input does, and
-without the seqio extra that is one line naming `pip install -e '.[seqio]'`.
-A Pax setting paxlike does not honour is refused when the input is built.
+LanguageModelFeatures -> the 'decoder' converter with its pack, bos_id, eos_id,
+reverse_bos_padding and weights_on_targets_only (Pax's C4 rows: packed, no BOS,
+labels ending in EOS); PackedLanguageModelFeatures -> rows the task packed
+already; SequenceModelFeatures -> 'enc_dec'; input_random_seed -> seed;
+repeat=None -> repeat training data only; num_batches_to_skip -> the stream
+starts that many batches in. Nothing here imports seqio or TensorFlow: building
+the input does, and without the seqio extra that is one line naming
+`pip install -e '.[seqio]'`. A Pax setting paxlike does not honour is refused
+in one line: when the input is built, or, for a converter's, when data is read
+(a dry run reads none).
 """
 
 from __future__ import annotations
@@ -42,27 +45,25 @@ class LanguageModelFeatures:
   target_has_suffix: bool = False
   passthrough_features: Mapping[str, Any] | None = None
 
-  def paxlike_converter(self) -> tuple[str, bool]:
-    """(paxlike's feature_converter name, pack), or a UserError for what it cannot do."""
+  def paxlike_settings(self) -> dict[str, Any]:
+    """paxlike's SeqIOInput fields for this converter, or a UserError for what it cannot do."""
     for field, value, why in (
-        ("reverse_bos_padding", self.reverse_bos_padding,
-         "ids without a BOS and labels padded with eos_id"),
         ("target_has_suffix", self.target_has_suffix, "a suffix after the targets"),
         ("passthrough_features", self.passthrough_features, "extra features passed through")):
       if value:
         raise UserError(f"LanguageModelFeatures({field}={value!r}) asks for {why}, which "
                         f"paxlike's seqio converters do not produce; drop {field}.")
-    if self.bos_id != 0:
-      raise UserError(f"LanguageModelFeatures(bos_id={self.bos_id}): paxlike's seqio "
-                      "converters start decoder inputs with 0; drop bos_id.")
-    return ("prefix_lm" if self.weights_on_targets_only else "lm"), self.pack
+    return {"feature_converter": "decoder", "pack": self.pack, "bos_id": self.bos_id,
+            "eos_id": self.eos_id, "reverse_bos_padding": self.reverse_bos_padding,
+            "weights_on_targets_only": self.weights_on_targets_only}
 
 
 @dataclasses.dataclass(frozen=True)
 class PackedLanguageModelFeatures(LanguageModelFeatures):
-  """LanguageModelFeatures with pack=True."""
+  """Rows the task has packed already (its decoder_* features), read as they are."""
 
-  pack: bool = True
+  def paxlike_settings(self) -> dict[str, Any]:
+    return {**super().paxlike_settings(), "pack": False, "prepacked": True}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,11 +74,11 @@ class SequenceModelFeatures:
   use_custom_packing_ops: bool = False
   bos_id: int = 0
 
-  def paxlike_converter(self) -> tuple[str, bool]:
+  def paxlike_settings(self) -> dict[str, Any]:
     if self.bos_id != 0:
       raise UserError(f"SequenceModelFeatures(bos_id={self.bos_id}): paxlike's enc_dec "
                       "converter starts decoder inputs with 0; drop bos_id.")
-    return "enc_dec", self.pack
+    return {"feature_converter": "enc_dec", "pack": self.pack}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,25 +124,21 @@ class SeqIOInput(_SeqIOInput):
       self.mixture_name = getattr(self.mixture_or_task, "name", self.mixture_or_task)
     converter = self.feature_converter
     self._refused = None
-    if hasattr(converter, "paxlike_converter"):
+    if hasattr(converter, "paxlike_settings"):
       try:
-        self.feature_converter, pack = converter.paxlike_converter()
+        settings = converter.paxlike_settings()
       except UserError as e:
         # Refused when data is read, not now: a dry run reads no data (C4's TFDS cannot
         # be read offline) and needs only the shapes, which the settings give.
         self._refused = str(e)
-        self.feature_converter, pack = "lm", bool(getattr(converter, "pack", False))
-      if pack and self.feature_converter != "enc_dec" and self.is_training:
-        self._refused = self._refused or (
-            f"{where}: packing language-model rows (LanguageModelFeatures(pack=True)) is "
-            "not done by paxlike's SeqIO input; set pack=False.")
-        self._packed_shapes = True
-        pack = False
-      self.pack = self.pack or pack
+        settings = {"feature_converter": "decoder", "pack": bool(getattr(converter, "pack",
+                                                                          False))}
+      for field, value in settings.items():
+        setattr(self, field, value)
     elif not isinstance(converter, str):
       raise UserError(f"{where}: feature_converter is a {type(converter).__name__}; paxlike "
                       "takes seqio_input.LanguageModelFeatures, SequenceModelFeatures or a "
-                      "converter name ('lm', 'prefix_lm', 'enc_dec').")
+                      "converter name ('lm', 'prefix_lm', 'decoder', 'enc_dec').")
     super().__post_init__()
     if self.num_batches_to_skip and self.is_training:
       self._read = int(self.num_batches_to_skip)
@@ -150,19 +147,6 @@ class SeqIOInput(_SeqIOInput):
     if self._refused:
       raise UserError(self._refused)
     return super().get_next()
-
-  def peek_specs(self) -> dict[str, np.ndarray]:
-    """The batch's shapes; from the settings alone when the data cannot be read here."""
-    if not self._refused:
-      return super().peek_specs()
-    rows, length = self.batch_size, int(self.task_feature_lengths["targets"])
-    specs = {"ids": np.zeros((rows, length), np.int32),
-             "labels": np.zeros((rows, length), np.int32),
-             "weights": np.zeros((rows, length), np.float32)}
-    if getattr(self, "_packed_shapes", False):
-      specs.update(segment_ids=np.zeros((rows, length), np.int32),
-                   segment_pos=np.zeros((rows, length), np.int32))
-    return specs
 
 
 __all__ = ["LanguageModelFeatures", "PackedLanguageModelFeatures",

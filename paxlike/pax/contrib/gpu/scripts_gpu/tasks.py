@@ -1,50 +1,141 @@
-"""paxml.contrib.gpu.scripts_gpu.tasks: the GPU configs' data mixins, refused when read.
+"""paxml.contrib.gpu.scripts_gpu.tasks: the GPU configs' data mixins (the [seqio] extra).
 
-Pax reads the Pile, Lambada and BoolQ through its own TFDS builders and
-tokenizers (SeqIO mixtures 'the_pile_lm', 'lambada_eval', 'boolq'), which
-paxlike does not provide. The mixins keep Pax's batch and length knobs, so a
-class that combines one with a template configures as in Pax; its datasets()
-is refused in one line, before anything is written.
+Pax's GPU scripts read the Pile and LAMBADA as TFDS datasets that their own
+builders wrote (`ThePile` and `MyLambada`, version 1.0.0, config 'lm', in
+TFDS_DATA_DIR or --tfds_data_dir), tokenized with the SentencePiece model
+that the VOCAB_PATH environment variable names. The mixins here register the
+same SeqIO tasks, 'the_pile_lm' and 'lambada_eval', when an experiment's
+datasets() is first called (so the configs import without seqio or
+VOCAB_PATH) and give Pax's inputs:
+- the Pile: rows of MAX_SEQ_LEN tokens cut from concatenated documents, each
+  ending in EOS, packed when the template sets PACKED_INPUT, for training and
+  its 'validation' split;
+- LAMBADA: an eval input of its 'test' split, each passage as the prompt and its
+  last word as the target (the loss is on the target only), at most
+  MAX_SEQ_LEN - 64 prompt tokens and 64 target tokens.
+A LAMBADA class sets eval_task='lambada', so its eval reports acc_strict, the
+fraction of passages whose whole last word is predicted.
+
+BoolQ (BoolQDataset, Pax's LLaMA fine-tuning data) is refused in one line
+when read: paxlike does not compute its yes/no accuracy yet.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+import jax
 
 from paxlike.errors import UserError
 from paxlike.experiment import BaseExperiment
+from paxlike.inputs.seqio_input import _seqio
+from paxlike.pax import pax_fiddle, seqio_input
+from paxlike.training_experiment import pax_batch_size
+
+PILE = "the_pile_lm"
+LAMBADA = "lambada_eval"
+PROMPT_ROOM = 64  # LAMBADA's target length; the prompt has the rest of MAX_SEQ_LEN
 
 
-class _PaxGpuData(BaseExperiment):
-  MIXTURE = ""
+def vocabulary() -> Any:
+  """The SentencePiece vocabulary at $VOCAB_PATH, as Pax's GPU tasks read it."""
+  path = os.environ.get("VOCAB_PATH", "")
+  if not path:
+    raise UserError("Pax's GPU data mixins tokenize with the SentencePiece model that the "
+                    "VOCAB_PATH environment variable names; set VOCAB_PATH=/path/to/spm.model.")
+  if "://" not in path and not os.path.isfile(path):
+    raise UserError(f"VOCAB_PATH={path} is not a file; point it at a SentencePiece model.")
+  return _seqio("Pax's GPU data mixins read SeqIO data").SentencePieceVocabulary(path)
 
-  def datasets(self) -> list[Any]:
-    raise UserError(f"{type(self).__name__} reads SeqIO mixture {self.MIXTURE!r} through Pax's "
-                    "GPU scripts' own TFDS builder and tokenizer, which paxlike does not "
-                    "provide; train on your own files with TRAIN_FILES (docs/fine_tuning.md) "
-                    "or on lm_cloud.SyntheticDataset.")
+
+def register_tasks() -> None:
+  """'the_pile_lm' and 'lambada_eval' in SeqIO's registry (once)."""
+  seqio = _seqio("Pax's GPU data mixins read SeqIO data")
+  if {PILE, LAMBADA} <= set(seqio.TaskRegistry.names()):
+    return
+  from paxlike.inputs import seqio_preprocessors as t5_style
+
+  vocab = vocabulary()
+  seqio.TaskRegistry.add(
+      PILE, source=seqio.TfdsDataSource(tfds_name="ThePile:1.0.0"),
+      preprocessors=[
+          lambda ds: ds.map(lambda x: {"targets": x["text"]}),
+          seqio.preprocessors.tokenize, t5_style.reduce_concat_tokens,
+          t5_style.split_tokens_to_targets_length, seqio.preprocessors.append_eos_after_trim],
+      output_features={"targets": seqio.Feature(vocab, add_eos=True)},
+      shuffle_buffer_size=100000)
+  seqio.TaskRegistry.add(
+      LAMBADA, source=seqio.TfdsDataSource(tfds_name="MyLambada:1.0.0"),
+      preprocessors=[seqio.preprocessors.tokenize],
+      output_features={"inputs": seqio.Feature(vocab, add_eos=True, required=False),
+                       "targets": seqio.Feature(vocab, add_eos=True)},
+      shuffle_buffer_size=None)
 
 
-class PileUnsupervisedDataset(_PaxGpuData):
-  MIXTURE = "the_pile_lm"
+def _per_process(percore: float) -> tuple[int, int]:
+  """(rows per process, infeed hosts) for PERCORE_BATCH_SIZE, by Pax's rule."""
+  rows = pax_batch_size("PERCORE_BATCH_SIZE", percore, jax.local_device_count(),
+                        jax.process_count())
+  return rows, jax.process_count()
+
+
+def _input(exp: BaseExperiment, name: str, mixture: str, split: str, is_training: bool,
+           lengths: dict[str, int], converter: seqio_input.LanguageModelFeatures,
+           seed: int | None, shuffle: bool) -> Any:
+  register_tasks()
+  rows, hosts = _per_process(exp.PERCORE_BATCH_SIZE)
+  return pax_fiddle.Config(
+      seqio_input.SeqIOInput, name=name, mixture_name=mixture, split_name=split,
+      task_feature_lengths=lengths, feature_converter=converter, is_training=is_training,
+      repeat=is_training, reset_for_eval=not is_training, input_random_seed=seed,
+      batch_size=rows, num_infeed_hosts=hosts, shuffle=shuffle)
+
+
+class PileUnsupervisedDataset(BaseExperiment):
+  """The Pile: a training input and a validation input."""
+
   PERCORE_BATCH_SIZE = 1
   MAX_SEQ_LEN = 2048
   TRAIN_INPUT_RANDOM_SEED = None
 
+  def _pile(self, is_training: bool) -> Any:
+    pack = bool(getattr(self, "PACKED_INPUT", False)) and is_training
+    return _input(self, "PileTrain" if is_training else "PileValidation", PILE,
+                  "train" if is_training else "validation", is_training,
+                  {"targets": self.MAX_SEQ_LEN}, seqio_input.LanguageModelFeatures(pack=pack),
+                  self.TRAIN_INPUT_RANDOM_SEED if is_training else 4321, shuffle=True)
 
-class LambadaDataset(_PaxGpuData):
-  MIXTURE = "lambada_eval"
+  def datasets(self) -> list[Any]:
+    return [self._pile(True), self._pile(False)]
+
+
+class LambadaDataset(BaseExperiment):
+  """LAMBADA's test split, for zero-shot eval (--mode=eval on a trained job)."""
+
   PERCORE_BATCH_SIZE = 1
   MAX_SEQ_LEN = 2048
 
+  def datasets(self) -> list[Any]:
+    lengths = {"inputs": self.MAX_SEQ_LEN - PROMPT_ROOM, "targets": PROMPT_ROOM}
+    return [_input(self, "LambadaValidation", LAMBADA, "test", False, lengths,
+                   seqio_input.LanguageModelFeatures(weights_on_targets_only=True), 4321,
+                   shuffle=False)]
 
-class BoolQDataset(_PaxGpuData):
-  MIXTURE = "boolq"
+
+class BoolQDataset(BaseExperiment):
+  """BoolQ's Pax knobs; reading it is refused (see the module docstring)."""
+
   PERCORE_BATCH_SIZE = 8
   MAX_SEQ_LEN = 4096
   BOS_ID = 1
   EOS_ID = 2
   TRAIN_INPUT_RANDOM_SEED = None
+
+  def datasets(self) -> list[Any]:
+    raise UserError(f"{type(self).__name__} reads BoolQ ('boolq'), whose yes/no accuracy "
+                    "paxlike does not compute yet; fine-tune on your own files with "
+                    "TRAIN_FILES (docs/fine_tuning.md).")
 
 
 __all__ = ["BoolQDataset", "LambadaDataset", "PileUnsupervisedDataset"]
