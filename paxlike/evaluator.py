@@ -44,6 +44,10 @@ from paxlike.errors import UserError
 from paxlike.inputs.base_input import BaseInput
 from paxlike.inputs.text import TextInput
 
+# Counts a model's fprop may add, reported per example under praxis's metric names: rows
+# predicted whole (eval_task 'lambada', report_strict_acc) and BoolQ's answers.
+PER_EXAMPLE = {"strict_correct": "acc_strict", "yes_no_correct": "boolq_acc"}
+
 
 def _global_max(n: int) -> int:
   if jax.process_count() == 1:
@@ -81,8 +85,7 @@ def eval_step_sums(model: Any, reduce_sum: Callable[[Any], Any]) -> Callable:
     n = m["num_tokens"]
     sums = {"loss_sum": m["loss"] * n, "correct_sum": m["accuracy"] * n, "num_tokens": n,
             "num_examples": m["num_examples"]}
-    if "strict_correct" in m:
-      sums["strict_correct"] = m["strict_correct"]
+    sums.update({k: m[k] for k in PER_EXAMPLE if k in m})
     return reduce_sum(sums)
 
   return step
@@ -141,8 +144,8 @@ class Evaluator:
       metrics = {"loss": t["loss_sum"] / tokens, "log_pplx": t["loss_sum"] / tokens,
                  "accuracy": t["correct_sum"] / tokens, "num_examples": t["num_examples"],
                  "num_tokens": t["num_tokens"]}
-      if "strict_correct" in t:  # praxis's acc_strict: rows predicted whole
-        metrics["acc_strict"] = t["strict_correct"] / max(t["num_examples"], 1.0)
+      metrics.update({name: t[k] / max(t["num_examples"], 1.0)
+                      for k, name in PER_EXAMPLE.items() if k in t})
       writer = self._writer(f"eval_test_{inp.name}")
       writer.scalars(step, metrics)
       writer.close()

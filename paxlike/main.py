@@ -531,6 +531,10 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
                       "always_use_train_for_model_init = False): run it with --mode=eval on "
                       "a trained job's --job_log_dir.")
   _check_work(exp, argv_flags, inputs, decode_inputs)
+  if argv_flags.mode in ("train", "tune") and not task.train.num_train_steps:
+    raise UserError(f"{name} trains 0 steps (task.train.num_train_steps = 0, as Pax's LLaMA "
+                    "classes with MAX_STEPS = 0); run it with --mode=eval, or set the steps "
+                    "to train (MAX_STEPS / NUM_TRAIN_STEPS).")
   target = getattr(getattr(task, "train", None), "target_log_pplx", None)
   if target is not None and argv_flags.mode == "train" and not (
       task.train.eval_interval_steps and any(not i.is_training for i in inputs)

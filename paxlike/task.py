@@ -64,8 +64,10 @@ class TrainSettings:
         setattr(self, name, int(value))
       elif not isinstance(value, int) or isinstance(value, bool):
         raise UserError(f"task.train.{name} must be a whole number, got {value!r}.")
-    for name in ("num_train_steps", "save_interval_steps", "summary_interval_steps",
-                 "save_max_to_keep"):
+    if self.num_train_steps < 0:  # 0: an evaluation-only task (Pax's LLaMA MAX_STEPS = 0)
+      raise UserError(f"task.train.num_train_steps must be 0 or more, got "
+                      f"{self.num_train_steps}.")
+    for name in ("save_interval_steps", "summary_interval_steps", "save_max_to_keep"):
       if getattr(self, name) <= 0:
         raise UserError(f"task.train.{name} must be positive, got {getattr(self, name)}.")
     every = self.compute_steps_per_sec_interval_steps

@@ -9,6 +9,7 @@ reads lm_cloud.py, c4.py and nvidia.py, and is skipped where it is absent.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 import sys
@@ -189,10 +190,32 @@ def test_a_steps_per_sec_window_other_than_the_summary_interval_is_refused():
 
 
 def test_custom_metrics_lm_refuses_the_eval_outputs_it_does_not_compute():
-  with pytest.raises(UserError, match=r"^CustomMetricsLM eval_task='boolq', boolq_yn_tokens="
-                                      r".*paxlike does not compute these eval outputs yet"):
-    CustomMetricsLM(vocab_size=16, model_dims=8, num_layers=1, num_heads=1, dim_per_head=8,
-                    hidden_dims=16, eval_task="boolq", boolq_yn_tokens=[[3], [4]])
+  dims = dict(vocab_size=16, model_dims=8, num_layers=1, num_heads=1, dim_per_head=8,
+              hidden_dims=16)
+  with pytest.raises(UserError, match=r"^CustomMetricsLM return_predictions=True: paxlike "
+                                      r"does not compute these eval outputs"):
+    CustomMetricsLM(**dims, return_predictions=True)
+  with pytest.raises(UserError, match=r"^CustomMetricsLM eval_task='boolq' needs "
+                                      r"boolq_yn_tokens, the ids of 'yes' and 'no', one token "
+                                      r"each; got \[\[3, 9\], \[4\]\]"):
+    CustomMetricsLM(**dims, eval_task="boolq", boolq_yn_tokens=[[3, 9], [4]])
+  # Pax's jnp.array([TRUE_TOKEN, FALSE_TOKEN]) of one-token encodings: a pair of ids.
+  model = CustomMetricsLM(**dims, eval_task="boolq", boolq_yn_tokens=jnp.array([[3], [4]]))
+  assert model.yes_no_tokens == (3, 4) and not model.strict_accuracy
+
+
+def test_boolqs_accuracy_compares_the_answers_logit_with_the_other_answers():
+  """praxis's boolq_acc: at each weighted position the label, 'yes' (3) or 'no' (4), must
+  have the higher of the two logits; what the argmax is elsewhere does not matter."""
+  from paxlike.models.language_model import weighted_loss
+
+  logits = jnp.zeros((3, 2, 6)).at[:, :, 5].set(9.0)  # argmax 5: never an answer
+  logits = logits.at[0, 1, 3].set(2.0).at[1, 1, 4].set(1.0).at[1, 1, 3].set(1.5)
+  labels = jnp.array([[0, 3], [0, 4], [0, 3]])
+  weights = jnp.array([[0, 1], [0, 1], [0, 0]], jnp.float32)  # the last row pads the batch
+  _, m = weighted_loss(logits, labels, weights, yes_no=(3, 4))
+  assert (float(m["yes_no_correct"]), float(m["num_examples"])) == (1.0, 2.0)
+  assert float(m["accuracy"]) == 0.0
 
 
 def test_lambadas_strict_accuracy_counts_rows_predicted_whole():
@@ -301,8 +324,6 @@ def test_gpu_synthetic_class_has_paxs_count_and_batch(gpu_configs, monkeypatch, 
 
 @pytest.mark.parametrize("name,expected", [
     ("PileGLaM126M64E", "mixture-of-experts"),
-    ("LLaMA7B", "is built on Pax's GPU LLaMA template (BaseLLaMA)"),
-    ("LLaMA70B", "is built on Pax's GPU LLaMA template (BaseLLaMA)"),
 ])
 def test_gpu_classes_paxlike_does_not_run_are_refused_in_one_line(gpu_configs, name, expected):
   with pytest.raises(UserError) as err:
@@ -426,3 +447,121 @@ def test_paxs_pile_class_trains_and_its_lambada_class_evaluates_the_job(tmp_path
                  pythonpath=[tmp_path])
   assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
       "error: Lambada126M is an eval-only experiment"), describe(proc)
+
+
+# ------------------------------------------------ Pax's LLaMA classes on the Llama family
+
+LLAMA = {  # class: Hugging Face's parameter count of the same Llama (untied, GQA for 70B)
+    "LLaMA7B": 6_738_415_616, "LLaMA13B": 13_015_864_320, "LLaMA70B": 68_976_648_192}
+
+
+def _yes_no_vocab(directory: Path, monkeypatch) -> Path:
+  """A small SentencePiece model in which 'yes' and 'no' are one token each, as in LLaMA's,
+  trained here; VOCAB_PATH names it."""
+  import sentencepiece as spm
+
+  corpus = directory / "corpus.txt"
+  rng = np.random.default_rng(1)
+  corpus.write_text("\n".join(" ".join(rng.choice(WORDS, size=12)) for _ in range(300)))
+  spm.SentencePieceTrainer.train(
+      input=str(corpus), model_prefix=str(directory / "spm"), vocab_size=40,
+      user_defined_symbols=["\u2581yes", "\u2581no"], pad_id=0, bos_id=1, eos_id=2, unk_id=3,
+      hard_vocab_limit=False,
+      minloglevel=2)
+  monkeypatch.setenv("VOCAB_PATH", str(directory / "spm.model"))
+  return directory / "spm.model"
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA))
+def test_paxs_llama_classes_build_the_llama_family_with_its_counts(gpu_configs, monkeypatch,
+                                                                    tmp_path, name):
+  pytest.importorskip("seqio")
+  from paxlike.pax.contrib.gpu.scripts_gpu.models import CustomMetricsLlama
+
+  _yes_no_vocab(tmp_path, monkeypatch)
+  cls = registry.get(f"pax_gpu_configs.{name}")
+  exp = experiment.instantiate(cls)
+  _on_devices(monkeypatch, math.prod(exp.ICI_MESH_SHAPE) * math.prod(exp.DCN_MESH_SHAPE))
+  _, model, _ = _model_of(cls)
+  assert type(model) is CustomMetricsLlama and _count(model) == LLAMA[name]
+  # LLaMA7B's task(): BoolQ's eval metric on the vocabulary's 'yes' and 'no' ids.
+  assert (model.eval_task, model.boolq_yn_tokens) == ("boolq", (4, 5))
+  assert model.apply_eval_sample_weights and model.fprop_dtype == jnp.bfloat16
+  assert model.num_kv_heads == (8 if name == "LLaMA70B" else model.num_heads)
+
+
+def _save_hf_llama(path: Path) -> Path:
+  """A Llama of SMALL_LLAMA's shape as transformers saves it (random weights)."""
+  import torch
+  from transformers import LlamaConfig, LlamaForCausalLM
+
+  torch.manual_seed(0)
+  LlamaForCausalLM(LlamaConfig(
+      vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=4, head_dim=16, max_position_embeddings=96,
+      rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=1,
+      eos_token_id=2, pad_token_id=0)).save_pretrained(str(path))
+  return path
+
+
+# LLaMA7B cut to a CPU's size: BoolQ, LoRA and the learning rate as Pax's run_llama_boolq.sh
+# sets them for a LoRA run (its constant schedule), with fewer steps.
+SMALL_LLAMA = ["NUM_LAYERS=2", "MODEL_DIMS=64", "HIDDEN_DIMS=128", "NUM_HEADS=4",
+               "DIMS_PER_HEAD=16", "PERCORE_BATCH_SIZE=8", "MAX_SEQ_LEN=96", "VOCAB_SIZE=64",
+               "ICI_MESH_SHAPE=[1,1,1]", "FPROP_DTYPE=float32", "USE_LORA=True",
+               "LORA_RANK=4", "LR_SCHEDULE='constant'", "LEARNING_RATE=3e-3"]
+
+
+def test_paxs_llama_class_fine_tunes_on_boolq_with_lora_and_reports_boolq_acc(
+    tmp_path, monkeypatch):
+  """BoolQ rows whose answer is whether the passage names a cat: LoRA learns it, and the
+  eval's boolq_acc says so; MAX_STEPS=0, Pax's default, only evaluates."""
+  pytest.importorskip("seqio")
+  if not GPU_CONFIGS.is_file():
+    pytest.skip(f"Pax's GPU configs are not at {GPU_CONFIGS} (set PAXLIKE_PAXREF)")
+  import tensorflow_datasets as tfds
+  from pax_pipeline_files_test import rewrite_imports
+
+  text = rewrite_imports(GPU_CONFIGS.read_text())
+  (tmp_path / "pax_gpu_configs.py").write_text(
+      "\n".join(line for line in text.splitlines() if "R_COS_MIN_RATIO" not in line))
+  _yes_no_vocab(tmp_path, monkeypatch)
+  rng = np.random.default_rng(0)
+
+  def row():
+    passage = " ".join(rng.choice(WORDS, size=10))
+    return {"passage": passage, "question": "is it a cat", "idx": 0,
+            "label": int("cat" in passage.split())}
+
+  features = {"passage": tfds.features.Text(), "question": tfds.features.Text(),
+              "label": tfds.features.ClassLabel(num_classes=2), "idx": np.int32}
+  write_tfds(tmp_path / "tfds", "super_glue", "1.0.2", features,
+             {"train": [row() for _ in range(400)], "validation": [row() for _ in range(32)]},
+             config="boolq")
+  common = ["--exp=pax_gpu_configs.LLaMA7B", "--job_log_dir=job",
+            f"--tfds_data_dir={tmp_path / 'tfds'}",
+            *[a for knob in SMALL_LLAMA for a in ("--set", knob)]]
+  proc = run_cli(common, tmp_path, pythonpath=[tmp_path])
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
+      "error: LLaMA7B trains 0 steps"), describe(proc)
+  if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
+    # EVAL_ONLY=1 in Pax's script: zero-shot BoolQ of a Llama's own weights, from INIT_FROM.
+    hf_dir = _save_hf_llama(tmp_path / "hf_llama")
+    proc = run_cli([*common, "--job_log_dir=zero_shot", "--mode=eval",
+                    "--set", f"INIT_FROM='hf:{hf_dir}'"], tmp_path, pythonpath=[tmp_path])
+    assert proc.returncode == 0, describe(proc)
+    assert f"using the weights of hf:{hf_dir}" in proc.stdout + proc.stderr, describe(proc)
+    assert re.search(r"^eval BoolQ at step 0: .*boolq_acc \S+$", proc.stdout, re.M)
+
+  proc = run_cli([*common, "--set", "MAX_STEPS=80", "--set", "EVAL_INTERVAL_STEPS=80"],
+                 tmp_path, pythonpath=[tmp_path])
+  assert proc.returncode == 0, describe(proc)
+  trained = parse_trained_line(proc.stdout)
+  assert trained["last_loss"] < 0.2 * trained["first_loss"], describe(proc)
+  share = re.search(r"training [\d,]+ of them \(([\d.]+)%\)", proc.stdout + proc.stderr)
+  assert share and float(share.group(1)) < 50, describe(proc)  # the LoRA adapters alone
+  proc = run_cli([*common, "--mode=eval"], tmp_path, pythonpath=[tmp_path])
+  assert proc.returncode == 0, describe(proc)
+  line = re.search(r"^eval BoolQ at step 80: .*$", proc.stdout, re.M)
+  assert line and "num_examples 32.0000" in line.group(0), describe(proc)
+  assert float(re.search(r"boolq_acc (\S+)", line.group(0)).group(1)) >= 0.9

@@ -88,13 +88,16 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def weighted_loss(logits: jax.Array, labels: jax.Array, weights: jax.Array,
-                  strict: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
+                  strict: bool = False, yes_no: tuple[int, int] | None = None
+                  ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """fprop's (loss, metrics) of every family: weighted mean cross-entropy and counts.
 
   Metrics: loss, log_pplx, accuracy (weighted argmax match), num_tokens (the
   weight sum) and num_examples (rows with any weight), which the evaluator
-  turns back into sums; strict: also strict_correct, the number of rows with
-  weight whose every weighted token's argmax is its label.
+  turns back into sums. strict: also strict_correct, the number of rows with
+  weight whose every weighted token's argmax is its label (praxis's acc_strict).
+  yes_no: also yes_no_correct, the weighted positions whose label, one of the
+  two ids, has a higher logit than the other one (praxis's BoolQ accuracy).
   """
   weights = weights.astype(jnp.float32)
   xent = softmax_cross_entropy(logits, labels)
@@ -108,6 +111,12 @@ def weighted_loss(logits: jax.Array, labels: jax.Array, weights: jax.Array,
       "num_tokens": jnp.sum(weights),
       "num_examples": jnp.sum(jnp.any(weights > 0, axis=-1).astype(jnp.float32)),
   }
+  if yes_no is not None:
+    logits32 = logits.astype(jnp.float32)
+    other = jnp.clip(sum(yes_no) - labels, 0, logits.shape[-1] - 1)
+    label_logit = jnp.take_along_axis(logits32, labels[..., None], axis=-1)[..., 0]
+    other_logit = jnp.take_along_axis(logits32, other[..., None], axis=-1)[..., 0]
+    metrics["yes_no_correct"] = jnp.sum((label_logit > other_logit) * weights)
   if strict:
     missed = jnp.sum((1.0 - correct) * (weights > 0), axis=-1)
     metrics["strict_correct"] = jnp.sum(
@@ -276,12 +285,18 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
       else:  # as praxis: said once per compile, the weights used as they are
         logging.warning("apply_eval_sample_weights is set, but the batch has no "
                         "eval_sample_weights; its token weights are used as they are.")
-    return weighted_loss(logits, batch["labels"], weights, self.strict_accuracy)
+    return weighted_loss(logits, batch["labels"], weights, self.strict_accuracy,
+                         self.yes_no_tokens)
 
   @property
   def strict_accuracy(self) -> bool:
     """Whether fprop counts strict_correct (report_strict_acc)."""
     return self.report_strict_acc
+
+  @property
+  def yes_no_tokens(self) -> tuple[int, int] | None:
+    """The two ids whose logits fprop compares (yes_no_correct); None: none."""
+    return None
 
   # ------------------------------------------------------------- decoding
 

@@ -1,24 +1,56 @@
-"""praxis.contrib.gpu.scripts_gpu.models: CustomMetricsLM, the GPU configs' MODEL_CLASS."""
+"""praxis.contrib.gpu.scripts_gpu.models: CustomMetricsLM, the GPU configs' MODEL_CLASS.
+
+praxis's CustomMetricsLM adds zero-shot eval metrics to its LM:
+- eval_task='lambada' reports acc_strict, as report_strict_acc does: the
+  fraction of rows whose every weighted token is predicted (for LAMBADA, the
+  whole last word);
+- eval_task='boolq' reports boolq_acc, the fraction of rows whose answer token
+  has a higher logit than the other of boolq_yn_tokens (the 'yes' and 'no'
+  ids).
+
+CustomMetricsLM is paxlike's LanguageModel with those fields; the Pax LLaMA
+template (llama_utils.BaseLLaMA) builds CustomMetricsLlama, paxlike's Llama
+family model with the same fields. The praxis LM's return_predictions and
+count_tokens are refused when set: paxlike does not compute them.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from paxlike.errors import UserError
-from paxlike.models.language_model import LanguageModel
+import jax
+import numpy as np
 
-EVAL_TASKS = (None, "lambada")
+from paxlike.errors import UserError
+from paxlike.models.language_model import LanguageModel, weighted_loss
+from paxlike.models.llama import LlamaModel
+
+EVAL_TASKS = (None, "lambada", "boolq")
+
+
+def _checked(module: Any) -> None:
+  """Refuses what paxlike does not compute; keeps boolq_yn_tokens as a pair of ints."""
+  asked = {name: getattr(module, name) for name in ("return_predictions", "count_tokens")
+           if getattr(module, name)}
+  if module.eval_task not in EVAL_TASKS:
+    asked = {"eval_task": module.eval_task, **asked}
+  if asked:
+    shown = ", ".join(f"{k}={v!r}" for k, v in asked.items())
+    raise UserError(f"CustomMetricsLM {shown}: paxlike does not compute these eval outputs "
+                    "(per-example predictions, token counts); leave them at their defaults "
+                    f"(eval_task is one of {EVAL_TASKS}).")
+  if module.eval_task == "boolq":
+    given = module.boolq_yn_tokens
+    words = [] if given is None else [np.ravel(np.asarray(w)) for w in given]
+    ids = tuple(int(w[0]) for w in words if w.size == 1)
+    if len(ids) != 2 or len(words) != 2:
+      raise UserError(f"CustomMetricsLM eval_task='boolq' needs boolq_yn_tokens, the ids of "
+                      f"'yes' and 'no', one token each; got {module.boolq_yn_tokens!r}.")
+    object.__setattr__(module, "boolq_yn_tokens", ids)
 
 
 class CustomMetricsLM(LanguageModel):
-  """paxlike's LanguageModel with the fields praxis's CustomMetricsLM adds to its LM.
-
-  eval_task='lambada' reports praxis's acc_strict on eval, as report_strict_acc
-  does: the fraction of rows whose every weighted token is predicted (for
-  LAMBADA, the whole last word). BoolQ's yes/no accuracy (eval_task='boolq',
-  boolq_yn_tokens) and the praxis LM's return_predictions and count_tokens are
-  refused when set: paxlike does not compute them yet.
-  """
+  """paxlike's LanguageModel with praxis's CustomMetricsLM fields (see the module)."""
 
   return_predictions: bool = False
   count_tokens: bool = False
@@ -26,21 +58,44 @@ class CustomMetricsLM(LanguageModel):
   boolq_yn_tokens: Any = None
 
   def __post_init__(self) -> None:
-    asked = {name: getattr(self, name) for name in (
-        "return_predictions", "count_tokens", "boolq_yn_tokens")
-        if getattr(self, name) is not None and getattr(self, name) is not False}
-    if self.eval_task not in EVAL_TASKS:
-      asked = {"eval_task": self.eval_task, **asked}
-    if asked:
-      shown = ", ".join(f"{k}={v!r}" for k, v in asked.items())
-      raise UserError(f"CustomMetricsLM {shown}: paxlike does not compute these eval outputs "
-                      "yet (BoolQ's yes/no accuracy, per-example predictions, token counts); "
-                      "leave them at their defaults (eval_task may be 'lambada').")
+    _checked(self)
     super().__post_init__()
 
   @property
   def strict_accuracy(self) -> bool:
     return self.report_strict_acc or self.eval_task == "lambada"
 
+  @property
+  def yes_no_tokens(self) -> tuple[int, int] | None:
+    return self.boolq_yn_tokens if self.eval_task == "boolq" else None
 
-__all__ = ["CustomMetricsLM"]
+
+class CustomMetricsLlama(LlamaModel):
+  """paxlike's Llama family model with praxis's CustomMetricsLM fields, and its
+  apply_eval_sample_weights and report_strict_acc (see the module)."""
+
+  return_predictions: bool = False
+  count_tokens: bool = False
+  eval_task: str | None = None
+  boolq_yn_tokens: Any = None
+  apply_eval_sample_weights: bool = False
+  report_strict_acc: bool = False
+
+  def __post_init__(self) -> None:
+    _checked(self)
+    super().__post_init__()
+
+  def optional_features(self) -> tuple[str, ...]:
+    return ("eval_sample_weights",) if self.apply_eval_sample_weights else ()
+
+  def fprop(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    logits = self(batch["ids"], batch.get("positions"), batch.get("segment_ids"))
+    weights = batch["weights"]
+    if self.apply_eval_sample_weights and "eval_sample_weights" in batch:
+      weights = weights * batch["eval_sample_weights"].astype(weights.dtype)[:, None]
+    return weighted_loss(logits, batch["labels"], weights,
+                         self.report_strict_acc or self.eval_task == "lambada",
+                         self.boolq_yn_tokens if self.eval_task == "boolq" else None)
+
+
+__all__ = ["CustomMetricsLM", "CustomMetricsLlama"]

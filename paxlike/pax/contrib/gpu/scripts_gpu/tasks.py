@@ -1,10 +1,11 @@
 """paxml.contrib.gpu.scripts_gpu.tasks: the GPU configs' data mixins (the [seqio] extra).
 
-Pax's GPU scripts read the Pile and LAMBADA as TFDS datasets that their own
-builders wrote (`ThePile` and `MyLambada`, version 1.0.0, config 'lm', in
-TFDS_DATA_DIR or --tfds_data_dir), tokenized with the SentencePiece model
-that the VOCAB_PATH environment variable names. The mixins here register the
-same SeqIO tasks, 'the_pile_lm' and 'lambada_eval', when an experiment's
+Pax's GPU scripts read the Pile, LAMBADA and BoolQ as TFDS datasets (the Pile
+and LAMBADA as their own builders wrote them: `ThePile` and `MyLambada`,
+version 1.0.0, config 'lm'; BoolQ as TFDS's `super_glue/boolq` 1.0.2), in
+TFDS_DATA_DIR or --tfds_data_dir, tokenized with the SentencePiece model that
+the VOCAB_PATH environment variable names. The mixins here register the same
+SeqIO tasks, 'the_pile_lm', 'lambada_eval' and 'boolq', when an experiment's
 datasets() is first called (so the configs import without seqio or
 VOCAB_PATH) and give Pax's inputs:
 - the Pile: rows of MAX_SEQ_LEN tokens cut from concatenated documents, each
@@ -12,12 +13,15 @@ VOCAB_PATH) and give Pax's inputs:
   its 'validation' split;
 - LAMBADA: an eval input of its 'test' split, each passage as the prompt and its
   last word as the target (the loss is on the target only), at most
-  MAX_SEQ_LEN - 64 prompt tokens and 64 target tokens.
+  MAX_SEQ_LEN - 64 prompt tokens and 64 target tokens;
+- BoolQ: 'train' to fine-tune and 'validation' to evaluate, each row the
+  passage, "question: ...?" and "answer:" as the prompt (after BOS_ID) and
+  'yes' or 'no' as the target. TRUE_TOKEN and FALSE_TOKEN are those words'
+  ids (read from VOCAB_PATH), which a LLaMA class gives its model as
+  boolq_yn_tokens.
 A LAMBADA class sets eval_task='lambada', so its eval reports acc_strict, the
-fraction of passages whose whole last word is predicted.
-
-BoolQ (BoolQDataset, Pax's LLaMA fine-tuning data) is refused in one line
-when read: paxlike does not compute its yes/no accuracy yet.
+fraction of passages whose whole last word is predicted; a BoolQ class sets
+eval_task='boolq', so its eval reports boolq_acc.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ from paxlike.training_experiment import pax_batch_size
 
 PILE = "the_pile_lm"
 LAMBADA = "lambada_eval"
-PROMPT_ROOM = 64  # LAMBADA's target length; the prompt has the rest of MAX_SEQ_LEN
+BOOLQ = "boolq"
+TARGET_ROOM = 64  # LAMBADA's and BoolQ's target length; the prompt has the rest of MAX_SEQ_LEN
 
 
 def vocabulary() -> Any:
@@ -50,9 +55,9 @@ def vocabulary() -> Any:
 
 
 def register_tasks() -> None:
-  """'the_pile_lm' and 'lambada_eval' in SeqIO's registry (once)."""
+  """'the_pile_lm', 'lambada_eval' and 'boolq' in SeqIO's registry (once)."""
   seqio = _seqio("Pax's GPU data mixins read SeqIO data")
-  if {PILE, LAMBADA} <= set(seqio.TaskRegistry.names()):
+  if {PILE, LAMBADA, BOOLQ} <= set(seqio.TaskRegistry.names()):
     return
   from paxlike.inputs import seqio_preprocessors as t5_style
 
@@ -71,6 +76,34 @@ def register_tasks() -> None:
       output_features={"inputs": seqio.Feature(vocab, add_eos=True, required=False),
                        "targets": seqio.Feature(vocab, add_eos=True)},
       shuffle_buffer_size=None)
+  seqio.TaskRegistry.add(
+      BOOLQ, source=seqio.TfdsDataSource(tfds_name="super_glue/boolq:1.0.2"),
+      preprocessors=[_boolq_prompt, seqio.preprocessors.tokenize],
+      output_features={"inputs": seqio.Feature(vocab, add_eos=False),
+                       "targets": seqio.Feature(vocab, add_eos=False)},
+      shuffle_buffer_size=100000)
+
+
+def _boolq_prompt(dataset: Any) -> Any:
+  """BoolQ's rows as Pax's GPU task words them: the passage, the question, 'answer:'."""
+  import tensorflow as tf
+
+  def row(x):
+    prompt = tf.strings.join([x["passage"], "\nquestion: ", x["question"], "?\nanswer:"])
+    return {"inputs": prompt, "targets": tf.where(x["label"] > 0, "yes", "no")}
+
+  return dataset.map(row, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+class _Token:
+  """A word's ids in the VOCAB_PATH vocabulary, read when asked for (Pax reads it at
+  import, which needs VOCAB_PATH before any config is listed)."""
+
+  def __init__(self, word: str) -> None:
+    self.word = word
+
+  def __get__(self, obj: Any, owner: type) -> list[int]:
+    return list(vocabulary().encode(self.word))
 
 
 def _per_process(percore: float) -> tuple[int, int]:
@@ -117,25 +150,33 @@ class LambadaDataset(BaseExperiment):
   MAX_SEQ_LEN = 2048
 
   def datasets(self) -> list[Any]:
-    lengths = {"inputs": self.MAX_SEQ_LEN - PROMPT_ROOM, "targets": PROMPT_ROOM}
+    lengths = {"inputs": self.MAX_SEQ_LEN - TARGET_ROOM, "targets": TARGET_ROOM}
     return [_input(self, "LambadaValidation", LAMBADA, "test", False, lengths,
                    seqio_input.LanguageModelFeatures(weights_on_targets_only=True), 4321,
                    shuffle=False)]
 
 
 class BoolQDataset(BaseExperiment):
-  """BoolQ's Pax knobs; reading it is refused (see the module docstring)."""
+  """BoolQ: a fine-tuning input ('train') and an eval input ('validation')."""
 
   PERCORE_BATCH_SIZE = 8
   MAX_SEQ_LEN = 4096
   BOS_ID = 1
   EOS_ID = 2
   TRAIN_INPUT_RANDOM_SEED = None
+  TRUE_TOKEN = _Token("yes")
+  FALSE_TOKEN = _Token("no")
+
+  def _boolq(self, is_training: bool) -> Any:
+    lengths = {"inputs": self.MAX_SEQ_LEN - TARGET_ROOM, "targets": TARGET_ROOM}
+    converter = seqio_input.LanguageModelFeatures(weights_on_targets_only=True,
+                                                  bos_id=self.BOS_ID, eos_id=self.EOS_ID)
+    return _input(self, "BoolQ", BOOLQ, "train" if is_training else "validation",
+                  is_training, lengths, converter,
+                  self.TRAIN_INPUT_RANDOM_SEED if is_training else 4321, shuffle=True)
 
   def datasets(self) -> list[Any]:
-    raise UserError(f"{type(self).__name__} reads BoolQ ('boolq'), whose yes/no accuracy "
-                    "paxlike does not compute yet; fine-tune on your own files with "
-                    "TRAIN_FILES (docs/fine_tuning.md).")
+    return [self._boolq(True), self._boolq(False)]
 
 
 __all__ = ["BoolQDataset", "LambadaDataset", "PileUnsupervisedDataset"]
