@@ -76,8 +76,8 @@ def eval_batches(inp: BaseInput, model: Any) -> Iterator[dict[str, np.ndarray]]:
 
 
 def eval_step_sums(model: Any, reduce_sum: Callable[[Any], Any]) -> Callable:
-  """(state, batch, key) -> sums over the batch: loss, correct, tokens, examples (and rows
-  predicted whole, where the model counts them)."""
+  """(state, batch, key) -> sums over the batch: loss, correct, tokens, examples, and the
+  per-example counts (PER_EXAMPLE) the model's fprop adds."""
 
   def step(state, batch, key):
     del key

@@ -43,7 +43,8 @@ class TrainSettings:
   # Pax's fields for what paxlike always does; the other value is refused, not ignored.
   eval_skip_train: bool = True  # paxlike evaluates the eval inputs only, never the train one
   # False (Pax's eval-only configs): an experiment with no training input initialises the
-  # model from its first eval input's shapes, for --mode=eval / decode.
+  # model from its first eval input's shapes, for --mode=eval / decode. With a training
+  # input it changes nothing: the parameters' shapes do not depend on the batch.
   always_use_train_for_model_init: bool = True
   inputs_split_mapping: Any = None  # paxlike shards a batch over (replica, data) by its rules
   # paxlike measures steps/s (and MFU) over each summary interval; None or that interval.

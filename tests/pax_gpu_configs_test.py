@@ -504,6 +504,20 @@ def _save_hf_llama(path: Path) -> Path:
   return path
 
 
+@pytest.mark.parametrize("knobs,expected", [
+    ({"NUM_TRAIN_STEPS": 5}, r"^NUM_TRAIN_STEPS=5: BaseLLaMA reads MAX_STEPS"),
+    ({"NORM_EPSILON": 1e-6}, r"^NORM_EPSILON=1e-06: BaseLLaMA reads RMS_NORM_EPSILON"),
+    ({"USE_MQA": True}, r"^USE_MQA=True needs NUM_KV_HEADS"),
+    ({"USE_GATED_ACTIVATION": False}, r"LLaMA's feed-forward is SiLU-gated"),
+])
+def test_what_paxs_llama_template_does_not_build_is_refused_by_name(
+    gpu_configs, monkeypatch, tmp_path, knobs, expected):
+  pytest.importorskip("seqio")
+  _yes_no_vocab(tmp_path, monkeypatch)
+  with pytest.raises(UserError, match=expected):
+    _model_of(type("Changed", (registry.get("pax_gpu_configs.LLaMA7B"),), knobs))
+
+
 # LLaMA7B cut to a CPU's size: BoolQ, LoRA and the learning rate as Pax's run_llama_boolq.sh
 # sets them for a LoRA run (its constant schedule), with fewer steps.
 SMALL_LLAMA = ["NUM_LAYERS=2", "MODEL_DIMS=64", "HIDDEN_DIMS=128", "NUM_HEADS=4",

@@ -124,6 +124,19 @@ def weighted_loss(logits: jax.Array, labels: jax.Array, weights: jax.Array,
   return loss, metrics
 
 
+def sample_weighted(batch: dict[str, jax.Array], apply: bool) -> jax.Array:
+  """The batch's token weights; with praxis's apply_eval_sample_weights, times each row's
+  `eval_sample_weights` (0 for the rows padding a last eval batch)."""
+  weights = batch["weights"]
+  if apply:
+    if "eval_sample_weights" in batch:
+      weights = weights * batch["eval_sample_weights"].astype(weights.dtype)[:, None]
+    else:  # as praxis: said once per compile, the weights used as they are
+      logging.warning("apply_eval_sample_weights is set, but the batch has no "
+                      "eval_sample_weights; its token weights are used as they are.")
+  return weights
+
+
 class LanguageModel(pipeline.PipelinedModel, BaseModel):
   """Token ids -> next-token logits, with Pax's shared embedding/softmax.
 
@@ -278,13 +291,7 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
     if self.packed_input:
       segment_ids, segment_pos = batch.get("segment_ids"), batch.get("segment_pos")
     logits = self(batch["ids"], segment_ids=segment_ids, segment_pos=segment_pos)
-    weights = batch["weights"]
-    if self.apply_eval_sample_weights:
-      if "eval_sample_weights" in batch:
-        weights = weights * batch["eval_sample_weights"].astype(weights.dtype)[:, None]
-      else:  # as praxis: said once per compile, the weights used as they are
-        logging.warning("apply_eval_sample_weights is set, but the batch has no "
-                        "eval_sample_weights; its token weights are used as they are.")
+    weights = sample_weighted(batch, self.apply_eval_sample_weights)
     return weighted_loss(logits, batch["labels"], weights, self.strict_accuracy,
                          self.yes_no_tokens)
 

@@ -11,7 +11,7 @@ directory, `hf:DIR`) or a paxlike job; CHECKPOINT_RESTORE_PATH, a Pax
 checkpoint, is refused (checkpoint_utils).
 
 MAX_STEPS is the number of training steps (0, Pax's default: the class only
-evaluates) and RMS_NORM_EPSILON the norms' epsilon; --set of the Llama
+evaluates) and RMS_NORM_EPSILON the norms' epsilon; setting the Llama
 template's own NUM_TRAIN_STEPS or NORM_EPSILON is refused, naming them.
 MODEL_DTYPE, which Pax's template leaves unread (its weights stay float32),
 and TRAINING_OPTIMIZED_SHARDING (paxlike shards by its mesh rules) are
@@ -90,9 +90,9 @@ class BaseLLaMA(LlamaSpmdAdam):
                       f"{self.USE_GATED_ACTIVATION}: LLaMA's feed-forward is SiLU-gated; "
                       "leave both as BaseLLaMA sets them.")
     for theirs, ours in (("NUM_TRAIN_STEPS", "MAX_STEPS"), ("NORM_EPSILON", "RMS_NORM_EPSILON")):
-      if theirs in self.overrides:
-        raise UserError(f"BaseLLaMA reads {ours}, as Pax's template does; set {ours} instead "
-                        f"of {theirs}.")
+      if getattr(self, theirs) != getattr(LlamaSpmdAdam, theirs):  # set by --set or a class
+        raise UserError(f"{theirs}={getattr(self, theirs)!r}: BaseLLaMA reads {ours}, as "
+                        f"Pax's template does; set {ours} instead.")
     if self.MAX_STEPS < 0:
       raise UserError(f"MAX_STEPS={self.MAX_STEPS} must be 0 (evaluate only) or more.")
 

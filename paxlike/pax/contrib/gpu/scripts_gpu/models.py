@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from paxlike.errors import UserError
-from paxlike.models.language_model import LanguageModel, weighted_loss
+from paxlike.models.language_model import LanguageModel, sample_weighted, weighted_loss
 from paxlike.models.llama import LlamaModel
 
 EVAL_TASKS = (None, "lambada", "boolq")
@@ -49,6 +49,16 @@ def _checked(module: Any) -> None:
     object.__setattr__(module, "boolq_yn_tokens", ids)
 
 
+def _strict(module: Any) -> bool:
+  """Whether fprop counts rows predicted whole (acc_strict)."""
+  return module.report_strict_acc or module.eval_task == "lambada"
+
+
+def _yes_no(module: Any) -> tuple[int, int] | None:
+  """The ids whose logits fprop compares (boolq_acc), or None."""
+  return module.boolq_yn_tokens if module.eval_task == "boolq" else None
+
+
 class CustomMetricsLM(LanguageModel):
   """paxlike's LanguageModel with praxis's CustomMetricsLM fields (see the module)."""
 
@@ -63,11 +73,11 @@ class CustomMetricsLM(LanguageModel):
 
   @property
   def strict_accuracy(self) -> bool:
-    return self.report_strict_acc or self.eval_task == "lambada"
+    return _strict(self)
 
   @property
   def yes_no_tokens(self) -> tuple[int, int] | None:
-    return self.boolq_yn_tokens if self.eval_task == "boolq" else None
+    return _yes_no(self)
 
 
 class CustomMetricsLlama(LlamaModel):
@@ -90,12 +100,9 @@ class CustomMetricsLlama(LlamaModel):
 
   def fprop(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
     logits = self(batch["ids"], batch.get("positions"), batch.get("segment_ids"))
-    weights = batch["weights"]
-    if self.apply_eval_sample_weights and "eval_sample_weights" in batch:
-      weights = weights * batch["eval_sample_weights"].astype(weights.dtype)[:, None]
-    return weighted_loss(logits, batch["labels"], weights,
-                         self.report_strict_acc or self.eval_task == "lambada",
-                         self.boolq_yn_tokens if self.eval_task == "boolq" else None)
+    return weighted_loss(logits, batch["labels"],
+                         sample_weighted(batch, self.apply_eval_sample_weights),
+                         _strict(self), _yes_no(self))
 
 
 __all__ = ["CustomMetricsLM", "CustomMetricsLlama"]

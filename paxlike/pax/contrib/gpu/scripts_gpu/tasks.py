@@ -26,6 +26,7 @@ eval_task='boolq', so its eval reports boolq_acc.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -51,6 +52,11 @@ def vocabulary() -> Any:
                     "VOCAB_PATH environment variable names; set VOCAB_PATH=/path/to/spm.model.")
   if "://" not in path and not os.path.isfile(path):
     raise UserError(f"VOCAB_PATH={path} is not a file; point it at a SentencePiece model.")
+  return _vocabulary(path)
+
+
+@functools.cache
+def _vocabulary(path: str) -> Any:
   return _seqio("Pax's GPU data mixins read SeqIO data").SentencePieceVocabulary(path)
 
 
