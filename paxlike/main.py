@@ -101,13 +101,13 @@ PAX_ALIASES = {"server_addr": "coordinator_address", "num_hosts": "num_processes
                "host_idx": "process_id"}  # Pax's names for the multi-host flags
 for _alias, _target in PAX_ALIASES.items():
   flags.DEFINE_alias(_alias, _target)
-_FIDDLE = "paxlike builds the experiment from --exp; --set KEY=VALUE overrides a hyperparameter " \
-          "or a model_params.txt path"
+_FIDDLE = "paxlike builds the experiment from --exp (or Pax's --fdl_config); --set KEY=VALUE " \
+          "(or Pax's --fdl.KEY=VALUE) overrides a hyperparameter or a model_params.txt path"
 _TUNING = "Pax's automated tuning (Vizier) is not in paxlike; --mode=tune times step layouts"
 # Pax main.py flags paxlike does not define: what a Pax launch script gets instead of
 # absl's "Unknown command line flag".
 PAX_FLAGS_NOT_HERE = {
-    "fdl": _FIDDLE, "fdl_config": _FIDDLE, "fdl_config_file": _FIDDLE, "fdl_set": _FIDDLE,
+    "fdl": _FIDDLE, "fdl_config_file": _FIDDLE,
     "enable_auto_sharding": "paxlike shards by the experiment's mesh and its logical-axis "
                             "rules; XLA's auto-sharding is not wired in",
     "enforce_restore_shape_check": "paxlike always checks restored shapes (a changed model is "
@@ -872,7 +872,32 @@ def _fail(message: str) -> None:
   sys.exit(2)
 
 
+def pax_fiddle_flags(args: list[str]) -> list[str]:
+  """Pax's Fiddle flags as paxlike's: --fdl_config=NAME is --exp=NAME, and --fdl.KEY=VALUE
+  and --fdl_set=KEY=VALUE are --set KEY=VALUE (a Pax run script's overrides, verbatim)."""
+  out, i = [], 0
+  while i < len(args):
+    arg = args[i]
+    name, eq, value = arg.partition("=")
+    if name in ("--fdl_config", "--fdl_set") and not eq and i + 1 < len(args):
+      i, eq, value = i + 1, "=", args[i + 1]  # the value as the next argument
+    if name == "--fdl_config" and eq:
+      if any(a == "--exp" or a.startswith("--exp=") for a in args):
+        _fail("--fdl_config and --exp both name the experiment; pass one of them.")
+      out.append(f"--exp={value}")
+    elif name == "--fdl_set" and eq:
+      out += ["--set", value]
+    elif name.startswith("--fdl.") and len(name) > len("--fdl.") and eq:
+      out += ["--set", f"{name[len('--fdl.'):]}={value}"]
+    else:
+      out.append(arg)
+    i += 1
+  return out
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
+  cut = argv.index("--") if "--" in argv else len(argv)
+  argv = [argv[0], *pax_fiddle_flags(argv[1:cut]), *argv[cut:]]
   args = argv[1:argv.index("--")] if "--" in argv else argv[1:]
   if any(a in HELP_ARGS for a in args):  # absl's own --help exits 1, ungrouped
     from paxlike import flag_help

@@ -135,6 +135,24 @@ def test_script_form_runs(tmp_path):
   assert not re.findall(r"^[WE]\d{4} .*", proc.stderr, re.M), proc.stderr
 
 
+def test_a_pax_run_scripts_fiddle_flags_run_as_exp_and_set(tmp_path):
+  """Pax's GPU scripts pass --fdl_config=CLASS and --fdl.KNOB=VALUE (strings quoted, as the
+  shell leaves them): they are --exp and --set, values and all."""
+  from paxlike.main import pax_fiddle_flags
+
+  assert pax_fiddle_flags(["--fdl_config", "a.B", '--fdl.LR_SCHEDULE="constant"',
+                           "--fdl_set=X=[1, 2]", "--mode=eval"]) == [
+      "--exp=a.B", "--set", 'LR_SCHEDULE="constant"', "--set", "X=[1, 2]", "--mode=eval"]
+  proc = run_cli([f"--fdl_config={TINY}", "--job_log_dir=job", "--fdl.NUM_TRAIN_STEPS=2",
+                  "--fdl_set=SUMMARY_INTERVAL_STEPS=1", '--fdl.LR_SCHEDULE="constant"',
+                  "--enable_checkpoint_saving=false"], cwd=tmp_path)
+  assert proc.returncode == 0, describe(proc)
+  assert parse_trained_line(proc.stdout)["final_step"] == 2
+  sets = parse_cls_vars((tmp_path / "job" / "experiment_cls_vars.txt").read_text())["--set"]
+  assert sets == {"LR_SCHEDULE": "'constant'", "NUM_TRAIN_STEPS": "2",
+                  "SUMMARY_INTERVAL_STEPS": "1"}
+
+
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_help_exits_0_and_lists_every_flag_in_its_group(tmp_path, flag):
   from paxlike import main
@@ -205,8 +223,13 @@ def _error_line(proc) -> str:
                  [r"\b3\b", r"\b8\b"], id="mesh_device_mismatch"),
     pytest.param([], 1, ["--exp"], id="missing_exp"),
     pytest.param([f"--exp={TINY}", "--no_such_flag=1"], 1, ["no_such_flag"], id="unknown_flag"),
-    pytest.param([f"--exp={TINY}", "--fdl_set=task.model.num_layers=4"], 1,
-                 ["--fdl_set is a Pax flag", "--set KEY=VALUE"], id="pax_fdl_set"),
+    pytest.param([f"--exp={TINY}", "--fdl_config_file=exp.json"], 1,
+                 ["--fdl_config_file is a Pax flag", "--fdl.KEY=VALUE"],
+                 id="pax_fdl_config_file"),
+    pytest.param([f"--exp={TINY}", f"--fdl_config={TINY}"], 1,
+                 ["--fdl_config and --exp both name the experiment"], id="fdl_config_and_exp"),
+    pytest.param([f"--fdl_config={TINY}", "--fdl.MODEL_DIM=128"], 1, ["MODEL_DIM", "MODEL_DIMS"],
+                 id="fdl_override_typo"),
     pytest.param([f"--exp={TINY}", "--noenforce_restore_shape_check"], 1,
                  ["--enforce_restore_shape_check is a Pax flag", "always checks"],
                  id="pax_flag_with_no_prefix"),
