@@ -384,6 +384,18 @@ def test_input_dropout_drops_while_training_only(field, repeated):
 WORDS = "the a cat dog sat ran on under mat log big small red blue and then".split()
 
 
+def _write_gpu_configs(root: Path) -> None:
+  """Pax's configs.py as root/pax_gpu_configs.py: its import lines rewritten and the
+  R_COS_MIN_RATIO line, which paxlike refuses, dropped (skips where the file is absent)."""
+  if not GPU_CONFIGS.is_file():
+    pytest.skip(f"Pax's GPU configs are not at {GPU_CONFIGS} (set PAXLIKE_PAXREF)")
+  from pax_pipeline_files_test import rewrite_imports
+
+  text = rewrite_imports(GPU_CONFIGS.read_text())
+  (root / "pax_gpu_configs.py").write_text(
+      "\n".join(line for line in text.splitlines() if "R_COS_MIN_RATIO" not in line))
+
+
 def _write_pile_and_lambada(data_dir) -> None:
   """TFDS datasets named and shaped as Pax's GPU builders write them (ThePile and MyLambada,
   1.0.0, config 'lm'), under data_dir."""
@@ -413,13 +425,7 @@ def test_paxs_pile_class_trains_and_its_lambada_class_evaluates_the_job(tmp_path
   """Pax's run_pile_singlenode.sh then run_lambada_singlenode.sh, on local TFDS copies: the
   file as written but for its import lines and the R_COS_MIN_RATIO line paxlike refuses."""
   seqio = pytest.importorskip("seqio")
-  if not GPU_CONFIGS.is_file():
-    pytest.skip(f"Pax's GPU configs are not at {GPU_CONFIGS} (set PAXLIKE_PAXREF)")
-  from pax_pipeline_files_test import rewrite_imports
-
-  text = rewrite_imports(GPU_CONFIGS.read_text())
-  (tmp_path / "pax_gpu_configs.py").write_text(
-      "\n".join(line for line in text.splitlines() if "R_COS_MIN_RATIO" not in line))
+  _write_gpu_configs(tmp_path)
   _write_pile_and_lambada(tmp_path / "tfds")
   monkeypatch.setenv("VOCAB_PATH", str(Path(seqio.__file__).parent / "test_data" /
                                        "sentencepiece" / "sentencepiece.model"))
@@ -531,14 +537,8 @@ def test_paxs_llama_class_fine_tunes_on_boolq_with_lora_and_reports_boolq_acc(
   """BoolQ rows whose answer is whether the passage names a cat: LoRA learns it, and the
   eval's boolq_acc says so; MAX_STEPS=0, Pax's default, only evaluates."""
   pytest.importorskip("seqio")
-  if not GPU_CONFIGS.is_file():
-    pytest.skip(f"Pax's GPU configs are not at {GPU_CONFIGS} (set PAXLIKE_PAXREF)")
+  _write_gpu_configs(tmp_path)
   import tensorflow_datasets as tfds
-  from pax_pipeline_files_test import rewrite_imports
-
-  text = rewrite_imports(GPU_CONFIGS.read_text())
-  (tmp_path / "pax_gpu_configs.py").write_text(
-      "\n".join(line for line in text.splitlines() if "R_COS_MIN_RATIO" not in line))
   _yes_no_vocab(tmp_path, monkeypatch)
   rng = np.random.default_rng(0)
 

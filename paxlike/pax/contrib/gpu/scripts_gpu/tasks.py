@@ -112,23 +112,18 @@ class _Token:
     return list(vocabulary().encode(self.word))
 
 
-def _per_process(percore: float) -> tuple[int, int]:
-  """(rows per process, infeed hosts) for PERCORE_BATCH_SIZE, by Pax's rule."""
-  rows = pax_batch_size("PERCORE_BATCH_SIZE", percore, jax.local_device_count(),
-                        jax.process_count())
-  return rows, jax.process_count()
-
-
 def _input(exp: BaseExperiment, name: str, mixture: str, split: str, is_training: bool,
            lengths: dict[str, int], converter: seqio_input.LanguageModelFeatures,
            seed: int | None, shuffle: bool) -> Any:
   register_tasks()
-  rows, hosts = _per_process(exp.PERCORE_BATCH_SIZE)
+  # Each host reads its own rows: PERCORE_BATCH_SIZE by Pax's rule (training_experiment's).
+  rows = pax_batch_size("PERCORE_BATCH_SIZE", exp.PERCORE_BATCH_SIZE, jax.local_device_count(),
+                        jax.process_count())
   return pax_fiddle.Config(
       seqio_input.SeqIOInput, name=name, mixture_name=mixture, split_name=split,
       task_feature_lengths=lengths, feature_converter=converter, is_training=is_training,
       repeat=is_training, reset_for_eval=not is_training, input_random_seed=seed,
-      batch_size=rows, num_infeed_hosts=hosts, shuffle=shuffle)
+      batch_size=rows, num_infeed_hosts=jax.process_count(), shuffle=shuffle)
 
 
 class PileUnsupervisedDataset(BaseExperiment):
