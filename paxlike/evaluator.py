@@ -83,7 +83,9 @@ def eval_step_sums(model: Any, reduce_sum: Callable[[Any], Any]) -> Callable:
     del key
     _, m = model.apply({"params": state.params}, batch, method="fprop")
     n = m["num_tokens"]
-    sums = {"loss_sum": m["loss"] * n, "correct_sum": m["accuracy"] * n, "num_tokens": n,
+    # log_pplx is the cross-entropy alone; loss may add more (an MoE model's aux loss).
+    sums = {"loss_sum": m["loss"] * n, "xent_sum": m.get("log_pplx", m["loss"]) * n,
+            "correct_sum": m["accuracy"] * n, "num_tokens": n,
             "num_examples": m["num_examples"]}
     sums.update({k: m[k] for k in PER_EXAMPLE if k in m})
     return reduce_sum(sums)
@@ -141,7 +143,7 @@ class Evaluator:
         continue
       t = {k: float(v) for k, v in self.partitioner.unshard(total).items()}
       tokens = max(t["num_tokens"], 1e-8)
-      metrics = {"loss": t["loss_sum"] / tokens, "log_pplx": t["loss_sum"] / tokens,
+      metrics = {"loss": t["loss_sum"] / tokens, "log_pplx": t["xent_sum"] / tokens,
                  "accuracy": t["correct_sum"] / tokens, "num_examples": t["num_examples"],
                  "num_tokens": t["num_tokens"]}
       metrics.update({name: t[k] / max(t["num_examples"], 1.0)

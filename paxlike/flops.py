@@ -67,6 +67,13 @@ class LmDims:
   ffn_bias: bool = True  # praxis's TransformerFeedForward.has_bias
   norm_bias: bool = True  # False for RmsNorm (a scale only)
   adapter_params: int = 0  # USE_LORA: lora_adapter_params; the other weights are frozen
+  # Mixture of experts: moe_layers of the layers have num_experts experts of moe_hidden_dims
+  # (2 or 3 bias-free matrices: moe_gated) and a [model, experts] router; a token runs
+  # through 2 experts (top-2 routing).
+  moe_layers: int = 0
+  num_experts: int = 0
+  moe_hidden_dims: int = 0
+  moe_gated: bool = False
 
 
 def ffn_matrices(d: LmDims) -> int:
@@ -77,11 +84,19 @@ def _kv_heads(d: LmDims) -> int:
   return d.num_kv_heads or d.num_heads
 
 
+def _expert_matrices(d: LmDims) -> int:
+  """One expert's weights."""
+  return (3 if d.moe_gated else 2) * d.model_dims * d.moe_hidden_dims
+
+
 def matmul_params(d: LmDims) -> int:
-  """Weights a token's matmuls touch: per layer QKV + output + the FFN's, plus the softmax."""
+  """Weights a token's matmuls touch: per layer QKV + output + the FFN's (in an MoE layer:
+  the router's and its two experts'), plus the softmax."""
   attn = (2 * d.num_heads + 2 * _kv_heads(d)) * d.model_dims * d.dims_per_head
   ffn = ffn_matrices(d) * d.model_dims * d.hidden_dims
-  return d.num_layers * (attn + ffn) + d.vocab_size * d.model_dims
+  moe = d.model_dims * d.num_experts + 2 * _expert_matrices(d)
+  dense = d.num_layers - d.moe_layers
+  return d.num_layers * attn + dense * ffn + d.moe_layers * moe + d.vocab_size * d.model_dims
 
 
 def param_count(d: LmDims) -> int:
@@ -93,7 +108,9 @@ def param_count(d: LmDims) -> int:
   (2 x model each; two per layer, four with primer_hybrid); the per-dim query
   scale (dims_per_head). Then the final LayerNorm, the softmax table
   (vocab x model) and its bias (vocab), a separate input table, and a
-  trainable position table (position_table_len x model).
+  trainable position table (position_table_len x model). An MoE layer has,
+  instead of the FFN, a [model, experts] router and experts x its bias-free
+  matrices.
   """
   m, a = d.model_dims, d.num_heads * d.dims_per_head
   kv = _kv_heads(d) * d.dims_per_head
@@ -102,11 +119,13 @@ def param_count(d: LmDims) -> int:
   ffn = ffn_matrices(d) * m * d.hidden_dims
   if d.ffn_bias:
     ffn += (ffn_matrices(d) - 1) * d.hidden_dims + m
+  moe = m * d.num_experts + d.num_experts * _expert_matrices(d)  # router and experts
   per_norm = 2 * m if d.norm_bias else m
   norms = 2 * d.norms_per_sublayer * per_norm
   tables = ((2 if d.separate_embedding else 1) * d.vocab_size * m + d.position_table_len * m
             + (d.vocab_size if d.softmax_bias else 0))
-  return d.num_layers * (attn + ffn + norms) + per_norm + tables
+  return (d.num_layers * (attn + norms) + (d.num_layers - d.moe_layers) * ffn
+          + d.moe_layers * moe + per_norm + tables)
 
 
 def model_flops_per_token(d: LmDims, causal_halving: bool = True) -> float:
@@ -231,6 +250,13 @@ class LlamaDims:
   vocab_size: int
   seq_len: int
   adapter_params: int = 0  # USE_LORA: lora_adapter_params; the other weights are frozen
+  # Mixture of experts: moe_layers of the layers have num_experts experts of moe_hidden_dims
+  # (2 or 3 bias-free matrices: moe_gated) and a [model, experts] router; a token runs
+  # through 2 experts (top-2 routing).
+  moe_layers: int = 0
+  num_experts: int = 0
+  moe_hidden_dims: int = 0
+  moe_gated: bool = False
 
 
 def llama_flops_per_token(d: LlamaDims) -> float:

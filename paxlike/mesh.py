@@ -38,6 +38,10 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     # A pipelined model's embedding and softmax: data-parallel over every core.
     ("pipeline_batch", ("stage", *BATCH_AXES)),
     ("relpos_buckets", None),
+    # Mixture-of-experts weights: experts over 'data' (as Pax's set_sharding_params_v1),
+    # so their embed dim stays whole; the hidden dim goes over 'mdl' ("mlp").
+    ("expert", "data"),
+    ("expert_embed", None),
     ("activation_embed", None),
     ("activation_mlp", "mdl"),
     ("activation_heads", "mdl"),

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import jax
 import pytest
-from conftest import registrations_undone
+from conftest import registrations_undone, train_in_process
 
-from paxlike import config, dry_run, experiment, registry
+from paxlike import config, dry_run, experiment, flops, registry
 from paxlike import train_state as ts
 from paxlike.errors import UserError
 
@@ -382,3 +382,47 @@ def test_optimal_scaling_sets_its_dims_in_task_as_pax_does(other_pax_modules, mo
   pax = Pax(layers, 128 * layers, layers, 128, 32000, stages=1, microbatches=1, devices=0)
   assert (model.model_dims, model.hidden_dims, rows, _count(model)) == (
       128 * layers, 512 * layers, percore * devices, pax_param_count(pax))
+
+
+# --------------------------------------------------------- mixture of experts
+
+
+def test_nvidias_moe_large_has_paxs_experts_and_count(pax_modules, monkeypatch):
+  """MoELarge: maybe_setup_moe_params turns every layer's feed-forward into 16 experts
+  (GELU, LayerNorm and hidden dims copied from the dense one), routed in 16 groups."""
+  _on_devices(monkeypatch, 32)
+  _, model, _ = _model_of(registry.get("pax_nvidia.MoELarge"))
+  assert (model.num_layers, model.num_experts, model.num_groups, model.moe_layers,
+          model.activation, model.norm_type, model.moe_hidden_dims or model.hidden_dims) == (
+              12, 16, 16, tuple(range(12)), "gelu", "layernorm", 16384)
+  p = Pax(12, 4096, 32, stages=1, microbatches=1, devices=32, **NVIDIA)
+  d, f, e = 4096, 16384, 16
+  # Each layer's feed-forward (two matmuls with biases) becomes a [d, e] router and e
+  # experts of two bias-free matmuls; its LayerNorm stays.
+  moe = 12 * ((d * e + 2 * e * d * f) - (2 * d * f + f + d))
+  assert _count(model) == pax_param_count(p) + moe
+  assert flops.param_count(model.flops_dims(8)) == _count(model)
+
+
+MOE_SMALL = ["NUM_LAYERS=2", "MODEL_DIMS=32", "HIDDEN_DIMS=64", "NUM_HEADS=4",
+             "DIMS_PER_HEAD=8", "VOCAB_SIZE=64", "MAX_SEQ_LEN=16", "NUM_EXPERTS=8",
+             "NUM_GROUPS=8", "PERCORE_BATCH_SIZE=1", "ICI_MESH_SHAPE=[1,8,1]",
+             "DCN_MESH_SHAPE=[1,1,1]", "FPROP_DTYPE=float32"]
+
+
+def test_nvidias_moe_large_trains_with_its_experts_over_the_data_axis(pax_modules, tmp_path):
+  """MoELarge cut down to 8 devices: the cross-entropy and the load-balancing loss fall, and
+  each device holds one of the 8 experts of each layer."""
+  result, _, _ = train_in_process(
+      "pax_nvidia.MoELarge", [*MOE_SMALL, "NUM_TRAIN_STEPS=30", "LEARNING_RATE=3e-3",
+                               "SUMMARY_INTERVAL_STEPS=1"],
+      tmp_path / "job", num_devices=8)
+  first, last = result.history[0], result.history[-1]
+  assert last["log_pplx"] < 0.85 * first["log_pplx"], (first, last)
+  # The loss is praxis's total_loss: the cross-entropy plus both layers' balancing losses.
+  assert last["loss"] == pytest.approx(last["log_pplx"] + last["aux_loss"], rel=1e-5)
+  assert last["aux_loss"] < first["aux_loss"]
+  wi = result.state.params["transformer"]["repeat"]["moe"]["wi"]
+  wi = getattr(wi, "value", wi)
+  assert wi.shape == (2, 8, 32, 64)
+  assert {s.data.shape for s in wi.addressable_shards} == {(2, 1, 32, 64)}

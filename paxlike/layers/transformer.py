@@ -14,6 +14,7 @@ from paxlike.layers import pipeline
 from paxlike.layers.attention import DotProductAttention
 from paxlike.layers.linear import FeedForward, LayerNorm, dropout_active, lora_targets
 from paxlike.layers.llama import RmsNorm
+from paxlike.layers.moe import MoeFeedForward
 
 Dtype = Any
 
@@ -115,6 +116,8 @@ class TransformerLayer(nn.Module):
   # the feed-forward's projections (paxlike.layers.linear.lora_output); rank 0: none.
   lora_rank: int = 0
   lora_target_layers: str = "all"
+  # Non-empty: the feed-forward is a mixture of experts, MoeFeedForward(**moe_kwargs).
+  moe_kwargs: tuple[tuple[str, Any], ...] = ()
 
   def _residual(self, x: jax.Array, sublayer: Any, name: str) -> jax.Array:
     """x + sublayer(x) with this layer's norm policy; norms named pre_/post_<name>_norm."""
@@ -138,7 +141,8 @@ class TransformerLayer(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, index: jax.Array | None = None,
                segment_ids: jax.Array | None = None,
-               positions: jax.Array | None = None) -> tuple[jax.Array, None]:
+               positions: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """-> (x, the MoE feed-forward's weighted load-balancing loss, 0 for a dense one)."""
     atten_rank, ffn_rank = lora_targets(self.lora_rank, self.lora_target_layers)
     attention = DotProductAttention(
         self.num_heads, self.dim_per_head, self.combine_qkv, self.dtype, self.cache_mode,
@@ -148,12 +152,59 @@ class TransformerLayer(nn.Module):
     x = nn.Dropout(self.input_dropout_rate)(
         x, deterministic=not dropout_active(self, self.input_dropout_rate))
     x = self._residual(x, lambda h: attention(h, index, segment_ids, positions), "attn")
+    aux = jnp.zeros((), jnp.float32)
+    if self.moe_kwargs:
+      moe = MoeFeedForward(activation=self.activation, dtype=self.dtype,
+                           dropout_rate=self.dropout_rate, decode=self.cache_mode is not None,
+                           **dict(self.moe_kwargs), name="moe")
+      nonpadding = None if segment_ids is None else segment_ids > 0
+      losses = []
+
+      def ffn(h: jax.Array) -> jax.Array:
+        y, loss = moe(h, nonpadding)
+        losses.append(loss)
+        return y
+
+      x = self._residual(x, ffn, "ffn")
+      return x, losses[0]
     ffn = FeedForward(self.hidden_dims, self.activation, self.dtype,
                       use_gated_activation=self.use_gated_activation,
                       dropout_rate=self.dropout_rate, has_bias=self.ffn_has_bias,
                       lora_rank=ffn_rank, name="ffn")
     x = self._residual(x, ffn, "ffn")
-    return x, None
+    return x, aux
+
+
+def moe_period(moe_layers: tuple[int, ...], num_layers: int) -> int:
+  """The shortest period p (dividing num_layers) of the MoE layers' pattern: layer i is MoE
+  exactly when layer i mod p is. A scanned stack scans blocks of p layers."""
+  chosen = set(moe_layers)
+  for p in range(1, num_layers + 1):
+    if num_layers % p == 0 and all((i in chosen) == (i % p in chosen)
+                                   for i in range(num_layers)):
+      return p
+  return num_layers
+
+
+class LayerBlock(nn.Module):
+  """A scanned stack's repeat unit when MoE and dense layers alternate: its layers
+  `layer_j`, the j-th with a mixture-of-experts feed-forward where moe[j]."""
+
+  layer_kwargs: tuple[tuple[str, Any], ...]
+  moe: tuple[bool, ...]
+  moe_kwargs: tuple[tuple[str, Any], ...]
+
+  @nn.compact
+  def __call__(self, x: jax.Array, index: jax.Array | None = None,
+               segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    aux = jnp.zeros((), jnp.float32)
+    for j, is_moe in enumerate(self.moe):
+      x, loss = TransformerLayer(**dict(self.layer_kwargs),
+                                 moe_kwargs=self.moe_kwargs if is_moe else (),
+                                 name=f"layer_{j}")(x, index, segment_ids, positions)
+      aux = aux + loss
+    return x, aux
 
 
 class StackedTransformer(nn.Module):
@@ -168,6 +219,12 @@ class StackedTransformer(nn.Module):
   layers_per_stage layers scanned or unrolled by use_repeated_layer, and the
   batch runs in num_microbatches (or microbatch_size) pieces. Decoding runs
   the same weights unpipelined (paxlike.layers.pipeline.restack).
+
+  moe_layers: the layers (0-based) whose feed-forward is a mixture of
+  experts, MoeFeedForward(**moe_kwargs). When MoE and dense layers alternate
+  with period p (GLaM: every other layer), a scanned stack scans blocks of p
+  layers (LayerBlock, `repeat/layer_j`). Calls return (x, the MoE layers'
+  summed weighted load-balancing losses).
   """
 
   num_layers: int
@@ -185,6 +242,8 @@ class StackedTransformer(nn.Module):
   num_microbatches: int | None = None
   microbatch_size: int | None = None
   stream_io: bool = False
+  moe_layers: tuple[int, ...] = ()
+  moe_kwargs: tuple[tuple[str, Any], ...] = ()
 
   def layout(self) -> pipeline.Layout:
     return pipeline.Layout(self.num_layers, self.use_repeated_layer, self.num_stages,
@@ -209,7 +268,7 @@ class StackedTransformer(nn.Module):
 
     def stage_fn(w: Any, h: jax.Array, seg: Any, pos: Any, key: Any) -> jax.Array:
       rngs = {} if key is None else {"dropout": key}
-      return stage.apply({"params": w}, h, None, None, seg, pos, rngs=rngs)
+      return stage.apply({"params": w}, h, None, None, seg, pos, rngs=rngs)[0]
 
     return pipeline.stacked(
         self, layout, x, init_stage=lambda k, sample: stage.init({"params": k}, sample)["params"],
@@ -222,7 +281,7 @@ class StackedTransformer(nn.Module):
   def __call__(self, x: jax.Array, cache_mode: str | None = None,
                index: jax.Array | None = None,
                segment_ids: jax.Array | None = None,
-               positions: jax.Array | None = None) -> jax.Array:
+               positions: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """cache_mode None trains/evaluates; "prefill" / "extend" decode (DotProductAttention).
 
     positions [batch|1, length]: each token's position, for rotary attention.
@@ -231,21 +290,35 @@ class StackedTransformer(nn.Module):
       if cache_mode is not None:
         raise UserError("a pipelined stack decodes through its unpipelined model "
                         "(LanguageModel.for_decoding); it has no KV cache of its own.")
-      return self._pipelined(x, segment_ids, positions)
-    policy = remat_policy(self.checkpoint_policy)
-    layer_cls = TransformerLayer
-    if rematerialises(self.checkpoint_policy) and cache_mode is None:
-      layer_cls = nn.remat(TransformerLayer, policy=policy, prevent_cse=not self.use_repeated_layer)
+      return self._pipelined(x, segment_ids, positions), jnp.zeros((), jnp.float32)
     kwargs = dict(num_heads=self.num_heads, dim_per_head=self.dim_per_head,
                   hidden_dims=self.hidden_dims, activation=self.activation,
                   combine_qkv=self.combine_qkv, dtype=self.dtype, cache_mode=cache_mode,
                   **dict(self.layer_kwargs))
+    moe = set(self.moe_layers)
+    period = moe_period(self.moe_layers, self.num_layers) if moe else 1
+    layer_cls, block = TransformerLayer, {}
+    if period > 1 and self.use_repeated_layer:
+      layer_cls = LayerBlock
+      block = dict(layer_kwargs=tuple(kwargs.items()), moe=tuple(j in moe for j in range(period)),
+                   moe_kwargs=self.moe_kwargs)
+    if rematerialises(self.checkpoint_policy) and cache_mode is None:
+      layer_cls = nn.remat(layer_cls, policy=remat_policy(self.checkpoint_policy),
+                           prevent_cse=not self.use_repeated_layer)
     if self.use_repeated_layer:
       stack = nn.scan(layer_cls, variable_axes={"params": 0, "cache": 0},
                       split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
-                      length=self.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-      x, _ = stack(**kwargs, name="repeat")(x, index, segment_ids, positions)
-      return x
+                      length=self.num_layers // period,
+                      metadata_params={nn.PARTITION_NAME: "layers"})
+      if block:
+        x, aux = stack(**block, name="repeat")(x, index, segment_ids, positions)
+      else:
+        x, aux = stack(**kwargs, moe_kwargs=self.moe_kwargs if moe else (),
+                       name="repeat")(x, index, segment_ids, positions)
+      return x, jnp.sum(aux)
+    total = jnp.zeros((), jnp.float32)
     for i in range(self.num_layers):
-      x, _ = layer_cls(**kwargs, name=f"x_layers_{i}")(x, index, segment_ids, positions)
-    return x
+      x, aux = layer_cls(**kwargs, moe_kwargs=self.moe_kwargs if i in moe else (),
+                         name=f"x_layers_{i}")(x, index, segment_ids, positions)
+      total = total + aux
+    return x, total

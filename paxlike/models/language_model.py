@@ -219,9 +219,53 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
   # projections ("all", "attention", "mlp"); 0: none. See layers.linear.lora_output.
   lora_rank: int = 0
   lora_target_layers: str = "all"
+  # Mixture of experts (praxis's StackedTransformer.moe_layers with a
+  # TransformerFeedForwardMoe; paxlike.layers.moe): the feed-forward of each layer in
+  # moe_layers (0-based; None or empty: none) is num_experts experts of moe_hidden_dims
+  # (None: hidden_dims), top-2 routed within num_groups groups of tokens, each expert
+  # taking expert_capacity_dim tokens of a group or more by expert_capacity_factor
+  # (praxis's unadjusted_expert_capacity_factor). The load-balancing loss times
+  # moe_load_balance_loss_weight is added to the loss (metric aux_loss).
+  num_experts: int = 0
+  moe_layers: tuple[int, ...] | None = None
+  num_groups: int = 1
+  moe_hidden_dims: int | None = None
+  expert_capacity_factor: float = 2.0
+  expert_capacity_dim: int | None = None
+  moe_gated_activation: bool = False
+  moe_gating_logit_cap: float = 0.0
+  moe_load_balance_loss_weight: float = 1.0
+
+  def _moe(self) -> tuple[tuple[int, ...], tuple[tuple[str, Any], ...]]:
+    """(the MoE layers, MoeFeedForward's settings), after checking them."""
+    layers = tuple(int(i) for i in (self.moe_layers or ()))
+    if not layers:
+      return (), ()
+    if self.num_experts < 2:
+      raise UserError(f"moe_layers={list(layers)} needs num_experts of 2 or more (it is "
+                      f"{self.num_experts}); set NUM_EXPERTS.")
+    bad = [i for i in layers if not 0 <= i < self.num_layers]
+    if bad:
+      raise UserError(f"moe_layers {bad} are not layers of the {self.num_layers}-layer stack "
+                      f"(0 to {self.num_layers - 1}).")
+    if self.num_stages is not None:
+      raise UserError("mixture-of-experts layers in a pipeline (NUM_STAGES) are not modelled "
+                      "yet; drop NUM_STAGES or the experts.")
+    if self.lora_rank and self.lora_target_layers != "attention":
+      raise UserError(f"LORA_TARGET_LAYERS={self.lora_target_layers!r} adapts the feed-forward, "
+                      "which is a mixture of experts here; set LORA_TARGET_LAYERS='attention'.")
+    return layers, (("num_experts", self.num_experts),
+                    ("hidden_dims", self.moe_hidden_dims or self.hidden_dims),
+                    ("num_groups", self.num_groups),
+                    ("capacity_factor", float(self.expert_capacity_factor or 0.0)),
+                    ("capacity_dim", self.expert_capacity_dim),
+                    ("gated_activation", self.moe_gated_activation),
+                    ("gating_logit_cap", float(self.moe_gating_logit_cap)),
+                    ("load_balance_loss_weight", float(self.moe_load_balance_loss_weight)))
 
   def setup(self) -> None:
     lora_targets(self.lora_rank, self.lora_target_layers)
+    moe_layers, moe_kwargs = self._moe()
     rows = padded_vocab(self.vocab_size, self.vocab_pad_multiple)
     self.softmax = SharedEmbeddingSoftmax(
         self.vocab_size, self.model_dims, self.fprop_dtype, padded_rows=rows,
@@ -251,7 +295,8 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
         checkpoint_policy=self.checkpoint_policy, dtype=self.fprop_dtype,
         layer_kwargs=layer_kwargs, num_stages=self.num_stages,
         circular_repeat=self.circular_repeat, num_microbatches=self.num_microbatches,
-        microbatch_size=self.microbatch_size, stream_io=self.stream_io)
+        microbatch_size=self.microbatch_size, stream_io=self.stream_io,
+        moe_layers=moe_layers, moe_kwargs=moe_kwargs)
     self.final_norm = make_norm(self.norm_type, self.layernorm_epsilon, self.fprop_dtype)
     self.input_dropout = nn.Dropout(self.input_dropout_prob)
 
@@ -262,6 +307,12 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
 
     segment_ids / segment_pos: packed rows (see the class docstring).
     """
+    return self.forward(ids, cache_mode, index, segment_ids, segment_pos)[0]
+
+  def forward(self, ids: jax.Array, cache_mode: str | None = None,
+              index: jax.Array | None = None, segment_ids: jax.Array | None = None,
+              segment_pos: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """__call__'s logits, and the MoE layers' weighted load-balancing loss (0 without)."""
     x = self.embedding(ids) if self.separate_embedding else self.softmax.embed(ids)
     if segment_pos is None:
       segment_pos = jnp.arange(ids.shape[1])[None] + (0 if index is None else index)
@@ -277,23 +328,30 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
     x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
     positions = segment_pos if self.rope_timescales is not None else None
     x = self.input_dropout(x, deterministic=not dropout_active(self, self.input_dropout_prob))
-    x = self.transformer(x, cache_mode, index, segment_ids, positions)
+    x, aux_loss = self.transformer(x, cache_mode, index, segment_ids, positions)
     # Outside a pipeline the softmax runs data-parallel over every core, stages included.
     batch_axis = "batch" if self.num_stages is None else "pipeline_batch"
     x = nn.with_logical_constraint(x, (batch_axis, "length", "activation_embed"))
     x = self.final_norm(x)
     logits = self.softmax.logits(x)
-    return nn.with_logical_constraint(logits, (batch_axis, "length", "activation_vocab"))
+    return (nn.with_logical_constraint(logits, (batch_axis, "length", "activation_vocab")),
+            aux_loss)
 
   def fprop(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Returns (mean weighted loss, metrics)."""
     segment_ids = segment_pos = None
     if self.packed_input:
       segment_ids, segment_pos = batch.get("segment_ids"), batch.get("segment_pos")
-    logits = self(batch["ids"], segment_ids=segment_ids, segment_pos=segment_pos)
+    logits, aux_loss = self.forward(batch["ids"], segment_ids=segment_ids,
+                                    segment_pos=segment_pos)
     weights = sample_weighted(batch, self.apply_eval_sample_weights)
-    return weighted_loss(logits, batch["labels"], weights, self.strict_accuracy,
-                         self.yes_no_tokens)
+    loss, metrics = weighted_loss(logits, batch["labels"], weights, self.strict_accuracy,
+                                  self.yes_no_tokens)
+    if self.moe_layers:
+      # praxis's total_loss: the cross-entropy (log_pplx) plus the MoE layers' aux loss.
+      loss = loss + aux_loss
+      metrics.update(loss=loss, aux_loss=aux_loss)
+    return loss, metrics
 
   @property
   def strict_accuracy(self) -> bool:
@@ -407,7 +465,10 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
                             self.num_heads * self.dim_per_head,
                             (self.num_kv_heads or self.num_heads) * self.dim_per_head,
                             self.hidden_dims, 3 if self.use_gated_activation else 2,
-                            self.combine_qkv))
+                            self.combine_qkv),
+                        moe_layers=len(self.moe_layers or ()), num_experts=self.num_experts,
+                        moe_hidden_dims=self.moe_hidden_dims or self.hidden_dims,
+                        moe_gated=self.moe_gated_activation)
 
   def model_flops_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> float:
     batch, seq_len = specs["ids"].shape[:2]

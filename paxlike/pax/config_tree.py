@@ -36,10 +36,11 @@ import dataclasses
 from typing import Any
 
 import fiddle as fdl
+import numpy as np
 
 from paxlike.errors import UserError
 from paxlike.layers import activations
-from paxlike.layers.transformer import AutodiffCheckpointType, policy_name
+from paxlike.layers.transformer import AutodiffCheckpointType, moe_period, policy_name
 from paxlike.pax import praxis_layers as pl
 from paxlike.pax.base_layer import WeightInitSpec
 from paxlike.pax.pax_fiddle import Config
@@ -127,11 +128,13 @@ def tree_of(m: fdl.Config) -> Config:
                  dropout_prob=m.dropout_prob, packed_input=m.packed_input,
                  input_dropout_prob=(m.layer_input_dropout_prob if m.use_repeated_layer
                                      else m.input_dropout_prob),
-                 transformer_layer_params_tpl=layer)
+                 transformer_layer_params_tpl=layer, **_moe_fields(m))
   policy = AutodiffCheckpointType(policy_name(m.checkpoint_policy))
   if m.use_repeated_layer:
-    stack.num_layers = 1
-    stacked = Config(pl.StackedTransformerRepeated, block=stack, x_times=layers,
+    block = _moe_period(m)
+    stack.num_layers = block
+    stack.moe_layers = [j for j in stack.moe_layers if j < block]
+    stacked = Config(pl.StackedTransformerRepeated, block=stack, x_times=layers // block,
                      checkpoint_policy=policy)
   else:
     if not pipelined:  # Pax's pipelined template leaves the stage's policy to the pipeline
@@ -166,6 +169,25 @@ def tree_of(m: fdl.Config) -> Config:
                 packed_input=m.packed_input, model_type=pl.LanguageModelType.CAUSAL,
                 position_emb_tpl=position, separate_embedding_tpl=embedding,
                 softmax_tpl=softmax, stacked_transformer_tpl=stacked, final_ln_tpl=_norm(m))
+
+
+def _moe_period(m: fdl.Config) -> int:
+  """A repeated stack's block size: the MoE layers' period (1 without experts)."""
+  return moe_period(tuple(m.moe_layers), m.num_layers) if m.moe_layers else 1
+
+
+def _moe_fields(m: fdl.Config) -> dict[str, Any]:
+  """The stack's MoE fields, its moe_layer_tpl as Pax's maybe_setup_moe_params leaves it."""
+  moe = Config(pl.TransformerFeedForwardMoe, hidden_dims=m.moe_hidden_dims or m.hidden_dims,
+               activation_tpl=Config(ACTIVATION_CLASSES[m.activation]), ln_tpl=_norm(m),
+               norm_policy=m.norm_policy, num_experts=m.num_experts, num_groups=m.num_groups,
+               expert_capacity_dim=m.expert_capacity_dim,
+               unadjusted_expert_capacity_factor=m.expert_capacity_factor,
+               use_gated_activation=m.moe_gated_activation,
+               gating_logit_cap=m.moe_gating_logit_cap,
+               moe_load_balance_loss_weight=m.moe_load_balance_loss_weight, **_hints())
+  return dict(num_experts=m.num_experts, num_groups=m.num_groups,
+              moe_layers=list(m.moe_layers or ()), moe_layer_tpl=moe)
 
 
 # ------------------------------------------------------------ read back
@@ -306,16 +328,7 @@ def _read_ffn(r: _Reader, cfg: Any, path: str) -> None:
   r.fields(cfg, path, ("activation_tpl", "use_gated_activation", "has_bias", "ln_tpl",
                        "hidden_dims", "input_dims", "relu_dropout_prob",
                        "residual_dropout_prob"))
-  act = cfg.activation_tpl
-  if not isinstance(act, fdl.Buildable):
-    raise UserError(f"{path}.activation_tpl = {act!r}: set pax_fiddle.Config(layers.GELU) "
-                    "or another activation class.")
-  name = activations.activation_name(fdl.get_callable(act), tuple(ACTIVATION_CLASSES),
-                                     path + ".activation_tpl")
-  if name == "gelu" and not act.approximate:
-    raise UserError(f"{path}.activation_tpl.approximate = False: paxlike's GELU is the tanh "
-                    "approximation; set approximate=True.")
-  r.set("activation", path + ".activation_tpl", name)
+  r.set("activation", path + ".activation_tpl", _activation(cfg.activation_tpl, path))
   r.set("use_gated_activation", path + ".use_gated_activation",
         bool(cfg.use_gated_activation))
   r.set("ffn_has_bias", path + ".has_bias", bool(cfg.has_bias))
@@ -325,6 +338,19 @@ def _read_ffn(r: _Reader, cfg: Any, path: str) -> None:
     if getattr(cfg, name):
       r.set("dropout_prob", f"{path}.{name}", getattr(cfg, name))
   _read_norm(r, cfg.ln_tpl, path + ".ln_tpl")
+
+
+def _activation(act: Any, path: str) -> str:
+  """The activation's name from a feed-forward's activation_tpl at `path`."""
+  if not isinstance(act, fdl.Buildable):
+    raise UserError(f"{path}.activation_tpl = {act!r}: set pax_fiddle.Config(layers.GELU) "
+                    "or another activation class.")
+  name = activations.activation_name(fdl.get_callable(act), tuple(ACTIVATION_CLASSES),
+                                     path + ".activation_tpl")
+  if name == "gelu" and not act.approximate:
+    raise UserError(f"{path}.activation_tpl.approximate = False: paxlike's GELU is the tanh "
+                    "approximation; set approximate=True.")
+  return name
 
 
 def _read_layer(r: _Reader, cfg: Any, path: str) -> None:
@@ -346,7 +372,8 @@ def _read_stack(r: _Reader, cfg: Any, path: str, repeats: int, block: bool = Fal
   r.fields(cfg, path, ("num_layers", "model_dims", "hidden_dims", "num_heads", "dim_per_head",
                        "dropout_prob", "atten_dropout_prob", "residual_dropout_prob",
                        "relu_dropout_prob", "packed_input", "transformer_layer_params_tpl",
-                       "checkpoint_policy", "mask_self_attention", "input_dropout_prob"))
+                       "checkpoint_policy", "mask_self_attention", "input_dropout_prob",
+                       *MOE_STACK_FIELDS))
   _read_input_dropout(r, cfg, path, block, pipelined)
   if not cfg.mask_self_attention:
     raise UserError(f"{path}.mask_self_attention = False: paxlike's LM is causal; leave it "
@@ -364,6 +391,78 @@ def _read_stack(r: _Reader, cfg: Any, path: str, repeats: int, block: bool = Fal
   if cfg.checkpoint_policy is not None:
     r.set("checkpoint_policy", path + ".checkpoint_policy", policy_name(cfg.checkpoint_policy))
   _read_layer(r, cfg.transformer_layer_params_tpl, path + ".transformer_layer_params_tpl")
+  _read_moe(r, cfg, path, repeats, pipelined)
+
+
+MOE_STACK_FIELDS = ("num_experts", "num_groups", "min_group_size", "gating_func", "moe_layers",
+                    "moe_layer_tpl")
+
+
+def _read_moe(r: _Reader, cfg: fdl.Buildable, path: str, repeats: int, pipelined: bool) -> None:
+  """The stack's mixture-of-experts layers: moe_layers (of this stack, repeated `repeats`
+  times over) with moe_layer_tpl, and the stack's num_experts / num_groups / gating_func,
+  which praxis writes over the template's."""
+  listed = list(cfg.moe_layers or ())
+  if not all(isinstance(i, int | np.integer) and i >= 0 for i in listed):
+    raise UserError(f"{path}.moe_layers = {listed!r}: list layer indices (ints from 0).")
+  n = cfg.num_layers
+  # As praxis: layer i of the stack is MoE when i is listed; larger indices name no layer
+  # (Pax's MoELarge lists all 12 layers on a repeated stack's one-layer block).
+  chosen = [int(i) for i in listed if i < n]
+  if not chosen:
+    if cfg.num_experts:
+      raise UserError(f"{path}.num_experts = {cfg.num_experts} with moe_layers = {listed!r}: "
+                      f"no layer of this {n}-layer stack would be a mixture of experts; list "
+                      "some in moe_layers.")
+    r.set("moe_layers", path + ".moe_layers", None)
+    return
+  if pipelined:
+    raise UserError(f"{path}.moe_layers: mixture-of-experts layers in a pipeline stage are "
+                    "not modelled yet; use a stack without a pipeline.")
+  experts = _count(cfg.num_experts, path + ".num_experts")
+  if experts < 2:
+    raise UserError(f"{path}.num_experts = {experts}: a mixture of experts needs 2 or more.")
+  if cfg.gating_func != "top2":
+    raise UserError(f"{path}.gating_func = {cfg.gating_func!r}: paxlike routes with GShard's "
+                    "top-2 gating; set 'top2'.")
+  if cfg.min_group_size is not None:
+    raise UserError(f"{path}.min_group_size = {cfg.min_group_size!r}: paxlike routes in "
+                    "num_groups fixed groups; leave it None and set num_groups.")
+  layers = sorted({i + k * n for k in range(repeats) for i in chosen})
+  r.set("moe_layers", path + ".moe_layers", tuple(layers))
+  r.set("num_experts", path + ".num_experts", experts)
+  r.set("num_groups", path + ".num_groups", _count(cfg.num_groups, path + ".num_groups"))
+  mpath = path + ".moe_layer_tpl"
+  moe = r.node(cfg.moe_layer_tpl, mpath, pl.TransformerFeedForwardMoe)
+  r.fields(moe, mpath, ("input_dims", "hidden_dims", "ln_tpl", "activation_tpl",
+                        "relu_dropout_prob", "residual_dropout_prob", "norm_policy",
+                        "num_experts", "num_groups", "gating_func", "min_group_size",
+                        "expert_capacity_dim", "unadjusted_expert_capacity_factor",
+                        "use_gated_activation", "gating_logit_cap", "apply_padding_first",
+                        "moe_load_balance_loss_weight"))
+  r.set("activation", mpath + ".activation_tpl", _activation(moe.activation_tpl, mpath))
+  _read_norm(r, moe.ln_tpl, mpath + ".ln_tpl")
+  r.set("norm_policy", mpath + ".norm_policy", moe.norm_policy)
+  for name in ("relu_dropout_prob", "residual_dropout_prob"):
+    if getattr(moe, name):
+      r.set("dropout_prob", f"{mpath}.{name}", getattr(moe, name))
+  hidden = moe.hidden_dims or None
+  r.set("moe_hidden_dims", mpath + ".hidden_dims", hidden)
+  capacity = moe.expert_capacity_dim or None
+  factor = float(moe.unadjusted_expert_capacity_factor or 0.0)
+  if capacity is None and not factor:
+    raise UserError(f"{mpath}: expert_capacity_dim and unadjusted_expert_capacity_factor are "
+                    "both unset; set one (praxis's default factor is 2.0).")
+  r.set("expert_capacity_dim", mpath + ".expert_capacity_dim", capacity)
+  r.set("expert_capacity_factor", mpath + ".unadjusted_expert_capacity_factor", factor)
+  r.set("moe_gated_activation", mpath + ".use_gated_activation",
+        bool(moe.use_gated_activation))
+  r.set("moe_gating_logit_cap", mpath + ".gating_logit_cap", float(moe.gating_logit_cap or 0.0))
+  weight = float(moe.moe_load_balance_loss_weight)
+  if not weight > 0.0:
+    raise UserError(f"{mpath}.moe_load_balance_loss_weight = {weight!r}: praxis requires a "
+                    "positive weight for the load-balancing loss.")
+  r.set("moe_load_balance_loss_weight", mpath + ".moe_load_balance_loss_weight", weight)
 
 
 def _read_input_dropout(r: _Reader, cfg: Any, path: str, block: bool, pipelined: bool) -> None:

@@ -245,6 +245,45 @@ class TransformerFeedForward(_Template):
             "activation_split_dims_mapping": SplitDimsMapping}
 
 
+@dataclasses.dataclass
+class TransformerFeedForwardMoe(_Template):
+  """praxis's mixture-of-experts feed-forward (paxlike.layers.moe), as a stack's
+  moe_layer_tpl. The stack's num_experts / num_groups / gating_func override these."""
+
+  input_dims: int = 0
+  hidden_dims: int = 0
+  apply_padding_first: bool = False
+  ln_tpl: Any = None
+  activation_tpl: Any = None
+  relu_dropout_prob: float = 0.0
+  residual_dropout_prob: float = 0.0
+  add_skip_connection: bool = True
+  residual_weight: float = 1.0
+  norm_policy: str = "pre"
+  gating_func: str = "top2"
+  num_experts: int = 0
+  num_groups: int = 0
+  min_group_size: int | None = None
+  expert_capacity_dim: int | None = 0
+  unadjusted_expert_capacity_factor: float = 2.0
+  second_expert_policy: str = "all"
+  internal_gshard_variance_scaling_fan_in_init: bool = True
+  moe_load_balance_loss_weight: float = 1.0
+  gating_logit_cap: float = 0.0
+  moe_gating_embedding_level: str = "token"
+  use_gated_activation: bool = False
+  weight_split_dims_mapping: Any = None
+  activation_split_dims_mapping: Any = None
+  params_init: Any = None
+  name: str = ""
+
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    return {"activation_tpl": activations.ReLU, "ln_tpl": LayerNorm,
+            "weight_split_dims_mapping": SplitDimsMapping,
+            "activation_split_dims_mapping": SplitDimsMapping}
+
+
 # ------------------------------------------------------- the layer stack
 
 
@@ -293,13 +332,17 @@ class StackedTransformer(_Template):
   remat: bool = False
   num_experts: int = 0
   num_groups: int = 1
-  moe_layers: Any = None
+  min_group_size: int | None = None
+  gating_func: str = "top2"
+  moe_layers: Any = ()
+  moe_layer_tpl: Any = None
   params_init: Any = None
   name: str = ""
 
   @classmethod
   def sub_templates(cls) -> dict[str, type]:
-    return {"transformer_layer_params_tpl": Transformer}
+    return {"transformer_layer_params_tpl": Transformer,
+            "moe_layer_tpl": TransformerFeedForwardMoe}
 
 
 @dataclasses.dataclass

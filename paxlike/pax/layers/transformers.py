@@ -6,7 +6,8 @@ from paxlike.pax.praxis_layers import (
     StackedTransformerRepeated,
     Transformer,
     TransformerFeedForward,
+    TransformerFeedForwardMoe,
 )
 
 __all__ = ["PipelinedTransformer", "StackedTransformer", "StackedTransformerRepeated",
-           "Transformer", "TransformerFeedForward"]
+           "Transformer", "TransformerFeedForward", "TransformerFeedForwardMoe"]

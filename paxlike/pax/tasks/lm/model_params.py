@@ -12,7 +12,10 @@ register; running them is refused, as is maybe_setup_moe_params with experts.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
+
+import fiddle as fdl
 
 from paxlike.errors import UserError
 from paxlike.experiment import BaseExperiment
@@ -23,7 +26,7 @@ from paxlike.lm_experiments import (
   TransformerLmSpmdPipelineAdafactor,
   TransformerLmSpmdPipelineAdam,
 )
-from paxlike.pax import optimizers, pax_fiddle, schedules
+from paxlike.pax import optimizers, pax_fiddle, praxis_layers, schedules
 
 
 def set_default_adam(task_p: Any, learning_rate: float, weight_decay: float, *,
@@ -67,18 +70,31 @@ def _exponential_decay(warmup_steps: int, decay_start: int, decay_end: int) -> A
 
 
 def maybe_setup_moe_params(model_p: Any) -> None:
-  """Pax's switch of a stack's feed-forward layers to mixture-of-experts ones.
+  """Pax's switch of a stack's feed-forward template to a mixture-of-experts one.
 
-  A stack without experts (num_experts unset or 0) is left as it is, as in
-  Pax; one with experts is refused, since paxlike has no MoE layers.
+  A stack (or a repeated stack's block) with num_experts gets its
+  moe_layer_tpl from its layers' feed-forward: the hidden dims (unless the
+  MoE template sets its own), norm, activation, dropouts and norm policy, as
+  Pax copies them (not use_gated_activation: Pax's MoE layers never gate).
+  The layers in the stack's moe_layers then use it; one without experts is
+  left as it is.
   """
-  num_experts = getattr(model_p, "num_experts", 0)
-  block = getattr(model_p, "block", None)
-  if not num_experts and block is not None:
-    num_experts = getattr(block, "num_experts", 0)
-  if num_experts:
-    raise UserError(f"maybe_setup_moe_params: num_experts={num_experts!r} asks for "
-                    "mixture-of-experts layers; MoE is not modelled yet in paxlike.")
+  if isinstance(model_p, fdl.Buildable) and issubclass(
+      fdl.get_callable(model_p), praxis_layers.StackedTransformerRepeated):
+    model_p = model_p.block
+  if not getattr(model_p, "num_experts", 0):
+    return
+  ff_p = model_p.transformer_layer_params_tpl.tr_fflayer_tpl
+  moe_p = model_p.moe_layer_tpl
+  moe_p.input_dims = ff_p.input_dims
+  if not moe_p.hidden_dims:
+    moe_p.hidden_dims = ff_p.hidden_dims
+  moe_p.ln_tpl = copy.deepcopy(ff_p.ln_tpl)
+  moe_p.activation_tpl = copy.deepcopy(ff_p.activation_tpl)
+  moe_p.relu_dropout_prob = ff_p.relu_dropout_prob
+  moe_p.residual_dropout_prob = ff_p.residual_dropout_prob
+  moe_p.add_skip_connection = ff_p.add_skip_connection
+  moe_p.norm_policy = ff_p.norm_policy
 
 
 class NotRunnable:

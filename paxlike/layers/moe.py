@@ -1,0 +1,194 @@
+"""Mixture-of-experts feed-forward with GShard's top-2 routing (praxis's TransformerFeedForwardMoe).
+
+The tokens of a batch are cut into num_groups groups of S tokens; each group
+routes on its own. A token goes to its two highest-gated experts, in token
+order while an expert has room: an expert takes at most C tokens of a group
+(the expert capacity, from the capacity factor: int(S x factor / E) rounded
+up to a multiple of 4, or a fixed expert_capacity_dim). A token past an
+expert's capacity skips that expert (a token with neither expert passes
+through the residual alone). The two outputs are weighted by the two gates,
+renormalised to sum to 1 (before dropping, as GShard's Mesh TensorFlow code).
+
+The load-balancing loss is E^2 x mean over groups and experts of
+(fraction of the group's tokens whose first choice is the expert) x (mean
+gate the expert gets): 1 for a perfectly even router, E for a router that
+sends everything to one expert. The layer returns it times
+moe_load_balance_loss_weight; the LM adds it to its loss.
+
+Decoding (a KV-cache pass) routes every token to its top two experts with no
+capacity limit (praxis's dense_top2 gating), so a decoded token never loses
+an expert to another row of the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from paxlike.errors import UserError
+from paxlike.layers.linear import ACTIVATIONS, dropout_active
+
+Dtype = Any
+
+GATING_FUNCS = ("top2",)
+
+
+def expert_capacity(group_size: int, num_experts: int, capacity_factor: float,
+                    capacity_dim: int | None) -> int:
+  """Tokens an expert takes per group: capacity_dim, raised to int(group_size x factor /
+  experts) rounded up to a multiple of 4 when that is larger (praxis's rule); at least 1."""
+  capacity = capacity_dim or 0
+  if capacity_factor:
+    auto = int(group_size * capacity_factor / num_experts)
+    if capacity < auto:
+      capacity = (auto + 3) // 4 * 4
+  return max(capacity, 1)
+
+
+def top2_gating(logits: jax.Array, nonpadding: jax.Array | None, capacity: int,
+                logit_cap: float = 0.0) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+  """GShard's top-2 routing of logits [G, S, E].
+
+  Returns (combine [G, S, E, C] gates at each token's slot, load-balancing
+  loss, stats): stats holds the fraction of non-padding tokens that reached
+  0, 1 and 2 experts (dispatch_0/1/2).
+  """
+  logits = logits.astype(jnp.float32)
+  if logit_cap > 0.0:
+    logits = logit_cap * jnp.tanh(logits / logit_cap)
+  num_experts = logits.shape[-1]
+  gates = jax.nn.softmax(logits, axis=-1)
+  keep = (jnp.ones(gates.shape[:-1], jnp.float32) if nonpadding is None
+          else nonpadding.astype(jnp.float32))
+  first = jnp.argmax(gates, axis=-1)
+  mask1 = jax.nn.one_hot(first, num_experts, dtype=jnp.float32) * keep[..., None]
+  rest = gates * (1.0 - jax.nn.one_hot(first, num_experts, dtype=jnp.float32))
+  second = jnp.argmax(rest, axis=-1)
+  mask2 = jax.nn.one_hot(second, num_experts, dtype=jnp.float32) * keep[..., None]
+  gate1 = jnp.sum(gates * mask1, axis=-1)
+  gate2 = jnp.sum(rest * mask2, axis=-1)
+  denom = gate1 + gate2 + 1e-9
+  gate1, gate2 = gate1 / denom, gate2 / denom
+
+  # Load balance: first-choice fractions against mean gates (padding counts as no token).
+  density = jnp.mean(mask1, axis=1)
+  proxy = jnp.mean(gates * keep[..., None], axis=1)
+  aux_loss = jnp.mean(density * proxy) * num_experts * num_experts
+
+  # Slots in token order: first choices before second ones.
+  pos1 = jnp.cumsum(mask1, axis=1) - mask1
+  mask1 = mask1 * (pos1 < capacity)
+  pos2 = jnp.cumsum(mask2, axis=1) - mask2 + jnp.sum(mask1, axis=1, keepdims=True)
+  mask2 = mask2 * (pos2 < capacity)
+  slot1 = jax.nn.one_hot(jnp.sum(pos1 * mask1, axis=-1).astype(jnp.int32), capacity)
+  slot2 = jax.nn.one_hot(jnp.sum(pos2 * mask2, axis=-1).astype(jnp.int32), capacity)
+  combine = ((gate1[..., None] * mask1)[..., None] * slot1[..., None, :]
+             + (gate2[..., None] * mask2)[..., None] * slot2[..., None, :])
+  reached = jnp.sum(mask1, axis=-1) + jnp.sum(mask2, axis=-1)
+  tokens = jnp.maximum(jnp.sum(keep), 1.0)
+  stats = {f"dispatch_{k}": jnp.sum((reached == k) * keep) / tokens for k in range(3)}
+  return combine, aux_loss, stats
+
+
+def dense_top2(logits: jax.Array, logit_cap: float = 0.0) -> jax.Array:
+  """Each token's two top gates, renormalised, over every expert [..., E] (no capacity)."""
+  logits = logits.astype(jnp.float32)
+  if logit_cap > 0.0:
+    logits = logit_cap * jnp.tanh(logits / logit_cap)
+  gates = jax.nn.softmax(logits, axis=-1)
+  top = jax.lax.top_k(gates, 2)[0]
+  kept = gates * (gates >= top[..., 1:2])
+  return kept / (jnp.sum(kept, axis=-1, keepdims=True) + 1e-9)
+
+
+def _fan_in_uniform(fan_in: int) -> Any:
+  """praxis's internal_gshard_variance_scaling_fan_in_init: U(+-sqrt(3 / fan_in))."""
+  limit = (3.0 / fan_in) ** 0.5
+  return lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -limit, limit)
+
+
+class MoeFeedForward(nn.Module):
+  """x [B, L, D] -> (y [B, L, D], weighted load-balancing loss); see the module docstring.
+
+  Weights: gate [D, E], wi [E, D, H] (and wi_gate with gated_activation:
+  act(x wi_gate) * (x wi)), wo [E, H, D]; the expert dim is sharded over the
+  mesh's 'data' axis (logical 'expert'), as Pax shards it.
+  """
+
+  num_experts: int
+  hidden_dims: int
+  activation: str = "relu"
+  dtype: Dtype = jnp.float32
+  num_groups: int = 1
+  capacity_factor: float = 2.0
+  capacity_dim: int | None = None
+  gated_activation: bool = False
+  gating_logit_cap: float = 0.0
+  load_balance_loss_weight: float = 1.0
+  dropout_rate: float = 0.0
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x: jax.Array, nonpadding: jax.Array | None = None
+               ) -> tuple[jax.Array, jax.Array]:
+    b, length, d = x.shape
+    e, h = self.num_experts, self.hidden_dims
+
+    def weight(name: str, shape: tuple[int, ...], axes: tuple[str, ...], fan_in: int
+               ) -> jax.Array:
+      init = nn.with_logical_partitioning(_fan_in_uniform(fan_in), axes)
+      return self.param(name, init, shape, jnp.float32).astype(self.dtype)
+
+    gate_w = weight("gate", (d, e), ("expert_embed", None), d)
+    wi = weight("wi", (e, d, h), ("expert", "expert_embed", "mlp"), d)
+    wi_gate = (weight("wi_gate", (e, d, h), ("expert", "expert_embed", "mlp"), d)
+               if self.gated_activation else None)
+    wo = weight("wo", (e, h, d), ("expert", "mlp", "expert_embed"), h)
+    act = ACTIVATIONS[self.activation]
+    x = x.astype(self.dtype)
+
+    def hidden(inputs: jax.Array, spec: str, out: str) -> jax.Array:
+      """act(inputs @ wi), gated or not: einsum `spec`m,emh->`out`h."""
+      h = jnp.einsum(f"{spec}m,emh->{out}h", inputs, wi)
+      if wi_gate is not None:
+        return act(jnp.einsum(f"{spec}m,emh->{out}h", inputs, wi_gate)) * h
+      return act(h)
+
+    if self.decode:
+      gates = dense_top2(jnp.einsum("blm,me->ble", x, gate_w), self.gating_logit_cap)
+      outs = jnp.einsum("eblh,ehm->eblm", hidden(x, "bl", "ebl"), wo)
+      y = jnp.einsum("eblm,ble->blm", outs, gates.astype(self.dtype))
+      return y, jnp.zeros((), jnp.float32)
+
+    tokens = b * length
+    # Initialising (on any sample batch) routes in one group: the weights' shapes do not
+    # depend on the groups.
+    g = 1 if self.is_initializing() else self.num_groups
+    if tokens % g:
+      raise UserError(f"the MoE layer's num_groups={g} does not divide the {tokens} tokens "
+                      f"of a batch ({b} rows x {length}); set a divisor (Pax: the data-"
+                      "parallel device count).")
+    s = tokens // g
+    capacity = expert_capacity(s, e, self.capacity_factor, self.capacity_dim)
+    grouped = nn.with_logical_constraint(x.reshape(g, s, d), ("batch", None, "activation_embed"))
+    keep = None if nonpadding is None else nonpadding.reshape(g, s)
+    logits = jnp.einsum("gsm,me->gse", grouped, gate_w)
+    combine, aux_loss, _ = top2_gating(logits, keep, capacity, self.gating_logit_cap)
+    combine = combine.astype(self.dtype)
+    dispatch = (combine > 0).astype(self.dtype)
+    expert_in = jnp.einsum("gsec,gsm->egcm", dispatch, grouped)
+    expert_in = nn.with_logical_constraint(expert_in, ("expert", None, None, None))
+    hid = hidden(expert_in, "egc", "egc")
+    hid = nn.Dropout(self.dropout_rate)(
+        hid, deterministic=not dropout_active(self, self.dropout_rate))
+    hid = checkpoint_name(hid, "ffn1")
+    expert_out = jnp.einsum("egch,ehm->egcm", hid, wo)
+    expert_out = nn.with_logical_constraint(expert_out, ("expert", None, None, None))
+    y = jnp.einsum("egcm,gsec->gsm", expert_out, combine)
+    y = nn.with_logical_constraint(y, ("batch", None, "activation_embed"))
+    y = checkpoint_name(y.reshape(b, length, d), "ffn2")
+    return y, aux_loss * self.load_balance_loss_weight
