@@ -461,7 +461,8 @@ def unread_hparams(exp: BaseExperiment) -> list[str]:
   for name, klass in sorted(defined.items()):
     if name in overrides or name in base or _is_paxlike_class(klass):
       continue
-    if name in reads:
+    if name in reads or knob_branches.class_body_uses(
+        name, [k for k in type(exp).__mro__ if k is not object]):
       continue
     setting = f"{name} = {_show(_untracked_get(exp, name))}"
     reason = unused.get(name) or _inactive_reason(exp, name)

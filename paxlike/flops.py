@@ -74,6 +74,7 @@ class LmDims:
   num_experts: int = 0
   moe_hidden_dims: int = 0
   moe_gated: bool = False
+  relpos_buckets: int = 0  # a relative position bias per layer: [buckets, heads] (GLaM)
 
 
 def ffn_matrices(d: LmDims) -> int:
@@ -108,14 +109,15 @@ def param_count(d: LmDims) -> int:
   (2 x model each; two per layer, four with primer_hybrid); the per-dim query
   scale (dims_per_head). Then the final LayerNorm, the softmax table
   (vocab x model) and its bias (vocab), a separate input table, and a
-  trainable position table (position_table_len x model). An MoE layer has,
+  trainable position table (position_table_len x model). A relative position
+  bias adds relpos_buckets x heads per layer. An MoE layer has,
   instead of the FFN, a [model, experts] router and experts x its bias-free
   matrices.
   """
   m, a = d.model_dims, d.num_heads * d.dims_per_head
   kv = _kv_heads(d) * d.dims_per_head
   attn = (2 * m * (a + kv) + ((a + 2 * kv + m) if d.use_bias else 0)
-          + (d.dims_per_head if d.per_dim_scale else 0))
+          + (d.dims_per_head if d.per_dim_scale else 0) + d.relpos_buckets * d.num_heads)
   ffn = ffn_matrices(d) * m * d.hidden_dims
   if d.ffn_bias:
     ffn += (ffn_matrices(d) - 1) * d.hidden_dims + m

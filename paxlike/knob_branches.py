@@ -121,6 +121,41 @@ def reads(name: str, classes: Iterable[type]) -> list[Read]:
   return out
 
 
+def class_body_uses(name: str, classes: Iterable[type]) -> str | None:
+  """Which of these classes computes another class attribute from `name` in its body
+  (GLaM's `NUM_GPUS = 64` then `ICI_MESH_SHAPE = [1, NUM_GPUS, 1]`), as "Cls computes
+  ICI_MESH_SHAPE from it"; None when none does. Such a knob is read when the class is
+  defined, so a later --set of it changes nothing (and is refused as unread)."""
+  for path, qualnames in _class_paths(classes).items():
+    parsed = _parsed(path)
+    if parsed is None:
+      continue
+    tree, _ = parsed
+    for node in ast.walk(tree):
+      if not (isinstance(node, ast.ClassDef) and node.name in
+              {q.rsplit(".", 1)[-1] for q in qualnames}):
+        continue
+      for stmt in _class_statements(node.body):
+        value = getattr(stmt, "value", None) or getattr(stmt, "test", None)
+        if value is None or not any(isinstance(n, ast.Name) and n.id == name
+                                    for n in ast.walk(value)):
+          continue
+        targets = [t.id for t in getattr(stmt, "targets", [getattr(stmt, "target", None)])
+                   if isinstance(t, ast.Name)]
+        what = ", ".join(targets) if targets else "its attributes"
+        return f"{node.name} computes {what} from it"
+  return None
+
+
+def _class_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+  """A class body's statements, those under its `if`s included, not its methods'."""
+  for stmt in body:
+    yield stmt
+    if isinstance(stmt, ast.If):
+      yield from _class_statements(stmt.body)
+      yield from _class_statements(stmt.orelse)
+
+
 def _show(value: Any) -> str:
   return getattr(value, "__name__", None) or repr(value)
 

@@ -20,6 +20,7 @@ from typing import Any
 import fiddle as fdl
 import jax.numpy as jnp
 
+from paxlike import mesh
 from paxlike.errors import UserError
 from paxlike.file_data import FilesDataset
 from paxlike.inputs.synthetic import SyntheticLmInput
@@ -187,7 +188,15 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
         trainable_pe_max_seq_len=self.TRAINABLE_PE_MAX_SEQ_LEN,
         embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
         vocab_pad_multiple=self.mdl_axis_size(), softmax_has_bias=self.SOFTMAX_HAS_BIAS,
-        per_dim_scale=self.PER_DIM_SCALE, **self.lora_fields())
+        per_dim_scale=self.PER_DIM_SCALE, **self.lora_fields()).set_mesh(*self._pax_mesh())
+
+  def _pax_mesh(self) -> tuple[Any, Any, Any]:
+    """praxis's model_p.ici_mesh_shape / dcn_mesh_shape / mesh_axis_names: the experiment's."""
+    ici = self.ICI_MESH_SHAPE
+    if ici is None:
+      return None, None, None
+    dcn = self.DCN_MESH_SHAPE
+    return list(ici), None if dcn is None else list(dcn), list(mesh.axes_for(ici))
 
 
 class TransformerLmSpmdAdafactor(TransformerLmSpmdAdam):

@@ -36,7 +36,7 @@ from pax_pipeline_files_test import (
   pax_param_count,
 )
 
-from paxlike import config, experiment, registry
+from paxlike import config, experiment, flops, registry
 from paxlike.errors import UserError
 from paxlike.models.language_model import LanguageModel
 from paxlike.pax.contrib.gpu.scripts_gpu.models import CustomMetricsLM
@@ -322,13 +322,29 @@ def test_gpu_synthetic_class_has_paxs_count_and_batch(gpu_configs, monkeypatch, 
   assert (model.num_layers, rows, _count(model)) == (pax.layers, batch, pax_param_count(pax))
 
 
-@pytest.mark.parametrize("name,expected", [
-    ("PileGLaM126M64E", "mixture-of-experts"),
-])
-def test_gpu_classes_paxlike_does_not_run_are_refused_in_one_line(gpu_configs, name, expected):
-  with pytest.raises(UserError) as err:
-    _model_of(_typo_read(name))
-  assert expected in str(err.value) and "\n" not in str(err.value)
+def test_gpu_glam_has_paxs_blocks_experts_and_count(gpu_configs, monkeypatch):
+  """GLaM126M64E: 12 layers in 6 two-layer blocks, the first of each with 64 top-2 experts
+  (praxis's default ReLU, not gated) routed in 64 groups, the second a gated-GELU dense
+  layer; RMS norms, no biases, a relative position bias per layer, GShard's softmax."""
+  seqio = pytest.importorskip("seqio")
+  monkeypatch.setenv("VOCAB_PATH", str(Path(seqio.__file__).parent / "test_data" /
+                                       "sentencepiece" / "sentencepiece.model"))
+  _on_devices(monkeypatch, 64)
+  _, model, _ = _model_of(_typo_read("PileGLaM126M64E"))
+  assert (model.num_layers, model.moe_layers, model.num_experts, model.num_groups,
+          model.expert_capacity_factor, model.moe_activation, model.moe_gated_activation,
+          model.activation, model.use_gated_activation, model.norm_type) == (
+              12, (0, 2, 4, 6, 8, 10), 64, 64, 2.0, "relu", False, "gelu", True, "rmsnorm")
+  assert (model.use_repeated_layer, model.relative_bias, model.query_scale,
+          model.attention_extra_logit, model.gshard_softmax, model.z_loss_weight,
+          model.loss_over_labels_size, model.use_position_emb, model.report_strict_acc) == (
+              False, (32, 128), False, 0.0, True, 0.0, True, False, True)
+  assert model.moe_load_balance_loss_weight == pytest.approx(0.01 / 6)
+  d, f, e, h, v = 768, 3072, 64, 12, 50304
+  attention = 4 * d * d + 32 * h + 2 * d  # q, k, v, out; the bias table; two RMS scales
+  pax = 12 * attention + 6 * 3 * d * f + 6 * (d * e + e * 2 * d * f) + d + v * d
+  assert _count(model) == pax
+  assert flops.param_count(model.flops_dims(8)) == pax
 
 
 @pytest.mark.parametrize("repeated,field", [(True, "layer_input_dropout_prob"),

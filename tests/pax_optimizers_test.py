@@ -447,11 +447,11 @@ def test_paxs_helper_modules():
     target: float | None = None
 
   assert base_hyperparams.instantiate(Fn.HParams(target=2.0)).target == 2.0
-  with pytest.raises(UserError, match="MoE is not modelled yet"):
-    glam.GlamUniTransformerLmHParams(name="glam_lm", num_transformer_layers=2)
-  with pytest.raises(UserError, match="MoE is not modelled yet"):
+  with pytest.raises(UserError, match="does not model yet"):
     grok.GrokUniTransformerLmHParams(name="grok_lm")
+  with pytest.raises(UserError, match="does not pipeline mixture-of-experts"):
+    glam.GlamUniTransformerLmHParams(
+        vocab_size=8, model_dim=8, ff_dim=8, attention_num_heads=2, attention_key_value_dim=4,
+        num_transformer_layers=4, moe=True, e_dim=4, num_pipeline_stages=2)
   stacked = pax_fiddle.Config(Fn)
   model_params.maybe_setup_moe_params(stacked)  # no experts: nothing to do, as in Pax
-  with pytest.raises(UserError, match="MoE is not modelled yet"):
-    model_params.maybe_setup_moe_params(py_utils.NestedMap(num_experts=16))

@@ -426,3 +426,28 @@ def test_nvidias_moe_large_trains_with_its_experts_over_the_data_axis(pax_module
   wi = getattr(wi, "value", wi)
   assert wi.shape == (2, 8, 32, 64)
   assert {s.data.shape for s in wi.addressable_shards} == {(2, 1, 32, 64)}
+
+
+def test_nvidias_glam_trains_with_its_experts_relative_bias_and_z_loss(pax_modules, tmp_path):
+  """GLaM64B64EProxy (glam.GlamUniTransformerLmHParams, the file's own class) cut down to 8
+  devices: blocks of an MoE and a dense layer, scanned; the cross-entropy falls, and the
+  loss is praxis's total: cross-entropy + load-balancing + z-loss."""
+  name = "GLaM64B64EProxy"
+  with registrations_undone():
+    registry.register(getattr(sys.modules["pax_nvidia"], name))
+    result, exp, _ = train_in_process(
+        f"pax_nvidia.{name}", [*MOE_SMALL, "NUM_LAYERS=4", "DCN_MESH_SHAPE=None",
+                               "NUM_TRAIN_STEPS=30", "LEARNING_RATE=2e-2",
+                               "SUMMARY_INTERVAL_STEPS=1"],
+        tmp_path / "job", num_devices=8)
+  first, last = result.history[0], result.history[-1]
+  assert last["log_pplx"] < 0.7 * first["log_pplx"], (first, last)
+  assert 0 < last["z_loss"] and 0 < last["aux_loss"]
+  assert last["loss"] == pytest.approx(last["log_pplx"] + last["aux_loss"] + last["z_loss"],
+                                       rel=1e-5)
+  params = result.state.params["transformer"]["repeat"]
+  value = lambda x: getattr(x, "value", x)  # noqa: E731
+  assert value(params["layer_0"]["moe"]["wi"]).shape == (2, 8, 32, 64)
+  assert value(params["layer_1"]["ffn"]["ffn1_gate"]["w"]).shape == (2, 32, 64)
+  assert value(params["layer_0"]["attention"]["relative_bias"]["rel_embedding"]).shape == (
+      2, 32, 4)

@@ -207,7 +207,7 @@ def test_relative_position_buckets():
   """T5's buckets: exact near the query, log-spaced further out, one per side (encoder)."""
   import jax.numpy as jnp
 
-  from paxlike.layers.t5 import relative_position_bucket
+  from paxlike.layers.relative_position import relative_position_bucket
 
   rel = jnp.asarray([0, -1, -7, -8, -15, -16, -127, -128, -500, 1, 7, 16, 500])
   got = relative_position_bucket(rel, bidirectional=True, num_buckets=32, max_distance=128)

@@ -35,6 +35,7 @@ from jax.ad_checkpoint import checkpoint_name
 from paxlike.errors import UserError
 from paxlike.layers.linear import Linear, lora_output, project
 from paxlike.layers.platform import lowering_platform
+from paxlike.layers.relative_position import RelativePositionBias
 
 Dtype = Any
 
@@ -127,7 +128,8 @@ def cudnn_max_head_dim() -> int:
 def choose_implementation(platform: str, dtype: Any, *, policy: str = "auto",
                           dropout: bool = False, logit_cap: float = 0.0, q_len: int = 2,
                           kv_len: int = 2, head_dim: int = 64, has_bias: bool = False,
-                          max_head_dim: int = 128) -> tuple[str, str]:
+                          max_head_dim: int = 128, extra_logit: float | None = None
+                          ) -> tuple[str, str]:
   """("cudnn" | "xla", why) for one attention call, decided from static facts.
 
   Args:
@@ -141,6 +143,7 @@ def choose_implementation(platform: str, dtype: Any, *, policy: str = "auto",
       that are not a multiple of 8 or above max_head_dim, and odd lengths
       with a bias.
     max_head_dim: cuDNN's bound on this GPU (cudnn_max_head_dim()).
+    extra_logit: not None adds a logit to the softmax's denominator (no fused kernel does).
   """
   dtype_name = np.dtype(dtype).name
   where = f"{platform}, {dtype_name}"
@@ -154,6 +157,8 @@ def choose_implementation(platform: str, dtype: Any, *, policy: str = "auto",
     return XLA, f"{where}, attention dropout"
   if logit_cap > 0.0:
     return XLA, f"{where}, attention logit cap"
+  if extra_logit is not None:
+    return XLA, f"{where}, attention extra logit"
   if q_len == 1:
     return XLA, f"{where}, one query position"
   if head_dim % 8 or head_dim > max_head_dim:
@@ -253,7 +258,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                           is_causal: bool = False, q_segment_ids: jax.Array | None = None,
                           kv_segment_ids: jax.Array | None = None, logit_cap: float = 0.0,
                           scale: float = 1.0, dropout_rate: float = 0.0,
-                          dropout_rng: jax.Array | None = None) -> jax.Array:
+                          dropout_rng: jax.Array | None = None,
+                          extra_logit: float | None = None) -> jax.Array:
   """The attention every paxlike model family computes, in one place.
 
   The implementation is chosen as the program is lowered
@@ -299,6 +305,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     scale: multiplies the logits (1/sqrt(dim) for the LM; T5 uses 1.0).
     dropout_rate: the probability of dropping an attention probability.
     dropout_rng: the key dropout draws with; None (eval, decode) drops nothing.
+    extra_logit: not None (praxis's attention_extra_logit): the softmax's denominator also
+      counts exp(extra_logit), as a key every query sees whose value is 0.
 
   Returns:
     [batch, q_len, heads, dim] in q's dtype.
@@ -310,7 +318,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   implementation, reason = choose_implementation(
       platform, q.dtype, policy=current_policy(), dropout=dropout, logit_cap=logit_cap,
       q_len=q.shape[1], kv_len=k.shape[1], head_dim=q.shape[-1], has_bias=bias is not None,
-      max_head_dim=cudnn_max_head_dim() if platform == "cuda" else 128)
+      max_head_dim=cudnn_max_head_dim() if platform == "cuda" else 128,
+      extra_logit=extra_logit)
   if implementation == CUDNN and folds_key_mask(q, mask, q_segment_ids):
     reason = f"{reason}, key mask in the head dim"
   if implementation == CUDNN:
@@ -328,7 +337,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   return xla_attention(q, k, v, bias=bias, mask=mask, is_causal=is_causal,
                        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                        logit_cap=logit_cap, scale=scale,
-                       dropout_rng=dropout_rng if dropout else None, dropout_rate=dropout_rate)
+                       dropout_rng=dropout_rng if dropout else None, dropout_rate=dropout_rate,
+                       extra_logit=extra_logit)
 
 
 def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array | None = None,
@@ -336,7 +346,8 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array |
                   q_segment_ids: jax.Array | None = None,
                   kv_segment_ids: jax.Array | None = None, logit_cap: float = 0.0,
                   scale: float = 1.0, dropout_rate: float = 0.0,
-                  dropout_rng: jax.Array | None = None) -> jax.Array:
+                  dropout_rng: jax.Array | None = None,
+                  extra_logit: float | None = None) -> jax.Array:
   """The portable path (dot_product_attention's arguments); runs on every platform."""
   mask = combined_mask(q.shape[1], k.shape[1], mask, is_causal, q_segment_ids, kv_segment_ids)
   if scale != 1.0:
@@ -344,20 +355,28 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array |
   logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32)
   if bias is not None:
     logits = add_bias(logits, bias.astype(jnp.float32))
-  probs = _probabilities(logits, mask, logit_cap)
+  probs = _probabilities(logits, mask, logit_cap, extra_logit)
   if dropout_rng is not None and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
     probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
   return jnp.einsum("bnts,bsnh->btnh", probs.astype(v.dtype), v)
 
 
-def _probabilities(logits: jax.Array, mask: jax.Array | None, logit_cap: float) -> jax.Array:
-  """softmax over the last axis of float32 logits (bias added), capped, masked keys out."""
+def _probabilities(logits: jax.Array, mask: jax.Array | None, logit_cap: float,
+                   extra_logit: float | None = None) -> jax.Array:
+  """softmax over the last axis of float32 logits (bias added), capped, masked keys out;
+  with extra_logit, exp(extra_logit) joins the denominator (praxis's
+  _log_softmax_with_extra_logit, its max taken without gradient)."""
   if logit_cap > 0.0:
     logits = logit_cap * jnp.tanh(logits / logit_cap)
   if mask is not None:
     logits = jnp.where(mask, logits, -0.7 * jnp.finfo(jnp.float32).max)
-  return jax.nn.softmax(logits, axis=-1)
+  if extra_logit is None:
+    return jax.nn.softmax(logits, axis=-1)
+  top = jnp.maximum(jnp.max(jax.lax.stop_gradient(logits), axis=-1, keepdims=True),
+                    extra_logit)
+  exp = jnp.exp(logits - top)
+  return exp / (jnp.sum(exp, axis=-1, keepdims=True) + jnp.exp(extra_logit - top))
 
 
 # ---------------------------------------------------------- decoding's KV cache
@@ -476,7 +495,7 @@ def reorder_slots(cache: Any, indices: jax.Array, batch_axis: Callable[[Any], in
 
 def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array | None = None,
                      mask: jax.Array | None = None, logit_cap: float = 0.0,
-                     scale: float = 1.0) -> jax.Array:
+                     scale: float = 1.0, extra_logit: float | None = None) -> jax.Array:
   """A decode step's attention over a KV cache: xla_attention's math in the cache's layout.
 
   Args:
@@ -487,7 +506,7 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Arra
       multiple of kv_heads, query head i reading key/value head i // (heads / kv_heads).
     bias, mask: broadcastable to [batch, heads, rows // batch * q_len, kv_len], as
       for dot_product_attention; mask True where a key counts.
-    logit_cap, scale: as for dot_product_attention.
+    logit_cap, scale, extra_logit: as for dot_product_attention.
 
   Returns:
     [rows, q_len, heads, dim] in q's dtype.
@@ -512,7 +531,8 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Arra
 
   if bias is not None:
     logits = logits + grouped(bias.astype(jnp.float32))
-  probs = _probabilities(logits, None if mask is None else grouped(mask), logit_cap)
+  probs = _probabilities(logits, None if mask is None else grouped(mask), logit_cap,
+                         extra_logit)
   # The step's few queries come out after the cache's axes, moved to [b, t, ...]
   # after the matmul: asking the einsum for [b, t, kv, g, h] directly makes
   # XLA's CPU backend run it as a transposed batched dot, 3-8x slower whenever
@@ -714,6 +734,21 @@ class DotProductAttention(nn.Module):
   # LoRA adapters (paxlike.layers.linear.lora_output) on the q/k/v (or combined) and
   # output projections, as praxis's LoRA attention projections; 0: none.
   lora_rank: int = 0
+  # praxis's internal_enable_query_scale: False leaves the query unscaled (GLaM's
+  # attention, whose init makes up for it); with per_dim_scale off only.
+  query_scale: bool = True
+  # praxis's attention_extra_logit: see dot_product_attention; None: a plain softmax.
+  extra_logit: float | None = None
+  # praxis's relative_bias_tpl (GLaM): this layer's own causal T5-style bias,
+  # (num_buckets, max_distance), on every logit; None: none.
+  relative_bias: tuple[int, int] | None = None
+
+  def _relative_bias(self, query_pos: jax.Array, key_pos: jax.Array) -> jax.Array | None:
+    if self.relative_bias is None:
+      return None
+    buckets, distance = self.relative_bias
+    return RelativePositionBias(buckets, distance, self.num_heads, bidirectional=False,
+                                dtype=jnp.float32, name="relative_bias")(query_pos, key_pos)
 
   @nn.compact
   def __call__(self, x: jax.Array, index: jax.Array | None = None,
@@ -743,15 +778,25 @@ class DotProductAttention(nn.Module):
         positions = (start + jnp.arange(x.shape[1]))[None]
       inv_freq = rope_inv_timescales(h, *self.rope_timescales)
       q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
-    scale = h ** -0.5
+    scale = h ** -0.5 if self.query_scale else 1.0
     if self.per_dim_scale:
       q = scale_query_per_dim(q, self.param("per_dim_scale", nn.with_logical_partitioning(
           nn.initializers.zeros, ("kv",)), (h,), jnp.float32))
       scale = 1.0
     if self.cache_mode == "extend":  # the mask says which cached positions exist
       k, v, mask = use_kv_cache(self, k, v, "extend", index)
-      context = cached_attention(q, k, v, mask=mask, logit_cap=self.logit_cap, scale=scale)
+      bias = self._relative_bias((index + jnp.arange(x.shape[1]))[None],
+                                 jnp.arange(k.shape[2])[None])
+      context = cached_attention(q, k, v, bias=bias, mask=mask, logit_cap=self.logit_cap,
+                                 scale=scale, extra_logit=self.extra_logit)
     else:  # training, eval and prefill: causal over aligned positions
+      if self.relative_bias is not None:
+        pos = positions
+        if pos is None:
+          pos = np.arange(x.shape[1])[None] + (0 if index is None else index)
+        bias = self._relative_bias(pos, pos)
+      else:
+        bias = None
       if self.cache_mode == "prefill":
         use_kv_cache(self, k, v, "prefill")
         segment_ids = None  # decoding runs one sequence per row
@@ -760,10 +805,11 @@ class DotProductAttention(nn.Module):
       rng = None
       if self.dropout_rate > 0.0 and self.has_rng("dropout"):
         rng = self.make_rng("dropout")
-      context = dot_product_attention(q, k, v, is_causal=True, q_segment_ids=segment_ids,
-                                      kv_segment_ids=segment_ids, logit_cap=self.logit_cap,
-                                      scale=scale, dropout_rate=self.dropout_rate,
-                                      dropout_rng=rng)
+      context = dot_product_attention(q, k, v, bias=bias, is_causal=True,
+                                      q_segment_ids=segment_ids, kv_segment_ids=segment_ids,
+                                      logit_cap=self.logit_cap, scale=scale,
+                                      dropout_rate=self.dropout_rate, dropout_rng=rng,
+                                      extra_logit=self.extra_logit)
     context = nn.with_logical_constraint(context, ("batch", "length", "activation_heads", "kv"))
     context = checkpoint_name(context, "context")
     post = self.param("post", nn.with_logical_partitioning(

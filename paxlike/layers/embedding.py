@@ -63,11 +63,14 @@ def soft_cap(logits: jax.Array, cap: float) -> jax.Array:
   return logits
 
 
-def _table(module: nn.Module, name: str, rows: int, real_rows: int, dims: int) -> jax.Array:
-  """A [rows, dims] N(0, 1/dims) table whose rows past real_rows (padding) start at zero."""
+def _table(module: nn.Module, name: str, rows: int, real_rows: int, dims: int,
+           stddev: float | None = None) -> jax.Array:
+  """A [rows, dims] N(0, stddev^2) table (default 1/dims) whose rows past real_rows
+  (padding) start at zero."""
 
   def init(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
-    table = nn.initializers.normal(stddev=dims ** -0.5)(key, shape, dtype)
+    table = nn.initializers.normal(stddev=dims ** -0.5 if stddev is None else stddev)(
+        key, shape, dtype)
     return table.at[real_rows:].set(0.0) if rows > real_rows else table
 
   return module.param(name, nn.with_logical_partitioning(init, ("vocab", "table_embed")),
@@ -82,6 +85,9 @@ class SharedEmbeddingSoftmax(nn.Module):
   feed-forward layer with has_bias) adds a learned [vocab] bias, zeros at
   init, to the logits. soft_cap_logits > 0 then caps them as
   cap * tanh(logits / cap) (Pax's SOFTMAX_CAP_LOGITS).
+
+  gshard (praxis's GShardSharedEmbeddingSoftmax): the table starts N(0, 1) and the
+  logits are scored from the activations scaled by 1/sqrt(embed).
   """
 
   vocab_size: int
@@ -92,10 +98,12 @@ class SharedEmbeddingSoftmax(nn.Module):
   soft_cap_logits: float = 0.0
   use_bias: bool = True
   scale_sqrt_depth: bool = True  # praxis's: embedded rows x sqrt(embed) (off in Pax's GPT-3)
+  gshard: bool = False
 
   def setup(self) -> None:
     rows = max(self.padded_rows, self.vocab_size)
-    self.table = _table(self, "embedding", rows, self.vocab_size, self.dims)
+    self.table = _table(self, "embedding", rows, self.vocab_size, self.dims,
+                        stddev=1.0 if self.gshard else None)
     if self.use_bias:  # padded like the table, so it shards over 'mdl' the same way
       self.bias = self.param("bias", nn.with_logical_partitioning(
           nn.initializers.zeros, ("vocab",)), (rows,), jnp.float32)
@@ -105,7 +113,10 @@ class SharedEmbeddingSoftmax(nn.Module):
     return x * jnp.asarray(self.dims ** 0.5, self.dtype) if self.scale_sqrt_depth else x
 
   def logits(self, x: jax.Array) -> jax.Array:
-    logits = jnp.einsum("btd,vd->btv", x.astype(self.dtype), self.table.astype(self.dtype))
+    x = x.astype(self.dtype)
+    if self.gshard:
+      x = x * jnp.asarray(self.dims ** -0.5, self.dtype)
+    logits = jnp.einsum("btd,vd->btv", x, self.table.astype(self.dtype))
     if logits.shape[-1] > self.vocab_size:
       logits = logits[..., :self.vocab_size]
     if self.use_bias:

@@ -118,6 +118,11 @@ class TransformerLayer(nn.Module):
   lora_target_layers: str = "all"
   # Non-empty: the feed-forward is a mixture of experts, MoeFeedForward(**moe_kwargs).
   moe_kwargs: tuple[tuple[str, Any], ...] = ()
+  # GLaM's attention (see DotProductAttention): no query scale, an extra softmax logit, a
+  # relative position bias of (num_buckets, max_distance) per layer.
+  query_scale: bool = True
+  attention_extra_logit: float | None = None
+  relative_bias: tuple[int, int] | None = None
 
   def _residual(self, x: jax.Array, sublayer: Any, name: str) -> jax.Array:
     """x + sublayer(x) with this layer's norm policy; norms named pre_/post_<name>_norm."""
@@ -148,15 +153,17 @@ class TransformerLayer(nn.Module):
         self.num_heads, self.dim_per_head, self.combine_qkv, self.dtype, self.cache_mode,
         use_bias=self.use_bias, logit_cap=self.atten_logit_cap, dropout_rate=self.dropout_rate,
         per_dim_scale=self.per_dim_scale, num_kv_heads=self.num_kv_heads,
-        rope_timescales=self.rope_timescales, lora_rank=atten_rank, name="attention")
+        rope_timescales=self.rope_timescales, lora_rank=atten_rank,
+        query_scale=self.query_scale, extra_logit=self.attention_extra_logit,
+        relative_bias=self.relative_bias, name="attention")
     x = nn.Dropout(self.input_dropout_rate)(
         x, deterministic=not dropout_active(self, self.input_dropout_rate))
     x = self._residual(x, lambda h: attention(h, index, segment_ids, positions), "attn")
     aux = jnp.zeros((), jnp.float32)
     if self.moe_kwargs:
-      moe = MoeFeedForward(activation=self.activation, dtype=self.dtype,
-                           dropout_rate=self.dropout_rate, decode=self.cache_mode is not None,
-                           **dict(self.moe_kwargs), name="moe")
+      settings = {"activation": self.activation, **dict(self.moe_kwargs)}
+      moe = MoeFeedForward(dtype=self.dtype, dropout_rate=self.dropout_rate,
+                           decode=self.cache_mode is not None, **settings, name="moe")
       nonpadding = None if segment_ids is None else segment_ids > 0
       losses = []
 

@@ -74,6 +74,11 @@ def restack_tree(tree: Any, num_layers: int, layout: pipeline.Layout) -> Any:
   return out
 
 
+def _int_pair(value: Any) -> tuple[int, int] | None:
+  """An (int, int) pair as a hashable tuple (a list from a config), or None."""
+  return None if value is None else (int(value[0]), int(value[1]))
+
+
 def _pair(value: Any) -> tuple[float, float] | None:
   """A (min, max) pair as a hashable tuple of floats (a list from a config), or None."""
   return None if value is None else (float(value[0]), float(value[1]))
@@ -235,6 +240,21 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
   moe_gated_activation: bool = False
   moe_gating_logit_cap: float = 0.0
   moe_load_balance_loss_weight: float = 1.0
+  moe_activation: str | None = None  # the experts' activation; None: activation
+  # GLaM's LM (praxis's glam builder): attention without a query scale
+  # (query_scale=False), with an extra softmax logit and a causal relative position bias
+  # per layer ((num_buckets, max_distance)); praxis's GShardSharedEmbeddingSoftmax
+  # (gshard_softmax: logits from the final activations scaled by 1/sqrt(model_dims),
+  # with scale_sqrt_depth off and no bias); z_loss_weight adds
+  # z_loss_weight x the weighted mean of logsumexp(logits)^2 to the loss (metric z_loss);
+  # loss_over_labels_size divides the loss's cross-entropy by the labels' count instead
+  # of the weights' sum (praxis's use_tgt_labels_size_as_loss_denominator).
+  query_scale: bool = True
+  attention_extra_logit: float | None = None
+  relative_bias: tuple[int, int] | None = None
+  gshard_softmax: bool = False
+  z_loss_weight: float = 0.0
+  loss_over_labels_size: bool = False
 
   def _moe(self) -> tuple[tuple[int, ...], tuple[tuple[str, Any], ...]]:
     """(the MoE layers, MoeFeedForward's settings), after checking them."""
@@ -260,6 +280,7 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
                     ("capacity_factor", float(self.expert_capacity_factor or 0.0)),
                     ("capacity_dim", self.expert_capacity_dim),
                     ("gated_activation", self.moe_gated_activation),
+                    ("activation", self.moe_activation or self.activation),
                     ("gating_logit_cap", float(self.moe_gating_logit_cap)),
                     ("load_balance_loss_weight", float(self.moe_load_balance_loss_weight)))
 
@@ -270,7 +291,8 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
     self.softmax = SharedEmbeddingSoftmax(
         self.vocab_size, self.model_dims, self.fprop_dtype, padded_rows=rows,
         lookup_style=self.embedding_lookup_style, soft_cap_logits=self.softmax_cap_logits,
-        use_bias=self.softmax_has_bias, scale_sqrt_depth=self.scale_sqrt_depth)
+        use_bias=self.softmax_has_bias, scale_sqrt_depth=self.scale_sqrt_depth,
+        gshard=self.gshard_softmax)
     if self.separate_embedding:
       self.embedding = Embedding(self.vocab_size, self.model_dims, self.fprop_dtype,
                                  padded_rows=rows, lookup_style=self.embedding_lookup_style,
@@ -287,7 +309,10 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
                     ("rope_timescales", _pair(self.rope_timescales)),
                     ("norm_type", self.norm_type), ("ffn_has_bias", self.ffn_has_bias),
                     ("input_dropout_rate", self.layer_input_dropout_prob),
-                    ("lora_rank", self.lora_rank), ("lora_target_layers", self.lora_target_layers))
+                    ("lora_rank", self.lora_rank), ("lora_target_layers", self.lora_target_layers),
+                    ("query_scale", self.query_scale),
+                    ("attention_extra_logit", self.attention_extra_logit),
+                    ("relative_bias", _int_pair(self.relative_bias)))
     self.transformer = StackedTransformer(
         num_layers=self.num_layers, num_heads=self.num_heads, dim_per_head=self.dim_per_head,
         hidden_dims=self.hidden_dims, activation=self.activation,
@@ -326,7 +351,8 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
     elif self.use_position_emb:
       x = x + sinusoidal_at(segment_pos, self.model_dims).astype(self.fprop_dtype)
     x = nn.with_logical_constraint(x, ("batch", "length", "activation_embed"))
-    positions = segment_pos if self.rope_timescales is not None else None
+    relative = self.rope_timescales is not None or self.relative_bias is not None
+    positions = segment_pos if relative else None
     x = self.input_dropout(x, deterministic=not dropout_active(self, self.input_dropout_prob))
     x, aux_loss = self.transformer(x, cache_mode, index, segment_ids, positions)
     # Outside a pipeline the softmax runs data-parallel over every core, stages included.
@@ -347,10 +373,30 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
     weights = sample_weighted(batch, self.apply_eval_sample_weights)
     loss, metrics = weighted_loss(logits, batch["labels"], weights, self.strict_accuracy,
                                   self.yes_no_tokens)
+    return self._total_loss(loss, metrics, logits, weights, aux_loss)
+
+  def _total_loss(self, loss: jax.Array, metrics: dict[str, jax.Array], logits: jax.Array,
+                  weights: jax.Array, aux_loss: jax.Array
+                  ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """praxis's total_loss: the cross-entropy (over the labels' count with
+    loss_over_labels_size), plus the z-loss and the MoE layers' load-balancing losses
+    (metrics z_loss, aux_loss). log_pplx stays the mean over the weighted tokens."""
+    if not (self.moe_layers or self.z_loss_weight or self.loss_over_labels_size):
+      return loss, metrics
+    denominator = jnp.sum(weights.astype(jnp.float32))
+    if self.loss_over_labels_size:
+      denominator = jnp.asarray(weights.size, jnp.float32)
+      loss = loss * jnp.sum(weights.astype(jnp.float32)) / denominator
+    if self.z_loss_weight:
+      log_z = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+      z_loss = self.z_loss_weight * jnp.sum(jnp.square(log_z) * weights) / jnp.maximum(
+          denominator, 1e-8)
+      loss = loss + z_loss
+      metrics["z_loss"] = z_loss
     if self.moe_layers:
-      # praxis's total_loss: the cross-entropy (log_pplx) plus the MoE layers' aux loss.
       loss = loss + aux_loss
-      metrics.update(loss=loss, aux_loss=aux_loss)
+      metrics["aux_loss"] = aux_loss
+    metrics["loss"] = loss
     return loss, metrics
 
   @property
@@ -468,7 +514,8 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
                             self.combine_qkv),
                         moe_layers=len(self.moe_layers or ()), num_experts=self.num_experts,
                         moe_hidden_dims=self.moe_hidden_dims or self.hidden_dims,
-                        moe_gated=self.moe_gated_activation)
+                        moe_gated=self.moe_gated_activation,
+                        relpos_buckets=self.relative_bias[0] if self.relative_bias else 0)
 
   def model_flops_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> float:
     batch, seq_len = specs["ids"].shape[:2]

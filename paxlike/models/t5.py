@@ -39,6 +39,7 @@ from paxlike import decoding, flops
 from paxlike.errors import UserError
 from paxlike.layers import pipeline
 from paxlike.layers.linear import lora_targets
+from paxlike.layers.relative_position import RelativePositionBias
 from paxlike.layers.t5 import (
   EXTEND,
   FFN_ACTIVATIONS,
@@ -46,7 +47,6 @@ from paxlike.layers.t5 import (
   PREFILL,
   DenseGeneral,
   Embed,
-  RelativePositionBias,
   RmsNorm,
   T5DecoderLayer,
   T5EncoderLayer,

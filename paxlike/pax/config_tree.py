@@ -32,6 +32,7 @@ pipelined experiment (and the other way round).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -53,19 +54,35 @@ ACTIVATION_CLASSES = {"relu": activations.ReLU, "gelu": activations.GELU,
                       "sigmoid": activations.Sigmoid, "none": activations.Identity}
 
 
+PRAXIS_MESH_FIELDS = ("ici_mesh_shape", "dcn_mesh_shape", "mesh_axis_names")
+_MESH = "_pax_mesh"
+
+
 class LmConfig(Config):
-  """The LM's fiddle config, with praxis's `lm_tpl` and `params_init` on it."""
+  """The LM's fiddle config, with praxis's `lm_tpl` and `params_init` on it, and the
+  experiment's mesh (`ici_mesh_shape`, `dcn_mesh_shape`, `mesh_axis_names`) to read."""
 
   def __getattr__(self, name: str) -> Any:
     if name in PRAXIS_MODEL_FIELDS:
       return _tree(self)[name]
+    if name in PRAXIS_MESH_FIELDS and _MESH in self.__dict__:
+      return copy.deepcopy(self.__dict__[_MESH][name])
     return super().__getattr__(name)
 
   def __setattr__(self, name: str, value: Any) -> None:
     if name in PRAXIS_MODEL_FIELDS:
       _tree(self)[name] = value
       return
+    if name in PRAXIS_MESH_FIELDS:
+      raise UserError(f"task_p.model.{name} = {value!r}: paxlike builds the mesh from the "
+                      "experiment's ICI_MESH_SHAPE / DCN_MESH_SHAPE; set those instead.")
     super().__setattr__(name, value)
+
+  def set_mesh(self, ici: Any, dcn: Any, axis_names: Any) -> LmConfig:
+    """Records the experiment's mesh, which task() reads as praxis's model fields."""
+    object.__setattr__(self, _MESH, {"ici_mesh_shape": ici, "dcn_mesh_shape": dcn,
+                                     "mesh_axis_names": axis_names})
+    return self
 
   def __build__(self, /, *args: Any, **kwargs: Any) -> Any:
     # A caller that builds without resolve() first still gets the tree's edits.
@@ -110,7 +127,13 @@ def tree_of(m: fdl.Config) -> Config:
     atten = Config(pl.DotProductAttention, use_bias=m.use_bias,
                    atten_logit_cap=m.atten_logit_cap,
                    internal_enable_per_dim_scale=m.per_dim_scale, combine_qkv=m.combine_qkv,
-                   use_rotary_position_emb=rope is not None, **_hints())
+                   use_rotary_position_emb=rope is not None,
+                   internal_enable_query_scale=m.query_scale,
+                   attention_extra_logit=m.attention_extra_logit, **_hints())
+    if m.relative_bias is not None:
+      atten.relative_bias_tpl = Config(pl.RelativeBias,
+                                       relative_attention_num_buckets=m.relative_bias[0],
+                                       relative_attention_max_distance=m.relative_bias[1])
     if rope is not None:
       atten.rotary_position_emb_tpl = Config(pl.RotaryPositionalEmbedding,
                                              min_timescale=rope[0], max_timescale=rope[1])
@@ -159,7 +182,13 @@ def tree_of(m: fdl.Config) -> Config:
                         soft_cap_logits=m.softmax_cap_logits,
                         params_init=_spec(m.softmax_weight_init))
   embedding = None
-  if m.separate_embedding:
+  if m.gshard_softmax:
+    softmax = Config(pl.GShardSharedEmbeddingSoftmax, num_classes=m.vocab_size,
+                     input_dims=m.model_dims, soft_cap_logits=m.softmax_cap_logits,
+                     z_loss_weight=m.z_loss_weight,
+                     use_tgt_labels_size_as_loss_denominator=m.loss_over_labels_size,
+                     params_init=_spec(m.softmax_weight_init), **_hints())
+  elif m.separate_embedding:
     embedding = Config(pl.Embedding, scale_sqrt_depth=m.scale_sqrt_depth, **table)
     softmax = Config(pl.FullSoftmax, **softmax_fields)
   else:
@@ -179,7 +208,8 @@ def _moe_period(m: fdl.Config) -> int:
 def _moe_fields(m: fdl.Config) -> dict[str, Any]:
   """The stack's MoE fields, its moe_layer_tpl as Pax's maybe_setup_moe_params leaves it."""
   moe = Config(pl.TransformerFeedForwardMoe, hidden_dims=m.moe_hidden_dims or m.hidden_dims,
-               activation_tpl=Config(ACTIVATION_CLASSES[m.activation]), ln_tpl=_norm(m),
+               activation_tpl=Config(ACTIVATION_CLASSES[m.moe_activation or m.activation]),
+               ln_tpl=_norm(m),
                norm_policy=m.norm_policy, num_experts=m.num_experts, num_groups=m.num_groups,
                expert_capacity_dim=m.expert_capacity_dim,
                unadjusted_expert_capacity_factor=m.expert_capacity_factor,
@@ -300,9 +330,16 @@ def _read_attention(r: _Reader, cfg: Any, path: str) -> None:
     r.set("per_dim_scale", path, False)
     r.set("use_bias", path, False)
     r.set("combine_qkv", path, False)
+    r.set("query_scale", path, True)
+    r.set("attention_extra_logit", path, None)
+    r.set("relative_bias", path, None)
     return
   r.fields(cfg, path, (*common, "use_bias", "internal_enable_per_dim_scale", "combine_qkv",
-                       "use_rotary_position_emb", "rotary_position_emb_tpl", "dconv_qkv"))
+                       "use_rotary_position_emb", "rotary_position_emb_tpl", "dconv_qkv",
+                       "internal_enable_query_scale", "internal_gshard_gaussian_init",
+                       "attention_extra_logit", "relative_bias_tpl", "output_proj_use_nhd_shape",
+                       "proj_tpl", "combined_qkv_proj_tpl"))
+  _read_glam_attention(r, cfg, path)
   if cfg.dconv_qkv:
     raise UserError(f"{path}.dconv_qkv = True: paxlike's attention has no depthwise "
                     "convolution of q/k/v (Primer's dconv); leave it False.")
@@ -323,11 +360,51 @@ def _read_attention(r: _Reader, cfg: Any, path: str) -> None:
   r.set("combine_qkv", path + ".combine_qkv", bool(cfg.combine_qkv))
 
 
+def _read_glam_attention(r: _Reader, cfg: fdl.Buildable, path: str) -> None:
+  """DotProductAttention's fields GLaM sets: no query scale, an extra logit, a relative
+  bias; the projections' layouts (attention_combine_dims, output_proj_use_nhd_shape) store
+  the same weights in other shapes, so they change nothing here."""
+  for name, cls in (("proj_tpl", pl.AttentionProjection),
+                    ("combined_qkv_proj_tpl", pl.CombinedQKVProjectionLayer)):
+    if getattr(cfg, name) is not None:
+      r.fields(r.node(getattr(cfg, name), f"{path}.{name}", cls), f"{path}.{name}",
+               ("attention_combine_dims", "use_bias"))
+  r.set("query_scale", path + ".internal_enable_query_scale",
+        bool(cfg.internal_enable_query_scale))
+  extra = cfg.attention_extra_logit
+  r.set("attention_extra_logit", path + ".attention_extra_logit",
+        None if extra is None else float(extra))
+  if cfg.internal_gshard_gaussian_init:
+    r.notes.append(f"{path}.internal_gshard_gaussian_init = True is not applied: paxlike "
+                   "starts the projections with its own fan-in initializer.")
+  bpath = path + ".relative_bias_tpl"
+  if cfg.relative_bias_tpl is None:
+    r.set("relative_bias", bpath, None)
+    return
+  bias = r.node(cfg.relative_bias_tpl, bpath, pl.RelativeBias)
+  r.fields(bias, bpath, ("relative_attention_num_buckets", "relative_attention_max_distance",
+                         "bidirectional", "use_length_as_position"))
+  if bias.bidirectional:
+    raise UserError(f"{bpath}.bidirectional = True: paxlike's LM is causal; leave it False.")
+  # use_length_as_position: distances within a packed sequence are the same counted from
+  # the row's start as from the sequence's, and only those reach a weighted token.
+  r.set("relative_bias", bpath, (_count(bias.relative_attention_num_buckets,
+                                        bpath + ".relative_attention_num_buckets"),
+                                 _count(bias.relative_attention_max_distance,
+                                        bpath + ".relative_attention_max_distance")))
+
+
 def _read_ffn(r: _Reader, cfg: Any, path: str) -> None:
   cfg = r.node(cfg, path, pl.TransformerFeedForward)
   r.fields(cfg, path, ("activation_tpl", "use_gated_activation", "has_bias", "ln_tpl",
                        "hidden_dims", "input_dims", "relu_dropout_prob",
-                       "residual_dropout_prob"))
+                       "residual_dropout_prob", "apply_padding_first",
+                       "internal_gshard_variance_scaling_fan_in_init"))
+  # apply_padding_first zeroes padded positions' inputs; in paxlike's LM no padded
+  # position reaches a weighted token (the segment mask), so it changes nothing.
+  if cfg.internal_gshard_variance_scaling_fan_in_init:
+    r.notes.append(f"{path}.internal_gshard_variance_scaling_fan_in_init = True is not "
+                   "applied: paxlike starts the feed-forward with its own fan-in initializer.")
   r.set("activation", path + ".activation_tpl", _activation(cfg.activation_tpl, path))
   r.set("use_gated_activation", path + ".use_gated_activation",
         bool(cfg.use_gated_activation))
@@ -439,8 +516,17 @@ def _read_moe(r: _Reader, cfg: fdl.Buildable, path: str, repeats: int, pipelined
                         "num_experts", "num_groups", "gating_func", "min_group_size",
                         "expert_capacity_dim", "unadjusted_expert_capacity_factor",
                         "use_gated_activation", "gating_logit_cap", "apply_padding_first",
-                        "moe_load_balance_loss_weight"))
-  r.set("activation", mpath + ".activation_tpl", _activation(moe.activation_tpl, mpath))
+                        "moe_load_balance_loss_weight",
+                        "internal_gshard_variance_scaling_fan_in_init", "second_expert_policy",
+                        "moe_gating_embedding_level"))
+  for name, only in (("second_expert_policy", "all"), ("moe_gating_embedding_level", "token")):
+    if getattr(moe, name) != only:
+      raise UserError(f"{mpath}.{name} = {getattr(moe, name)!r}: paxlike routes as praxis's "
+                      f"default, {only!r}; leave it.")
+  if not moe.internal_gshard_variance_scaling_fan_in_init:
+    r.notes.append(f"{mpath}.internal_gshard_variance_scaling_fan_in_init = False is not "
+                   "applied: paxlike's experts start U(+-sqrt(3 / fan_in)), praxis's default.")
+  r.set("moe_activation", mpath + ".activation_tpl", _activation(moe.activation_tpl, mpath))
   _read_norm(r, moe.ln_tpl, mpath + ".ln_tpl")
   r.set("norm_policy", mpath + ".norm_policy", moe.norm_policy)
   for name in ("relu_dropout_prob", "residual_dropout_prob"):
@@ -527,9 +613,9 @@ def _count(value: Any, path: str, none_ok: bool = False) -> int | None:
   """A positive int read from the tree (or None where allowed); one line otherwise."""
   if value is None and none_ok:
     return None
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+  if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
     raise UserError(f"{path} = {_show(value)}: set a positive int.")
-  return value
+  return int(value)
 
 
 def _read_pipeline(r: _Reader, cfg: fdl.Buildable, path: str, stages: int) -> None:
@@ -569,7 +655,38 @@ def _read_pipeline(r: _Reader, cfg: fdl.Buildable, path: str, stages: int) -> No
   _read_stage(r, cfg.pipeline_stage, path + ".pipeline_stage", s * repeat, pipelined=True)
 
 
+def _read_gshard_softmax(r: _Reader, lm: fdl.Buildable, path: str) -> None:
+  """praxis's GShardSharedEmbeddingSoftmax (GLaM): the tied table, GShard's way."""
+  spath = path + ".softmax_tpl"
+  softmax = lm.softmax_tpl
+  r.fields(softmax, spath, ("num_classes", "input_dims", "use_tgt_labels_size_as_loss_denominator",
+                            "soft_cap_logits", "z_loss_weight", "params_init"))
+  if lm.separate_embedding_tpl is not None:
+    raise UserError(f"{path}.separate_embedding_tpl is set while {spath} is the tied "
+                    "GShardSharedEmbeddingSoftmax; use layers.FullSoftmax with a separate "
+                    "embedding.")
+  if softmax.num_classes:
+    r.set("vocab_size", spath + ".num_classes", softmax.num_classes)
+  r.set("gshard_softmax", spath, True)
+  r.set("softmax_has_bias", spath, False)
+  r.set("scale_sqrt_depth", spath, False)
+  r.set("separate_embedding", spath, False)
+  r.set("softmax_cap_logits", spath + ".soft_cap_logits", float(softmax.soft_cap_logits or 0.0))
+  r.set("z_loss_weight", spath + ".z_loss_weight", float(softmax.z_loss_weight or 0.0))
+  r.set("loss_over_labels_size", spath + ".use_tgt_labels_size_as_loss_denominator",
+        bool(softmax.use_tgt_labels_size_as_loss_denominator))
+  r.set("softmax_weight_init", spath + ".params_init", _init(softmax.params_init,
+                                                             spath + ".params_init"))
+
+
 def _read_tables(r: _Reader, lm: fdl.Buildable, path: str) -> None:
+  if isinstance(lm.softmax_tpl, fdl.Buildable) and issubclass(
+      fdl.get_callable(lm.softmax_tpl), pl.GShardSharedEmbeddingSoftmax):
+    _read_gshard_softmax(r, lm, path)
+    return
+  r.set("gshard_softmax", path + ".softmax_tpl", False)
+  r.set("z_loss_weight", path + ".softmax_tpl", 0.0)
+  r.set("loss_over_labels_size", path + ".softmax_tpl", False)
   softmax = r.node(lm.softmax_tpl, path + ".softmax_tpl", pl.FullSoftmax)
   tied = issubclass(fdl.get_callable(softmax), pl.SharedEmbeddingSoftmax)
   spath = path + ".softmax_tpl"
@@ -671,7 +788,10 @@ def read_tree(tree: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
   r.set("eos_id", dpath + ".eos_id", int(eos))
   if tree["report_strict_acc"]:
     r.set("report_strict_acc", "task_p.model.report_strict_acc", True)
-  return {k: v for k, (_, v) in r.values.items()}, r.notes
+  values = {k: v for k, (_, v) in r.values.items()}
+  if values.get("moe_activation") == values.get("activation"):
+    values["moe_activation"] = None  # the experts' activation is the model's
+  return values, r.notes
 
 
 def resolve(task_cfg: Any) -> list[str]:

@@ -127,8 +127,26 @@ class SharedEmbeddingSoftmax(FullSoftmax):
 
 
 @dataclasses.dataclass
-class GShardSharedEmbeddingSoftmax(SharedEmbeddingSoftmax):
-  """praxis's GShard variant of the tied table (its sharding differs, not its math)."""
+class GShardSharedEmbeddingSoftmax(_Template):
+  """praxis's GShard tied table (GLaM): N(0, 1) rows, embedded unscaled, logits from the
+  activations scaled by 1/sqrt(input_dims), no bias; an optional z-loss."""
+
+  input_dims: int = 0
+  num_classes: int = 0
+  use_tgt_labels_size_as_loss_denominator: bool = True
+  soft_cap_logits: float | None = 0.0
+  logits_abs_max: float | None = 0.0
+  z_loss_weight: float = 0.0
+  label_smoothing_prob: float = 0.0
+  params_init: Any = None
+  weight_split_dims_mapping: Any = None
+  activation_split_dims_mapping: Any = None
+  name: str = ""
+
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    return {"weight_split_dims_mapping": SplitDimsMapping,
+            "activation_split_dims_mapping": SplitDimsMapping}
 
 
 @dataclasses.dataclass
@@ -177,17 +195,51 @@ class _Attention(_Template):
 
 
 @dataclasses.dataclass
+class RelativeBias(_Template):
+  """praxis's per-layer T5-style relative position bias (GLaM's attention)."""
+
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  bidirectional: bool = False
+  use_length_as_position: bool = True
+  name: str = ""
+
+
+@dataclasses.dataclass
+class AttentionProjection(_Template):
+  """praxis's q/k/v/output projection; its fields lay out the weights, not the math."""
+
+  attention_combine_dims: bool = False
+  use_bias: bool = True
+  name: str = ""
+
+
+@dataclasses.dataclass
+class CombinedQKVProjectionLayer(AttentionProjection):
+  """praxis's combined q/k/v projection."""
+
+
+@dataclasses.dataclass
 class DotProductAttention(_Attention):
   use_bias: bool = True
   internal_enable_per_dim_scale: bool = True
   internal_enable_query_scale: bool = True
+  internal_gshard_gaussian_init: bool = False
+  attention_extra_logit: float | None = None
   combine_qkv: bool = False
   dconv_qkv: bool = False
   use_rotary_position_emb: bool = False
   rotary_position_emb_tpl: Any = None
   relative_bias_tpl: Any = None
   output_proj_use_nhd_shape: bool = False
+  proj_tpl: Any = None
+  combined_qkv_proj_tpl: Any = None
   is_causal: bool = False  # praxis's GPU fused variants take it; paxlike's LM is causal
+
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    return {**super().sub_templates(), "proj_tpl": AttentionProjection,
+            "combined_qkv_proj_tpl": CombinedQKVProjectionLayer}
 
 
 @dataclasses.dataclass
@@ -233,6 +285,8 @@ class TransformerFeedForward(_Template):
   relu_dropout_prob: float = 0.0
   norm_policy: str = "pre"
   add_skip_connection: bool = True
+  apply_padding_first: bool = False
+  internal_gshard_variance_scaling_fan_in_init: bool = False
   weight_split_dims_mapping: Any = None
   activation_split_dims_mapping: Any = None
   params_init: Any = None
@@ -424,3 +478,29 @@ class TransformerLm(_Template):
   def sub_templates(cls) -> dict[str, type]:
     return {"position_emb_tpl": PositionalEmbedding, "softmax_tpl": SharedEmbeddingSoftmax,
             "stacked_transformer_tpl": StackedTransformer, "final_ln_tpl": LayerNorm}
+
+  @classmethod
+  def set_sharding_params_v1(cls, lm_p: Any, *, replica_axis: str = "replica",
+                             data_axis: str = "data", mdl_axis: str = "mdl",
+                             ici_mesh_shape: Any = None, dcn_mesh_shape: Any = None,
+                             mesh_axis_names: Any = None, training_optimized: bool = False
+                             ) -> Any:
+    """praxis's sharding annotations for the LM over Pax's three axes: paxlike shards by
+    its logical axis rules, which place every weight (the experts over 'data') as these
+    annotations do, so lm_p comes back as it is. Other axis names are refused."""
+    del ici_mesh_shape, dcn_mesh_shape, training_optimized
+    names = list(mesh_axis_names or ("replica", "data", "mdl"))
+    if names != ["replica", "data", "mdl"] or (replica_axis, data_axis, mdl_axis) != (
+        "replica", "data", "mdl"):
+      raise UserError(f"set_sharding_params_v1 with mesh axes {names}: paxlike's meshes have "
+                      "Pax's axes ['replica', 'data', 'mdl'].")
+    return lm_p
+
+  @classmethod
+  def set_sharding_params_with_expert_parallelism(cls, lm_p: Any, **kwargs: Any) -> Any:
+    """praxis's expert-parallel sharding over a 4-axis mesh (a 'data_expert' axis)."""
+    del lm_p
+    raise UserError("set_sharding_params_with_expert_parallelism shards experts over a "
+                    f"'data_expert' mesh axis ({kwargs.get('mesh_axis_names')}), which "
+                    "paxlike's meshes do not have; its experts go over 'data' "
+                    "(set_sharding_params_v1).")

@@ -1,5 +1,11 @@
-"""praxis.layers.attentions: DotProductAttention."""
+"""praxis.layers.attentions: DotProductAttention and its sub-templates."""
 
-from paxlike.pax.praxis_layers import DotProductAttention
+from paxlike.pax.praxis_layers import (
+    AttentionProjection,
+    CombinedQKVProjectionLayer,
+    DotProductAttention,
+    RelativeBias,
+)
 
-__all__ = ["DotProductAttention"]
+__all__ = ["AttentionProjection", "CombinedQKVProjectionLayer", "DotProductAttention",
+           "RelativeBias"]

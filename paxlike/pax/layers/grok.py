@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from paxlike.pax.layers.glam import refuse_moe
+from paxlike.errors import UserError
 
 
 def GrokUniTransformerLmHParams(**kwargs: Any) -> Any:  # noqa: N802  (praxis's name)
-  """praxis's Grok decoder-only LM config; refused: MoE is not modelled yet."""
+  """praxis's Grok decoder-only LM config; refused in one line."""
   del kwargs
-  refuse_moe("grok.GrokUniTransformerLmHParams", "Grok")
+  raise UserError("grok.GrokUniTransformerLmHParams builds Grok's mixture-of-experts LM (its "
+                  "experts beside grouped-query attention with rotary positions), which "
+                  "paxlike does not model yet; glam.GlamUniTransformerLmHParams builds GLaM's.")
 
 
 __all__ = ["GrokUniTransformerLmHParams"]

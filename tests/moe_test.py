@@ -1,0 +1,125 @@
+"""Mixture-of-experts routing (paxlike.layers.moe) and the GLaM layers of Pax's LM."""
+
+from __future__ import annotations
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from paxlike.layers import attention
+from paxlike.layers.moe import MoeFeedForward, expert_capacity, top2_gating
+from paxlike.models.language_model import LanguageModel
+from paxlike.pax import config_tree
+from paxlike.pax.pax_fiddle import Config
+
+
+def test_expert_capacity_follows_praxis_rule():
+  assert expert_capacity(16, 8, 2.0, None) == 4  # int(16 x 2 / 8)
+  assert expert_capacity(10, 4, 2.0, None) == 8  # int(5), rounded up to a multiple of 4
+  assert expert_capacity(16, 8, 2.0, 12) == 12  # a larger fixed capacity stands
+  assert expert_capacity(16, 8, 0.0, 3) == 3  # no factor: the fixed capacity alone
+
+
+def _logits(first: list[int], second: list[int], experts: int) -> jnp.ndarray:
+  """[1, S, E] logits whose top two experts per token are first[s] then second[s]."""
+  logits = np.zeros((1, len(first), experts), np.float32)
+  for s, (a, b) in enumerate(zip(first, second, strict=True)):
+    logits[0, s, a], logits[0, s, b] = 4.0, 2.0
+  return jnp.asarray(logits)
+
+
+def test_tokens_fill_an_expert_in_order_first_choices_before_second():
+  """Capacity 2: expert 0 takes the first two tokens that choose it first; the third of them
+  is left to its second expert, and second choices only take the room left."""
+  combine, _, stats = top2_gating(_logits([0, 0, 0, 1], [1, 1, 2, 0], 3), None, capacity=2)
+  reached = np.asarray(combine[0] > 0)  # [S, E, C]
+  assert reached[0, 0, 0] and reached[1, 0, 1]  # tokens 0 and 1 fill expert 0's two slots
+  assert not reached[2, 0].any() and reached[2, 2, 0]  # token 2 keeps only expert 2
+  # expert 1: token 3's first choice takes slot 0, token 0's second choice slot 1; token 1's
+  # second choice finds it full.
+  assert reached[3, 1, 0] and reached[0, 1, 1] and not reached[1, 1].any()
+  assert not reached[3, 0].any()  # expert 0 is full for token 3's second choice
+  # Each token's gates are renormalised over its two choices before any is dropped.
+  gates = np.asarray(combine[0].sum(axis=(1, 2)))
+  pair = np.exp(4.0) / (np.exp(4.0) + np.exp(2.0))
+  np.testing.assert_allclose(gates, [1.0, pair, 1 - pair, pair], rtol=1e-5)
+  np.testing.assert_allclose([stats["dispatch_1"], stats["dispatch_2"]], [0.75, 0.25])
+
+
+def test_padding_tokens_reach_no_expert_and_count_for_nothing():
+  combine, _, stats = top2_gating(_logits([0, 1, 2, 0], [1, 2, 0, 1], 3),
+                                  jnp.asarray([[1, 1, 0, 0]]), capacity=4)
+  assert not np.asarray(combine[0, 2:]).any()
+  assert float(stats["dispatch_2"]) == 1.0  # both real tokens reach their two experts
+
+
+@pytest.mark.parametrize("experts", [4, 8])
+def test_load_balancing_loss_is_one_when_even_and_experts_when_collapsed(experts):
+  s = 64
+  even = jnp.asarray(np.eye(experts, dtype=np.float32)[np.arange(s) % experts][None] * 20.0)
+  collapsed = jnp.asarray(np.tile([20.0] + [0.0] * (experts - 1), (1, s, 1)).astype(np.float32))
+  assert float(top2_gating(even, None, s)[1]) == pytest.approx(1.0, rel=1e-4)
+  assert float(top2_gating(collapsed, None, s)[1]) == pytest.approx(experts, rel=1e-4)
+
+
+def test_decoding_routes_as_training_when_no_expert_is_full():
+  """The KV-cache pass (every expert on every token, top two kept) gives the grouped
+  dispatch's output wherever capacity drops nothing."""
+  layer = MoeFeedForward(num_experts=4, hidden_dims=16, activation="gelu", num_groups=2,
+                         capacity_factor=8.0, gated_activation=True)
+  x = jax.random.normal(jax.random.key(0), (2, 6, 8))
+  params = layer.init(jax.random.key(1), x)
+  y, aux = layer.apply(params, x)
+  y_decode, _ = layer.clone(decode=True).apply(params, x)
+  np.testing.assert_allclose(y, y_decode, rtol=1e-5, atol=1e-6)
+  assert float(aux) > 0.0
+
+
+def test_extra_logit_joins_the_softmax_denominator():
+  q, k, v = (jax.random.normal(jax.random.key(i), (1, 5, 2, 4)) for i in range(3))
+  out = attention.xla_attention(q, k, v, is_causal=True, extra_logit=0.0)
+  logits = np.einsum("btnh,bsnh->bnts", q, k)
+  logits = np.where(np.tril(np.ones((5, 5), bool)), logits, -np.inf)
+  probs = np.exp(logits) / (np.exp(logits).sum(-1, keepdims=True) + 1.0)  # exp(0) = 1
+  np.testing.assert_allclose(out, np.einsum("bnts,bsnh->btnh", probs, v), rtol=1e-5,
+                             atol=1e-6)
+
+
+GLAM_LIKE = dict(vocab_size=48, model_dims=16, num_layers=4, num_heads=2, dim_per_head=8,
+                 hidden_dims=32, activation="gelu", use_gated_activation=True,
+                 norm_type="rmsnorm", use_bias=False, ffn_has_bias=False, per_dim_scale=False,
+                 softmax_has_bias=False, scale_sqrt_depth=False, use_position_emb=False,
+                 query_scale=False, attention_extra_logit=0.0, relative_bias=(8, 16),
+                 gshard_softmax=True, z_loss_weight=1e-4, loss_over_labels_size=True,
+                 num_experts=4, moe_layers=(0, 2), num_groups=2, moe_hidden_dims=24,
+                 expert_capacity_factor=8.0, moe_activation="relu")
+
+
+def test_a_glam_like_lm_decodes_the_logits_of_its_full_pass():
+  """Prefill + one-position extends: the relative bias at the cached positions, the extra
+  logit and the experts' decode routing give the full pass's logits."""
+  model = LanguageModel(**GLAM_LIKE)
+  ids = jax.random.randint(jax.random.key(0), (2, 10), 1, 48)
+  params = flax.linen.unbox(model.init(jax.random.key(1), ids)["params"])
+  assert params["transformer"]["repeat"]["layer_0"]["attention"]["relative_bias"][
+      "rel_embedding"].shape == (2, 8, 2)  # its own [buckets, heads] in each of 2 blocks
+  full = model.apply({"params": params}, ids)
+  _, state = model.apply({"params": params}, ids.at[:, 4:].set(0), "prefill",
+                         mutable=["cache"])
+  cache = state["cache"]
+  for i in range(4, 10):
+    logits, state = model.apply({"params": params, "cache": cache}, ids[:, i], jnp.asarray(i),
+                                method="extend", mutable=["cache"])
+    cache = state["cache"]
+    np.testing.assert_allclose(logits, full[:, i], rtol=1e-4, atol=1e-5)
+
+
+def test_a_glam_like_lms_praxis_tree_reads_back_as_the_same_model():
+  cfg = Config(LanguageModel, **GLAM_LIKE)
+  values, _ = config_tree.read_tree({"lm_tpl": config_tree.tree_of(cfg), "params_init": None,
+                                     "decoder_tpl": Config(config_tree.pl.DecoderHParams),
+                                     "report_strict_acc": False})
+  changed = {k: v for k, v in values.items() if getattr(cfg, k) != v}
+  assert changed == {}, changed
