@@ -361,11 +361,8 @@ PAX_RENAMED = {
 
 # Pax hyperparameters paxlike does not model yet, with what Pax uses them for.
 PAX_UNMODELED = {
-    "NUM_EXPERTS": "mixture-of-experts feed-forward layers",
-    "NUM_GROUPS": "the routing groups of mixture-of-experts layers",
     "USE_FP8": "FP8 matmuls",
     "USE_TRITON_LAYER_NORM": "a Triton layer-norm kernel on GPU",
-    "RELATIVE_BIAS": "T5-style relative position biases in the LM",
     "PROFILER_MIN_DURATION_SEC": "the shortest profile Pax's profiler captures",
     "TRAIN_MIXTURE": "a SeqIO training mixture name",
     "EVAL_MIXTURE": "a SeqIO eval mixture name",
@@ -415,6 +412,13 @@ def hparams_read(exp: BaseExperiment) -> set[str]:
   return set(exp.__dict__.get("_hparam_reads", ()))
 
 
+# Knobs no template reads, in Pax either: a Pax file's task() gives them to praxis's tree.
+PAX_TASK_KNOBS = {
+    "NUM_EXPERTS": ("mixture-of-experts layers", "stacked_p.num_experts, with "
+                    "stacked_p.moe_layers and model_params.maybe_setup_moe_params(stacked_p)"),
+    "NUM_GROUPS": ("the routing groups of mixture-of-experts layers", "stacked_p.num_groups"),
+}
+
 # Pipeline hyperparameters: read by the pipelined templates only.
 PAX_PIPELINE = ("NUM_STAGES", "MICROBATCH_SIZE", "CIRCULAR_REPEAT", "STREAM_IO",
                 "PIPELINE_BROADCAST_INPUTS", "EMB_W_DATA_DIMS", "MESH_AXIS_NAMES")
@@ -429,6 +433,10 @@ def _describe_unread(name: str, known: list[str]) -> str:
     return f"paxlike calls it {PAX_RENAMED[name]} (Pax's name)"
   if name in PAX_UNMODELED:
     return f"paxlike does not model it yet (Pax uses it for {PAX_UNMODELED[name]})"
+  if name in PAX_TASK_KNOBS:
+    what, where = PAX_TASK_KNOBS[name]
+    return (f"no template reads it, in Pax either: for {what}, task() sets {where}, as "
+            "nvidia.py's MoELarge does")
   close = difflib.get_close_matches(name, [k for k in known if k != name], n=2, cutoff=0.75)
   if close:
     return f"did you mean {' or '.join(close)}?"
@@ -490,7 +498,8 @@ def unread_hparams(exp: BaseExperiment) -> list[str]:
 
 def _inactive_reason(exp: BaseExperiment, name: str) -> str | None:
   """Where the experiment's source reads `name` on a branch this run did not take, or None."""
-  if name in PAX_RENAMED or name in PAX_UNMODELED or name in PAX_PIPELINE:
+  if name in PAX_RENAMED or name in PAX_UNMODELED or name in PAX_PIPELINE or (
+      name in PAX_TASK_KNOBS):
     return None
   classes = [k for k in type(exp).__mro__ if k is not object]
   return knob_branches.inactive_reason(name, classes, lambda n: _untracked_get(exp, n))

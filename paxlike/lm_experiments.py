@@ -75,6 +75,9 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
   # C4SpmdGpt3AdamOrgHP) switches both off in its task().
   SOFTMAX_HAS_BIAS = True  # praxis softmax_tpl.feed_forward_tpl.has_bias: a [vocab] logit bias
   PER_DIM_SCALE = True  # praxis tr_atten_tpl.internal_enable_per_dim_scale: learned query scale
+  # Pax's RELATIVE_BIAS: praxis's RelativeBias in every layer's attention (32 causal T5-style
+  # buckets up to distance 128, a [buckets, heads] table per layer), beside the positions.
+  RELATIVE_BIAS = False
 
   LEARNING_RATE = 1e-3
   ADAM_BETA1 = 0.9
@@ -188,7 +191,8 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
         trainable_pe_max_seq_len=self.TRAINABLE_PE_MAX_SEQ_LEN,
         embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
         vocab_pad_multiple=self.mdl_axis_size(), softmax_has_bias=self.SOFTMAX_HAS_BIAS,
-        per_dim_scale=self.PER_DIM_SCALE, **self.lora_fields()).set_mesh(*self._pax_mesh())
+        per_dim_scale=self.PER_DIM_SCALE, relative_bias=(32, 128) if self.RELATIVE_BIAS else None,
+        **self.lora_fields()).set_mesh(*self._pax_mesh())
 
   def _pax_mesh(self) -> tuple[Any, Any, Any]:
     """praxis's model_p.ici_mesh_shape / dcn_mesh_shape / mesh_axis_names: the experiment's."""

@@ -113,10 +113,13 @@ def _count(model: LanguageModel) -> int:
     ["USE_GATED_ACTIVATION=True"], ["USE_BIAS=True"], ["SEPARATE_EMBEDDING=True"],
     ["NORM_POLICY='primer_hybrid'"], ["NORM_POLICY='post'", "COMBINE_QKV=True"],
     ["SOFTMAX_HAS_BIAS=False"], ["PER_DIM_SCALE=False", "USE_REPEATED_LAYER=True"],
+    ["RELATIVE_BIAS=True", "USE_REPEATED_LAYER=True"],
 ])
 def test_flops_param_count_equals_the_models_parameters(overrides):
   model = _model(overrides)
   assert _count(model) == flops.param_count(model.flops_dims(SEQ))
+  # Pax's RELATIVE_BIAS: a [32 buckets, heads] table in every layer.
+  assert model.relative_bias == ((32, 128) if "RELATIVE_BIAS=True" in overrides else None)
 
 
 def test_paxs_softmax_bias_and_per_dim_scale_are_on_by_default_and_gpt3_turns_them_off():
@@ -296,7 +299,7 @@ def test_post_norm_layers_output_normalised_rows():
   model = _model(["NORM_POLICY='post'", "NUM_LAYERS=1"])
   params = _params(model)
   x = jax.random.normal(jax.random.key(3), (2, SEQ, 16)) * 5.0 + 2.0
-  y = model.apply({"params": params}, x, method=lambda m, x: m.transformer(x))
+  y = model.apply({"params": params}, x, method=lambda m, x: m.transformer(x)[0])
   np.testing.assert_allclose(np.mean(y, -1), 0.0, atol=1e-4)
   np.testing.assert_allclose(np.var(y, -1), 1.0, rtol=1e-3)
 

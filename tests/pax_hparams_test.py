@@ -306,8 +306,9 @@ def test_refused_run_exits_2_and_leaves_no_job_dir(tmp_path, mode):
                   "--set", "ICI_MESH_SHAPE=[1,1,1]"],
                  cwd=tmp_path, pythonpath=[tmp_path, REPO_ROOT])
   assert proc.returncode == 2, describe(proc)
-  assert "NUM_EXPERTS = 8 on MyPaxExp: nothing reads it; paxlike does not model it" \
-      in proc.stderr, describe(proc)
+  assert ("NUM_EXPERTS = 8 on MyPaxExp: nothing reads it; no template reads it, in Pax "
+          "either: for mixture-of-experts layers, task() sets stacked_p.num_experts"
+          ) in proc.stderr, describe(proc)
   assert "Traceback" not in proc.stderr
   assert not job.exists()
 

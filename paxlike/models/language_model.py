@@ -513,7 +513,8 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
                             self.hidden_dims, 3 if self.use_gated_activation else 2,
                             self.combine_qkv),
                         moe_layers=len(self.moe_layers or ()), num_experts=self.num_experts,
-                        moe_hidden_dims=self.moe_hidden_dims or self.hidden_dims,
+                        moe_hidden_dims=((self.moe_hidden_dims or self.hidden_dims)
+                                         if self.moe_layers else 0),
                         moe_gated=self.moe_gated_activation,
                         relpos_buckets=self.relative_bias[0] if self.relative_bias else 0)
 
