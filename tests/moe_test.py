@@ -46,6 +46,7 @@ def test_tokens_fill_an_expert_in_order_first_choices_before_second():
   pair = np.exp(4.0) / (np.exp(4.0) + np.exp(2.0))
   np.testing.assert_allclose(gates, [1.0, pair, 1 - pair, pair], rtol=1e-5)
   np.testing.assert_allclose([stats["dispatch_1"], stats["dispatch_2"]], [0.75, 0.25])
+  assert float(stats["over_capacity"]) == pytest.approx(3 / 8)  # 3 of the 8 choices
 
 
 def test_padding_tokens_reach_no_expert_and_count_for_nothing():
@@ -71,10 +72,10 @@ def test_decoding_routes_as_training_when_no_expert_is_full():
                          capacity_factor=8.0, gated_activation=True)
   x = jax.random.normal(jax.random.key(0), (2, 6, 8))
   params = layer.init(jax.random.key(1), x)
-  y, aux = layer.apply(params, x)
+  y, record = layer.apply(params, x)
   y_decode, _ = layer.clone(decode=True).apply(params, x)
   np.testing.assert_allclose(y, y_decode, rtol=1e-5, atol=1e-6)
-  assert float(aux) > 0.0
+  assert float(record["aux_loss"]) > 0.0 and float(record["over_capacity"]) == 0.0
 
 
 def test_extra_logit_joins_the_softmax_denominator():

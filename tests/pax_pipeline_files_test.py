@@ -422,6 +422,7 @@ def test_nvidias_moe_large_trains_with_its_experts_over_the_data_axis(pax_module
   # The loss is praxis's total_loss: the cross-entropy plus both layers' balancing losses.
   assert last["loss"] == pytest.approx(last["log_pplx"] + last["aux_loss"], rel=1e-5)
   assert last["aux_loss"] < first["aux_loss"]
+  assert 0.0 <= last["moe_over_capacity"] < 0.5  # the share of choices its expert turned away
   wi = result.state.params["transformer"]["repeat"]["moe"]["wi"]
   wi = getattr(wi, "value", wi)
   assert wi.shape == (2, 8, 32, 64)

@@ -13,7 +13,10 @@ The load-balancing loss is E^2 x mean over groups and experts of
 (fraction of the group's tokens whose first choice is the expert) x (mean
 gate the expert gets): 1 for a perfectly even router, E for a router that
 sends everything to one expert. The layer returns it times
-moe_load_balance_loss_weight; the LM adds it to its loss.
+moe_load_balance_loss_weight, which the LM adds to its loss, and the
+fraction of its tokens' two choices that found the expert full
+(over_capacity, praxis's over_capacity ratios in one number), which the LM
+reports.
 
 Decoding (a KV-cache pass) routes every token to its top two experts with no
 capacity limit (praxis's dense_top2 gating), so a decoded token never loses
@@ -55,7 +58,8 @@ def top2_gating(logits: jax.Array, nonpadding: jax.Array | None, capacity: int,
 
   Returns (combine [G, S, E, C] gates at each token's slot, load-balancing
   loss, stats): stats holds the fraction of non-padding tokens that reached
-  0, 1 and 2 experts (dispatch_0/1/2).
+  0, 1 and 2 experts (dispatch_0/1/2), and of their choices that found the
+  expert full (over_capacity).
   """
   logits = logits.astype(jnp.float32)
   if logit_cap > 0.0:
@@ -91,7 +95,13 @@ def top2_gating(logits: jax.Array, nonpadding: jax.Array | None, capacity: int,
   reached = jnp.sum(mask1, axis=-1) + jnp.sum(mask2, axis=-1)
   tokens = jnp.maximum(jnp.sum(keep), 1.0)
   stats = {f"dispatch_{k}": jnp.sum((reached == k) * keep) / tokens for k in range(3)}
+  stats["over_capacity"] = 1.0 - jnp.sum(reached * keep) / (2.0 * tokens)
   return combine, aux_loss, stats
+
+
+def no_routing() -> dict[str, jax.Array]:
+  """What a layer without experts adds to the MoE layers' routing record."""
+  return {"aux_loss": jnp.zeros((), jnp.float32), "over_capacity": jnp.zeros((), jnp.float32)}
 
 
 def dense_top2(logits: jax.Array, logit_cap: float = 0.0) -> jax.Array:
@@ -112,7 +122,8 @@ def _fan_in_uniform(fan_in: int) -> Any:
 
 
 class MoeFeedForward(nn.Module):
-  """x [B, L, D] -> (y [B, L, D], weighted load-balancing loss); see the module docstring.
+  """x [B, L, D] -> (y [B, L, D], routing record: the weighted load-balancing loss
+  `aux_loss` and `over_capacity`); see the module docstring.
 
   Weights: gate [D, E], wi [E, D, H] (and wi_gate with gated_activation:
   act(x wi_gate) * (x wi)), wo [E, H, D]; the expert dim is sharded over the
@@ -134,7 +145,7 @@ class MoeFeedForward(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, nonpadding: jax.Array | None = None
-               ) -> tuple[jax.Array, jax.Array]:
+               ) -> tuple[jax.Array, dict[str, jax.Array]]:
     b, length, d = x.shape
     e, h = self.num_experts, self.hidden_dims
 
@@ -162,7 +173,7 @@ class MoeFeedForward(nn.Module):
       gates = dense_top2(jnp.einsum("blm,me->ble", x, gate_w), self.gating_logit_cap)
       outs = jnp.einsum("eblh,ehm->eblm", hidden(x, "bl", "ebl"), wo)
       y = jnp.einsum("eblm,ble->blm", outs, gates.astype(self.dtype))
-      return y, jnp.zeros((), jnp.float32)
+      return y, no_routing()
 
     tokens = b * length
     # Initialising (on any sample batch) routes in one group: the weights' shapes do not
@@ -177,7 +188,7 @@ class MoeFeedForward(nn.Module):
     grouped = nn.with_logical_constraint(x.reshape(g, s, d), ("batch", None, "activation_embed"))
     keep = None if nonpadding is None else nonpadding.reshape(g, s)
     logits = jnp.einsum("gsm,me->gse", grouped, gate_w)
-    combine, aux_loss, _ = top2_gating(logits, keep, capacity, self.gating_logit_cap)
+    combine, aux_loss, stats = top2_gating(logits, keep, capacity, self.gating_logit_cap)
     combine = combine.astype(self.dtype)
     dispatch = (combine > 0).astype(self.dtype)
     expert_in = jnp.einsum("gsec,gsm->egcm", dispatch, grouped)
@@ -191,4 +202,5 @@ class MoeFeedForward(nn.Module):
     y = jnp.einsum("egcm,gsec->gsm", expert_out, combine)
     y = nn.with_logical_constraint(y, ("batch", None, "activation_embed"))
     y = checkpoint_name(y.reshape(b, length, d), "ffn2")
-    return y, aux_loss * self.load_balance_loss_weight
+    return y, {"aux_loss": aux_loss * self.load_balance_loss_weight,
+               "over_capacity": stats["over_capacity"]}

@@ -14,7 +14,7 @@ from paxlike.layers import pipeline
 from paxlike.layers.attention import DotProductAttention
 from paxlike.layers.linear import FeedForward, LayerNorm, dropout_active, lora_targets
 from paxlike.layers.llama import RmsNorm
-from paxlike.layers.moe import MoeFeedForward
+from paxlike.layers.moe import MoeFeedForward, no_routing
 
 Dtype = Any
 
@@ -146,8 +146,8 @@ class TransformerLayer(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, index: jax.Array | None = None,
                segment_ids: jax.Array | None = None,
-               positions: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    """-> (x, the MoE feed-forward's weighted load-balancing loss, 0 for a dense one)."""
+               positions: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """-> (x, the MoE feed-forward's routing record; zeros for a dense one)."""
     atten_rank, ffn_rank = lora_targets(self.lora_rank, self.lora_target_layers)
     attention = DotProductAttention(
         self.num_heads, self.dim_per_head, self.combine_qkv, self.dtype, self.cache_mode,
@@ -159,27 +159,30 @@ class TransformerLayer(nn.Module):
     x = nn.Dropout(self.input_dropout_rate)(
         x, deterministic=not dropout_active(self, self.input_dropout_rate))
     x = self._residual(x, lambda h: attention(h, index, segment_ids, positions), "attn")
-    aux = jnp.zeros((), jnp.float32)
     if self.moe_kwargs:
       settings = {"activation": self.activation, **dict(self.moe_kwargs)}
       moe = MoeFeedForward(dtype=self.dtype, dropout_rate=self.dropout_rate,
                            decode=self.cache_mode is not None, **settings, name="moe")
       nonpadding = None if segment_ids is None else segment_ids > 0
-      losses = []
+      records = []
 
       def ffn(h: jax.Array) -> jax.Array:
-        y, loss = moe(h, nonpadding)
-        losses.append(loss)
+        y, record = moe(h, nonpadding)
+        records.append(record)
         return y
 
       x = self._residual(x, ffn, "ffn")
-      return x, losses[0]
+      return x, records[0]
     ffn = FeedForward(self.hidden_dims, self.activation, self.dtype,
                       use_gated_activation=self.use_gated_activation,
                       dropout_rate=self.dropout_rate, has_bias=self.ffn_has_bias,
                       lora_rank=ffn_rank, name="ffn")
     x = self._residual(x, ffn, "ffn")
-    return x, aux
+    return x, no_routing()
+
+
+def _added(a: dict[str, jax.Array], b: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  return jax.tree.map(jnp.add, a, b)
 
 
 def moe_period(moe_layers: tuple[int, ...], num_layers: int) -> int:
@@ -204,14 +207,15 @@ class LayerBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, index: jax.Array | None = None,
                segment_ids: jax.Array | None = None,
-               positions: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    aux = jnp.zeros((), jnp.float32)
+               positions: jax.Array | None = None
+               ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    total = no_routing()
     for j, is_moe in enumerate(self.moe):
-      x, loss = TransformerLayer(**dict(self.layer_kwargs),
-                                 moe_kwargs=self.moe_kwargs if is_moe else (),
-                                 name=f"layer_{j}")(x, index, segment_ids, positions)
-      aux = aux + loss
-    return x, aux
+      x, record = TransformerLayer(**dict(self.layer_kwargs),
+                                   moe_kwargs=self.moe_kwargs if is_moe else (),
+                                   name=f"layer_{j}")(x, index, segment_ids, positions)
+      total = _added(total, record)
+    return x, total
 
 
 class StackedTransformer(nn.Module):
@@ -231,7 +235,8 @@ class StackedTransformer(nn.Module):
   experts, MoeFeedForward(**moe_kwargs). When MoE and dense layers alternate
   with period p (GLaM: every other layer), a scanned stack scans blocks of p
   layers (LayerBlock, `repeat/layer_j`). Calls return (x, the MoE layers'
-  summed weighted load-balancing losses).
+  routing records summed: weighted load-balancing losses and over-capacity
+  fractions).
   """
 
   num_layers: int
@@ -288,7 +293,8 @@ class StackedTransformer(nn.Module):
   def __call__(self, x: jax.Array, cache_mode: str | None = None,
                index: jax.Array | None = None,
                segment_ids: jax.Array | None = None,
-               positions: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+               positions: jax.Array | None = None
+               ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """cache_mode None trains/evaluates; "prefill" / "extend" decode (DotProductAttention).
 
     positions [batch|1, length]: each token's position, for rotary attention.
@@ -297,7 +303,7 @@ class StackedTransformer(nn.Module):
       if cache_mode is not None:
         raise UserError("a pipelined stack decodes through its unpipelined model "
                         "(LanguageModel.for_decoding); it has no KV cache of its own.")
-      return self._pipelined(x, segment_ids, positions), jnp.zeros((), jnp.float32)
+      return self._pipelined(x, segment_ids, positions), no_routing()
     kwargs = dict(num_heads=self.num_heads, dim_per_head=self.dim_per_head,
                   hidden_dims=self.hidden_dims, activation=self.activation,
                   combine_qkv=self.combine_qkv, dtype=self.dtype, cache_mode=cache_mode,
@@ -318,14 +324,14 @@ class StackedTransformer(nn.Module):
                       length=self.num_layers // period,
                       metadata_params={nn.PARTITION_NAME: "layers"})
       if block:
-        x, aux = stack(**block, name="repeat")(x, index, segment_ids, positions)
+        x, records = stack(**block, name="repeat")(x, index, segment_ids, positions)
       else:
-        x, aux = stack(**kwargs, moe_kwargs=self.moe_kwargs if moe else (),
-                       name="repeat")(x, index, segment_ids, positions)
-      return x, jnp.sum(aux)
-    total = jnp.zeros((), jnp.float32)
+        x, records = stack(**kwargs, moe_kwargs=self.moe_kwargs if moe else (),
+                           name="repeat")(x, index, segment_ids, positions)
+      return x, jax.tree.map(jnp.sum, records)
+    total = no_routing()
     for i in range(self.num_layers):
-      x, aux = layer_cls(**kwargs, moe_kwargs=self.moe_kwargs if i in moe else (),
-                         name=f"x_layers_{i}")(x, index, segment_ids, positions)
-      total = total + aux
+      x, record = layer_cls(**kwargs, moe_kwargs=self.moe_kwargs if i in moe else (),
+                            name=f"x_layers_{i}")(x, index, segment_ids, positions)
+      total = _added(total, record)
     return x, total

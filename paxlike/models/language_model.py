@@ -230,7 +230,9 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
   # (None: hidden_dims), top-2 routed within num_groups groups of tokens, each expert
   # taking expert_capacity_dim tokens of a group or more by expert_capacity_factor
   # (praxis's unadjusted_expert_capacity_factor). The load-balancing loss times
-  # moe_load_balance_loss_weight is added to the loss (metric aux_loss).
+  # moe_load_balance_loss_weight is added to the loss (metric aux_loss); metric
+  # moe_over_capacity is the MoE layers' mean fraction of token choices that found
+  # their expert full.
   num_experts: int = 0
   moe_layers: tuple[int, ...] | None = None
   num_groups: int = 1
@@ -337,7 +339,7 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
   def forward(self, ids: jax.Array, cache_mode: str | None = None,
               index: jax.Array | None = None, segment_ids: jax.Array | None = None,
               segment_pos: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    """__call__'s logits, and the MoE layers' weighted load-balancing loss (0 without)."""
+    """__call__'s logits, and the MoE layers' routing record (StackedTransformer)."""
     x = self.embedding(ids) if self.separate_embedding else self.softmax.embed(ids)
     if segment_pos is None:
       segment_pos = jnp.arange(ids.shape[1])[None] + (0 if index is None else index)
@@ -354,33 +356,34 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
     relative = self.rope_timescales is not None or self.relative_bias is not None
     positions = segment_pos if relative else None
     x = self.input_dropout(x, deterministic=not dropout_active(self, self.input_dropout_prob))
-    x, aux_loss = self.transformer(x, cache_mode, index, segment_ids, positions)
+    x, routing = self.transformer(x, cache_mode, index, segment_ids, positions)
     # Outside a pipeline the softmax runs data-parallel over every core, stages included.
     batch_axis = "batch" if self.num_stages is None else "pipeline_batch"
     x = nn.with_logical_constraint(x, (batch_axis, "length", "activation_embed"))
     x = self.final_norm(x)
     logits = self.softmax.logits(x)
     return (nn.with_logical_constraint(logits, (batch_axis, "length", "activation_vocab")),
-            aux_loss)
+            routing)
 
   def fprop(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Returns (mean weighted loss, metrics)."""
     segment_ids = segment_pos = None
     if self.packed_input:
       segment_ids, segment_pos = batch.get("segment_ids"), batch.get("segment_pos")
-    logits, aux_loss = self.forward(batch["ids"], segment_ids=segment_ids,
-                                    segment_pos=segment_pos)
+    logits, routing = self.forward(batch["ids"], segment_ids=segment_ids,
+                                   segment_pos=segment_pos)
     weights = sample_weighted(batch, self.apply_eval_sample_weights)
     loss, metrics = weighted_loss(logits, batch["labels"], weights, self.strict_accuracy,
                                   self.yes_no_tokens)
-    return self._total_loss(loss, metrics, logits, weights, aux_loss)
+    return self._total_loss(loss, metrics, logits, weights, routing)
 
   def _total_loss(self, loss: jax.Array, metrics: dict[str, jax.Array], logits: jax.Array,
-                  weights: jax.Array, aux_loss: jax.Array
+                  weights: jax.Array, routing: dict[str, jax.Array]
                   ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """praxis's total_loss: the cross-entropy (over the labels' count with
     loss_over_labels_size), plus the z-loss and the MoE layers' load-balancing losses
-    (metrics z_loss, aux_loss). log_pplx stays the mean over the weighted tokens."""
+    (metrics z_loss, aux_loss; and moe_over_capacity). log_pplx stays the mean over the
+    weighted tokens."""
     if not (self.moe_layers or self.z_loss_weight or self.loss_over_labels_size):
       return loss, metrics
     denominator = jnp.sum(weights.astype(jnp.float32))
@@ -394,8 +397,9 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
       loss = loss + z_loss
       metrics["z_loss"] = z_loss
     if self.moe_layers:
-      loss = loss + aux_loss
-      metrics["aux_loss"] = aux_loss
+      loss = loss + routing["aux_loss"]
+      metrics["aux_loss"] = routing["aux_loss"]
+      metrics["moe_over_capacity"] = routing["over_capacity"] / len(self.moe_layers)
     metrics["loss"] = loss
     return loss, metrics
 
