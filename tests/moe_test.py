@@ -124,3 +124,42 @@ def test_a_glam_like_lms_praxis_tree_reads_back_as_the_same_model():
                                      "report_strict_acc": False})
   changed = {k: v for k, v in values.items() if getattr(cfg, k) != v}
   assert changed == {}, changed
+
+
+def test_a_scanned_glam_like_lm_decodes_as_its_unrolled_twin():
+  """Decoding runs the layers unrolled (decoding.decoding_model): blocks of an MoE and a
+  dense layer come apart into x_layers_i with the same logits, and stack back."""
+  from paxlike import decoding
+
+  model = LanguageModel(**GLAM_LIKE, use_repeated_layer=True)
+  ids = jax.random.randint(jax.random.key(0), (2, 10), 1, 48)
+  params = flax.linen.unbox(model.init(jax.random.key(1), ids)["params"])
+  plain, unrolled = decoding.decoding_model(model, params)
+  assert sorted(unrolled["transformer"]) == [f"x_layers_{i}" for i in range(4)]
+  assert "moe" in unrolled["transformer"]["x_layers_2"]
+  np.testing.assert_allclose(plain.apply({"params": unrolled}, ids),
+                             model.apply({"params": params}, ids), rtol=1e-5, atol=1e-6)
+  back = model.restack_params(unrolled)
+  assert jax.tree.all(jax.tree.map(np.array_equal, back, params))
+
+
+def test_a_glam_like_checkpoint_reads_into_its_own_and_the_other_layout():
+  """paxlike.relayout reads the stored blocks as 4 layers: the same layout needs nothing,
+  the unrolled one gets the layers (and the Adam moments mirroring them) restacked."""
+  from paxlike import relayout
+
+  scanned = LanguageModel(**GLAM_LIKE, use_repeated_layer=True)
+  ids = jax.random.randint(jax.random.key(0), (2, 10), 1, 48)
+  params = jax.tree.map(np.asarray,
+                        flax.linen.unbox(scanned.init(jax.random.key(1), ids)["params"]))
+  stored = {"params": params, "opt_state": [{"mu": params}]}
+  assert relayout.change(stored, scanned) is None
+  unrolled = scanned.clone(use_repeated_layer=False)
+  plan = relayout.change(stored, unrolled)
+  assert (plan.source.num_layers, plan.target.use_repeated_layer) == (4, False)
+  tree, fresh = plan.apply(stored, {"params": unrolled.restack_params(params),
+                                    "opt_state": [{"mu": unrolled.restack_params(params)}]})
+  assert not fresh
+  want = unrolled.restack_params(params)
+  assert jax.tree.all(jax.tree.map(np.array_equal, tree["params"], want))
+  assert jax.tree.all(jax.tree.map(np.array_equal, tree["opt_state"][0]["mu"], want))

@@ -15,6 +15,10 @@ its next pass (so the circular schedule needs M >= S). M x R + S - 1
 iterations in all, of which S - 1 are each stage's bubble. The backward pass
 is autodiff of the loop: all forwards, then all backwards.
 
+A scanned stack whose layers alternate between structures (mixture-of-experts
+and dense feed-forwards) scans blocks of p layers: `repeat` holds `layer_j`
+[N / p, ...] for j < p, logical layer k x p + j at index k of `layer_j`.
+
 Logical layer l = (r x S + s) x L + j lives in repeat r, stage s, slot j:
 to_layers / from_layers convert any layout (scanned, unrolled, pipelined with
 any S and R) to the logical list and back, which is how a checkpoint moves
@@ -323,6 +327,22 @@ def stacked(module: nn.Module, layout: Layout, x: jax.Array, *, init_stage: Any,
 # --------------------------------------------------------- layout changes
 
 UNROLLED = re.compile(r"x_layers_(\d+)$")  # an unrolled stack's layer keys
+BLOCK = re.compile(r"layer_(\d+)$")  # a scanned block's layer keys (see the module docstring)
+
+
+def _block_size(repeat: Any) -> int:
+  """How many layers each scanned step holds: p for a block of `layer_j`, else 1."""
+  if isinstance(repeat, dict) and repeat and all(BLOCK.match(k) for k in repeat):
+    return len(repeat)
+  return 1
+
+
+def _structure_period(layers: list[Any]) -> int:
+  """The shortest p (dividing the count) with every layer shaped like layer i mod p."""
+  shapes = [jax.tree.structure(t) for t in layers]
+  n = len(shapes)
+  return next(p for p in range(1, n + 1)
+              if n % p == 0 and all(shapes[i] == shapes[i % p] for i in range(n)))
 LAYER_KEY = re.compile(r"layers_(\d+)$")  # an unrolled layer's key in a stored tree
 
 
@@ -345,6 +365,10 @@ def to_layers(stack: dict[str, Any], layout: Layout) -> list[dict[str, Any]]:
   if layout.num_stages is None:
     if layout.use_repeated_layer:
       tree = stack["repeat"]
+      p = _block_size(tree)
+      if p > 1:
+        return [jax.tree.map(lambda a, k=k: a[k], tree[f"layer_{j}"])
+                for k in range(n // p) for j in range(p)]
       return [jax.tree.map(lambda a, i=i: a[i], tree) for i in range(n)]
     return [stack[f"x_layers_{i}"] for i in range(n)]
   s, r, per = layout.num_stages, layout.circular_repeat, layout.layers_per_stage
@@ -375,6 +399,9 @@ def from_layers(layers: list[dict[str, Any]], layout: Layout) -> dict[str, Any]:
     raise ValueError(f"{len(layers)} layers for a layout of {layout.num_layers}")
   if layout.num_stages is None:
     if layout.use_repeated_layer:
+      p = _structure_period(layers)
+      if p > 1:
+        return {"repeat": {f"layer_{j}": _stack(layers[j::p], xp) for j in range(p)}}
       return {"repeat": _stack(layers, xp)}
     return {f"x_layers_{i}": t for i, t in enumerate(layers)}
   s, r, per = layout.num_stages, layout.circular_repeat, layout.layers_per_stage
@@ -409,7 +436,9 @@ def _stored_count(stack: dict[str, Any]) -> int | None:
     return None if leaf is None or len(leaf.shape) < 2 else int(np.prod(leaf.shape[:2])) * per
   if "repeat" in stack:
     leaf = first(stack["repeat"])
-    return None if leaf is None or not leaf.shape else int(leaf.shape[0])
+    if leaf is None or not leaf.shape:
+      return None
+    return int(leaf.shape[0]) * _block_size(stack["repeat"])
   return sum(1 for k in stack if UNROLLED.match(k)) or None
 
 
