@@ -169,6 +169,14 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
     dcn = self.DCN_MESH_SHAPE
     return int(self.ICI_MESH_SHAPE[-1]) * (int(dcn[-1]) if dcn else 1)
 
+  def data_axis_size(self) -> int:
+    """Devices on the mesh's 'data' axis (ICI x DCN); 1 without a mesh (pmap)."""
+    if self.ICI_MESH_SHAPE is None:
+      return 1
+    ici, dcn = list(self.ICI_MESH_SHAPE), self.DCN_MESH_SHAPE
+    i = list(mesh.axes_for(ici)).index("data")
+    return int(ici[i]) * (int(dcn[i]) if dcn else 1)
+
   def file_input_settings(self) -> dict[str, Any]:
     """TRAIN_FILES / EVAL_FILES: the LM's features (packed rows with segment_ids /
     segment_pos, honoured with PACKED_INPUT)."""
@@ -192,6 +200,7 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
         embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
         vocab_pad_multiple=self.mdl_axis_size(), softmax_has_bias=self.SOFTMAX_HAS_BIAS,
         per_dim_scale=self.PER_DIM_SCALE, relative_bias=(32, 128) if self.RELATIVE_BIAS else None,
+        expert_shards=self.data_axis_size(),
         **self.lora_fields()).set_mesh(*self._pax_mesh())
 
   def _pax_mesh(self) -> tuple[Any, Any, Any]:

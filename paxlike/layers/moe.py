@@ -127,7 +127,10 @@ class MoeFeedForward(nn.Module):
 
   Weights: gate [D, E], wi [E, D, H] (and wi_gate with gated_activation:
   act(x wi_gate) * (x wi)), wo [E, H, D]; the expert dim is sharded over the
-  mesh's 'data' axis (logical 'expert'), as Pax shards it.
+  mesh's 'data' axis (logical 'expert'), as Pax shards it. shard_experts=False
+  (experts that do not divide the data axis: MoELarge's 16 on 32 devices) keeps
+  each device's copy of every expert split on its embed dim instead, as a dense
+  layer's weights are.
   """
 
   num_experts: int
@@ -142,6 +145,7 @@ class MoeFeedForward(nn.Module):
   load_balance_loss_weight: float = 1.0
   dropout_rate: float = 0.0
   decode: bool = False
+  shard_experts: bool = True
 
   @nn.compact
   def __call__(self, x: jax.Array, nonpadding: jax.Array | None = None
@@ -154,11 +158,12 @@ class MoeFeedForward(nn.Module):
       init = nn.with_logical_partitioning(_fan_in_uniform(fan_in), axes)
       return self.param(name, init, shape, jnp.float32).astype(self.dtype)
 
-    gate_w = weight("gate", (d, e), ("expert_embed", None), d)
-    wi = weight("wi", (e, d, h), ("expert", "expert_embed", "mlp"), d)
-    wi_gate = (weight("wi_gate", (e, d, h), ("expert", "expert_embed", "mlp"), d)
+    expert, embed = ("expert", "expert_embed") if self.shard_experts else (None, "embed")
+    gate_w = weight("gate", (d, e), (embed, None), d)
+    wi = weight("wi", (e, d, h), (expert, embed, "mlp"), d)
+    wi_gate = (weight("wi_gate", (e, d, h), (expert, embed, "mlp"), d)
                if self.gated_activation else None)
-    wo = weight("wo", (e, h, d), ("expert", "mlp", "expert_embed"), h)
+    wo = weight("wo", (e, h, d), (expert, "mlp", embed), h)
     act = ACTIVATIONS[self.activation]
     x = x.astype(self.dtype)
 
@@ -192,13 +197,13 @@ class MoeFeedForward(nn.Module):
     combine = combine.astype(self.dtype)
     dispatch = (combine > 0).astype(self.dtype)
     expert_in = jnp.einsum("gsec,gsm->egcm", dispatch, grouped)
-    expert_in = nn.with_logical_constraint(expert_in, ("expert", None, None, None))
+    expert_in = nn.with_logical_constraint(expert_in, (expert, None, None, None))
     hid = hidden(expert_in, "egc", "egc")
     hid = nn.Dropout(self.dropout_rate)(
         hid, deterministic=not dropout_active(self, self.dropout_rate))
     hid = checkpoint_name(hid, "ffn1")
     expert_out = jnp.einsum("egch,ehm->egcm", hid, wo)
-    expert_out = nn.with_logical_constraint(expert_out, ("expert", None, None, None))
+    expert_out = nn.with_logical_constraint(expert_out, (expert, None, None, None))
     y = jnp.einsum("egcm,gsec->gsm", expert_out, combine)
     y = nn.with_logical_constraint(y, ("batch", None, "activation_embed"))
     y = checkpoint_name(y.reshape(b, length, d), "ffn2")

@@ -243,6 +243,9 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
   moe_gating_logit_cap: float = 0.0
   moe_load_balance_loss_weight: float = 1.0
   moe_activation: str | None = None  # the experts' activation; None: activation
+  # The mesh's 'data' axis size (the template's): the experts are split over it when
+  # num_experts is a multiple of it, else each expert's embed dim is (see MoeFeedForward).
+  expert_shards: int = 1
   # GLaM's LM (praxis's glam builder): attention without a query scale
   # (query_scale=False), with an extra softmax logit and a causal relative position bias
   # per layer ((num_buckets, max_distance)); praxis's GShardSharedEmbeddingSoftmax
@@ -283,6 +286,7 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
                     ("capacity_dim", self.expert_capacity_dim),
                     ("gated_activation", self.moe_gated_activation),
                     ("activation", self.moe_activation or self.activation),
+                    ("shard_experts", self.num_experts % max(self.expert_shards, 1) == 0),
                     ("gating_logit_cap", float(self.moe_gating_logit_cap)),
                     ("load_balance_loss_weight", float(self.moe_load_balance_loss_weight)))
 
