@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from paxlike.layers import attention
-from paxlike.layers.moe import MoeFeedForward, expert_capacity, top2_gating
+from paxlike.layers.moe import MoeFeedForward, combine, dispatch, expert_capacity, top2_gating
 from paxlike.models.language_model import LanguageModel
 from paxlike.pax import config_tree
 from paxlike.pax.pax_fiddle import Config
@@ -33,27 +33,48 @@ def _logits(first: list[int], second: list[int], experts: int) -> jnp.ndarray:
 def test_tokens_fill_an_expert_in_order_first_choices_before_second():
   """Capacity 2: expert 0 takes the first two tokens that choose it first; the third of them
   is left to its second expert, and second choices only take the room left."""
-  combine, _, stats = top2_gating(_logits([0, 0, 0, 1], [1, 1, 2, 0], 3), None, capacity=2)
-  reached = np.asarray(combine[0] > 0)  # [S, E, C]
-  assert reached[0, 0, 0] and reached[1, 0, 1]  # tokens 0 and 1 fill expert 0's two slots
-  assert not reached[2, 0].any() and reached[2, 2, 0]  # token 2 keeps only expert 2
-  # expert 1: token 3's first choice takes slot 0, token 0's second choice slot 1; token 1's
-  # second choice finds it full.
-  assert reached[3, 1, 0] and reached[0, 1, 1] and not reached[1, 1].any()
-  assert not reached[3, 0].any()  # expert 0 is full for token 3's second choice
+  routed, _, stats = top2_gating(_logits([0, 0, 0, 1], [1, 1, 2, 0], 3), None, capacity=2)
+  none = 3 * 2  # the slot index of "no place": experts x capacity
+  slots = np.asarray(routed["slot"][0])  # [S, 2]: expert x 2 + position, per choice
+  # Tokens 0 and 1 fill expert 0's two slots, token 2 finds it full and keeps expert 2;
+  # expert 1: token 3's first choice takes slot 0, token 0's second choice slot 1, and
+  # token 1's second choice finds it full; token 3's second choice, expert 0, is full.
+  np.testing.assert_array_equal(slots, [[0, 3], [1, none], [none, 4], [2, none]])
   # Each token's gates are renormalised over its two choices before any is dropped.
-  gates = np.asarray(combine[0].sum(axis=(1, 2)))
   pair = np.exp(4.0) / (np.exp(4.0) + np.exp(2.0))
-  np.testing.assert_allclose(gates, [1.0, pair, 1 - pair, pair], rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(routed["gate"][0]),
+                             [[pair, 1 - pair], [pair, 0], [0, 1 - pair], [pair, 0]], rtol=1e-5)
   np.testing.assert_allclose([stats["dispatch_1"], stats["dispatch_2"]], [0.75, 0.25])
   assert float(stats["over_capacity"]) == pytest.approx(3 / 8)  # 3 of the 8 choices
 
 
 def test_padding_tokens_reach_no_expert_and_count_for_nothing():
-  combine, _, stats = top2_gating(_logits([0, 1, 2, 0], [1, 2, 0, 1], 3),
-                                  jnp.asarray([[1, 1, 0, 0]]), capacity=4)
-  assert not np.asarray(combine[0, 2:]).any()
+  routed, _, stats = top2_gating(_logits([0, 1, 2, 0], [1, 2, 0, 1], 3),
+                                 jnp.asarray([[1, 1, 0, 0]]), capacity=4)
+  assert (np.asarray(routed["slot"][0, 2:]) == 3 * 4).all()
+  assert not np.asarray(routed["gate"][0, 2:]).any()
   assert float(stats["dispatch_2"]) == 1.0  # both real tokens reach their two experts
+
+
+def test_gathers_give_gshards_one_hot_einsums():
+  """dispatch / combine equal GShard's dispatch and combine tensors' einsums."""
+  g, s, e, c, m = 2, 12, 4, 4, 5
+  logits = jax.random.normal(jax.random.key(0), (g, s, e)) * 3.0
+  routed, _, _ = top2_gating(logits, None, capacity=c)
+  x = jax.random.normal(jax.random.key(1), (g, s, m))
+  onehot = np.zeros((g, s, e * c + 1), np.float32)  # one-hot slots, the last one "no place"
+  for k in range(2):
+    np.put_along_axis(onehot, np.asarray(routed["slot"][..., k:k + 1]), 1.0, axis=-1)
+  gates = np.zeros_like(onehot)
+  for k in range(2):
+    np.put_along_axis(gates, np.asarray(routed["slot"][..., k:k + 1]),
+                      np.asarray(routed["gate"][..., k:k + 1]), axis=-1)
+  onehot, gates = onehot[..., :-1], gates[..., :-1]
+  np.testing.assert_allclose(dispatch(x, routed["slot"], e * c),
+                             np.einsum("gsx,gsm->gxm", onehot, x), rtol=1e-6, atol=1e-6)
+  out = jax.random.normal(jax.random.key(2), (g, e * c, m))
+  np.testing.assert_allclose(combine(out, routed), np.einsum("gxm,gsx->gsm", out, gates),
+                             rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("experts", [4, 8])

@@ -1,8 +1,12 @@
 """Mixture-of-experts feed-forward with GShard's top-2 routing (praxis's TransformerFeedForwardMoe).
 
 The tokens of a batch are cut into num_groups groups of S tokens; each group
-routes on its own. A token goes to its two highest-gated experts, in token
-order while an expert has room: an expert takes at most C tokens of a group
+routes on its own. Tokens reach their experts' slots and come back by
+gathers (dispatch, combine), which give GShard's one-hot einsums' values
+without their [groups, S, experts, capacity] tensors, quadratic in S.
+
+A token goes to its two highest-gated experts, in token order while an
+expert has room: an expert takes at most C tokens of a group
 (the expert capacity, from the capacity factor: int(S x factor / E) rounded
 up to a multiple of 4, or a fixed expert_capacity_dim). A token past an
 expert's capacity skips that expert (a token with neither expert passes
@@ -53,13 +57,17 @@ def expert_capacity(group_size: int, num_experts: int, capacity_factor: float,
 
 
 def top2_gating(logits: jax.Array, nonpadding: jax.Array | None, capacity: int,
-                logit_cap: float = 0.0) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+                logit_cap: float = 0.0) -> tuple[dict[str, jax.Array], jax.Array,
+                                                  dict[str, jax.Array]]:
   """GShard's top-2 routing of logits [G, S, E].
 
-  Returns (combine [G, S, E, C] gates at each token's slot, load-balancing
-  loss, stats): stats holds the fraction of non-padding tokens that reached
-  0, 1 and 2 experts (dispatch_0/1/2), and of their choices that found the
-  expert full (over_capacity).
+  Returns (assignments, load-balancing loss, stats). assignments holds, for
+  each token's first and second choice ([G, S, 2] each): `slot`, the flat
+  index expert x C + position of the place it got, or E x C where the expert
+  was full (or the token is padding), and `gate`, its renormalised gate (0
+  where it got no place). stats: the fraction of non-padding tokens that
+  reached 0, 1 and 2 experts (dispatch_0/1/2), and of their choices that
+  found the expert full (over_capacity).
   """
   logits = logits.astype(jnp.float32)
   if logit_cap > 0.0:
@@ -83,20 +91,45 @@ def top2_gating(logits: jax.Array, nonpadding: jax.Array | None, capacity: int,
   proxy = jnp.mean(gates * keep[..., None], axis=1)
   aux_loss = jnp.mean(density * proxy) * num_experts * num_experts
 
-  # Slots in token order: first choices before second ones.
-  pos1 = jnp.cumsum(mask1, axis=1) - mask1
-  mask1 = mask1 * (pos1 < capacity)
-  pos2 = jnp.cumsum(mask2, axis=1) - mask2 + jnp.sum(mask1, axis=1, keepdims=True)
-  mask2 = mask2 * (pos2 < capacity)
-  slot1 = jax.nn.one_hot(jnp.sum(pos1 * mask1, axis=-1).astype(jnp.int32), capacity)
-  slot2 = jax.nn.one_hot(jnp.sum(pos2 * mask2, axis=-1).astype(jnp.int32), capacity)
-  combine = ((gate1[..., None] * mask1)[..., None] * slot1[..., None, :]
-             + (gate2[..., None] * mask2)[..., None] * slot2[..., None, :])
-  reached = jnp.sum(mask1, axis=-1) + jnp.sum(mask2, axis=-1)
+  # Positions in token order, first choices before second ones; a full expert drops.
+  pos1 = jnp.sum((jnp.cumsum(mask1, axis=1) - mask1) * mask1, axis=-1)
+  kept1 = (jnp.sum(mask1, axis=-1) > 0) & (pos1 < capacity)
+  taken = jnp.sum(mask1 * (pos1 < capacity)[..., None], axis=1, keepdims=True)
+  pos2 = jnp.sum((jnp.cumsum(mask2, axis=1) - mask2 + taken) * mask2, axis=-1)
+  kept2 = (jnp.sum(mask2, axis=-1) > 0) & (pos2 < capacity)
+  full = num_experts * capacity  # the slot index of "no place"
+  slot1 = jnp.where(kept1, first * capacity + pos1.astype(jnp.int32), full)
+  slot2 = jnp.where(kept2, second * capacity + pos2.astype(jnp.int32), full)
+  assignments = {"slot": jnp.stack([slot1, slot2], axis=-1).astype(jnp.int32),
+                 "gate": jnp.stack([gate1 * kept1, gate2 * kept2], axis=-1)}
+  reached = kept1.astype(jnp.float32) + kept2.astype(jnp.float32)
   tokens = jnp.maximum(jnp.sum(keep), 1.0)
   stats = {f"dispatch_{k}": jnp.sum((reached == k) * keep) / tokens for k in range(3)}
   stats["over_capacity"] = 1.0 - jnp.sum(reached * keep) / (2.0 * tokens)
-  return combine, aux_loss, stats
+  return assignments, aux_loss, stats
+
+
+def dispatch(grouped: jax.Array, slots: jax.Array, num_slots: int) -> jax.Array:
+  """Each expert's inputs [G, E x C, M]: slot i of group g holds the token routed there
+  (zeros where none is). A gather: GShard's one-hot dispatch einsum, without its
+  [G, S, E, C] tensor."""
+  g, s = slots.shape[:2]
+  token = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32)[None, :, None], slots.shape)
+  # The token in each slot (s, a zero row, where none is); out-of-range slots drop.
+  table = jnp.full((g, num_slots), s, jnp.int32)
+  table = table.at[jnp.arange(g)[:, None, None], slots].set(token, mode="drop")
+  padded = jnp.concatenate([grouped, jnp.zeros_like(grouped[:, :1])], axis=1)
+  return jnp.take_along_axis(padded, table[..., None], axis=1)
+
+
+def combine(expert_out: jax.Array, assignments: dict[str, jax.Array]) -> jax.Array:
+  """Each token's output [G, S, M]: its two slots' expert outputs (expert_out [G, E x C, M])
+  weighted by their gates; GShard's combine einsum as a gather."""
+  padded = jnp.concatenate([expert_out, jnp.zeros_like(expert_out[:, :1])], axis=1)
+  g, s, k = assignments["slot"].shape
+  picked = jnp.take_along_axis(padded, assignments["slot"].reshape(g, s * k)[..., None], axis=1)
+  picked = picked.reshape(g, s, k, -1)
+  return jnp.einsum("gskm,gsk->gsm", picked, assignments["gate"].astype(picked.dtype))
 
 
 def no_routing() -> dict[str, jax.Array]:
@@ -193,18 +226,21 @@ class MoeFeedForward(nn.Module):
     grouped = nn.with_logical_constraint(x.reshape(g, s, d), ("batch", None, "activation_embed"))
     keep = None if nonpadding is None else nonpadding.reshape(g, s)
     logits = jnp.einsum("gsm,me->gse", grouped, gate_w)
-    combine, aux_loss, stats = top2_gating(logits, keep, capacity, self.gating_logit_cap)
-    combine = combine.astype(self.dtype)
-    dispatch = (combine > 0).astype(self.dtype)
-    expert_in = jnp.einsum("gsec,gsm->egcm", dispatch, grouped)
-    expert_in = nn.with_logical_constraint(expert_in, (expert, None, None, None))
+    assignments, aux_loss, stats = top2_gating(logits, keep, capacity, self.gating_logit_cap)
+    expert_in = dispatch(grouped, assignments["slot"], e * capacity)
+    expert_in = expert_in.reshape(g, e, capacity, d).transpose(1, 0, 2, 3)
+    # [E, G, C, M]: split over the experts (each device runs its experts for every group,
+    # an all-to-all away), or, where the experts are not split, over the groups.
+    spread = (expert, None, None, None) if self.shard_experts else (None, "batch", None, None)
+    expert_in = nn.with_logical_constraint(expert_in, spread)
     hid = hidden(expert_in, "egc", "egc")
     hid = nn.Dropout(self.dropout_rate)(
         hid, deterministic=not dropout_active(self, self.dropout_rate))
     hid = checkpoint_name(hid, "ffn1")
     expert_out = jnp.einsum("egch,ehm->egcm", hid, wo)
-    expert_out = nn.with_logical_constraint(expert_out, (expert, None, None, None))
-    y = jnp.einsum("egcm,gsec->gsm", expert_out, combine)
+    expert_out = nn.with_logical_constraint(expert_out, spread)
+    expert_out = expert_out.transpose(1, 0, 2, 3).reshape(g, e * capacity, d)
+    y = combine(expert_out, assignments)
     y = nn.with_logical_constraint(y, ("batch", None, "activation_embed"))
     y = checkpoint_name(y.reshape(b, length, d), "ffn2")
     return y, {"aux_loss": aux_loss * self.load_balance_loss_weight,
