@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import math
 import os
 import re
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from conftest import registrations_undone, train_in_process
+from conftest import describe, registrations_undone, run_cli, train_in_process
 
 from paxlike import config, dry_run, experiment, flops, registry
 from paxlike import train_state as ts
@@ -402,6 +403,21 @@ def test_nvidias_moe_large_has_paxs_experts_and_count(pax_modules, monkeypatch):
   moe = 12 * ((d * e + 2 * e * d * f) - (2 * d * f + f + d))
   assert _count(model) == pax_param_count(p) + moe
   assert flops.param_count(model.flops_dims(8)) == _count(model)
+
+
+def test_nvidias_moe_large_as_written_dry_runs_within_an_80gb_gpu(pax_modules, tmp_path):
+  """The pod check on a CPU: MoELarge on its own 32-device mesh compiles with Pax's count.
+  Its 16 experts do not divide the 32-way data axis, so each is split on its embed dim, and
+  with the routing done by gathers the step fits an 80 GB GPU (the one-hot einsums' step
+  needed 153 GiB a device)."""
+  root = Path(pax_modules["nvidia"].__file__).parent
+  job = tmp_path / "job"
+  proc = run_cli(["--exp=pax_nvidia.MoELarge", "--mode=dry_run", f"--job_log_dir={job}"],
+                 tmp_path, pythonpath=[root])
+  assert proc.returncode == 0, describe(proc)
+  report = json.loads((job / "dry_run.json").read_text())
+  assert (report["num_devices"], report["params"]) == (32, 26_794_257_920)
+  assert report["fits"]["h100"]["fits"] and report["fits"]["a100"]["fits"], report["fits"]
 
 
 MOE_SMALL = ["NUM_LAYERS=2", "MODEL_DIMS=32", "HIDDEN_DIMS=64", "NUM_HEADS=4",
