@@ -52,6 +52,16 @@ def _class_paths(classes: Iterable[type]) -> dict[str, set[str]]:
   return out
 
 
+def _modules(classes: Iterable[type]
+             ) -> Iterator[tuple[ast.Module, dict[ast.AST, ast.AST], set[str]]]:
+  """(parsed module, its parent links, the given classes' qualified names in it) for each
+  module that defines one of the classes."""
+  for path, qualnames in _class_paths(classes).items():
+    parsed = _parsed(path)
+    if parsed is not None:
+      yield parsed[0], parsed[1], qualnames
+
+
 def _knobs(test: ast.AST) -> tuple[str, ...]:
   names = [n.attr for n in ast.walk(test)
            if isinstance(n, ast.Attribute) and n.attr.isupper() and not n.attr.startswith("_")]
@@ -104,11 +114,7 @@ def reads(name: str, classes: Iterable[type]) -> list[Read]:
   classes) of the modules that define them: a template's helper, as c4.py's
   set_adam_and_learning_rate_schedule(cls, task_p)."""
   out = []
-  for path, qualnames in _class_paths(classes).items():
-    parsed = _parsed(path)
-    if parsed is None:
-      continue
-    tree, parents = parsed
+  for tree, parents, qualnames in _modules(classes):
     for node in ast.walk(tree):
       if not (isinstance(node, ast.Attribute) and node.attr == name
               and isinstance(node.ctx, ast.Load)):
@@ -126,11 +132,7 @@ def class_body_uses(name: str, classes: Iterable[type]) -> str | None:
   (GLaM's `NUM_GPUS = 64` then `ICI_MESH_SHAPE = [1, NUM_GPUS, 1]`), as "Cls computes
   ICI_MESH_SHAPE from it"; None when none does. Such a knob is read when the class is
   defined, so a later --set of it changes nothing (and is refused as unread)."""
-  for path, qualnames in _class_paths(classes).items():
-    parsed = _parsed(path)
-    if parsed is None:
-      continue
-    tree, _ = parsed
+  for tree, _, qualnames in _modules(classes):
     for node in ast.walk(tree):
       if not (isinstance(node, ast.ClassDef) and node.name in
               {q.rsplit(".", 1)[-1] for q in qualnames}):

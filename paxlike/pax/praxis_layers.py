@@ -87,11 +87,9 @@ class FeedForward(_Template):
 
 
 @dataclasses.dataclass
-class _Table(_Template):
-  num_classes: int = 0
-  input_dims: int = 0
-  scale_sqrt_depth: bool = False
-  lookup_style: str = "index"
+class _Sharded(_Template):
+  """praxis's BaseLayer fields every layer here has: its init and sharding hints."""
+
   params_init: Any = None
   weight_split_dims_mapping: Any = None
   activation_split_dims_mapping: Any = None
@@ -101,6 +99,14 @@ class _Table(_Template):
   def sub_templates(cls) -> dict[str, type]:
     return {"weight_split_dims_mapping": SplitDimsMapping,
             "activation_split_dims_mapping": SplitDimsMapping}
+
+
+@dataclasses.dataclass
+class _Table(_Sharded):
+  num_classes: int = 0
+  input_dims: int = 0
+  scale_sqrt_depth: bool = False
+  lookup_style: str = "index"
 
 
 @dataclasses.dataclass
@@ -127,7 +133,7 @@ class SharedEmbeddingSoftmax(FullSoftmax):
 
 
 @dataclasses.dataclass
-class GShardSharedEmbeddingSoftmax(_Template):
+class GShardSharedEmbeddingSoftmax(_Sharded):
   """praxis's GShard tied table (GLaM): N(0, 1) rows, embedded unscaled, logits from the
   activations scaled by 1/sqrt(input_dims), no bias; an optional z-loss."""
 
@@ -138,15 +144,6 @@ class GShardSharedEmbeddingSoftmax(_Template):
   logits_abs_max: float | None = 0.0
   z_loss_weight: float = 0.0
   label_smoothing_prob: float = 0.0
-  params_init: Any = None
-  weight_split_dims_mapping: Any = None
-  activation_split_dims_mapping: Any = None
-  name: str = ""
-
-  @classmethod
-  def sub_templates(cls) -> dict[str, type]:
-    return {"weight_split_dims_mapping": SplitDimsMapping,
-            "activation_split_dims_mapping": SplitDimsMapping}
 
 
 @dataclasses.dataclass
@@ -176,22 +173,13 @@ class RotaryPositionalEmbedding(PositionalEmbedding):
 
 
 @dataclasses.dataclass
-class _Attention(_Template):
+class _Attention(_Sharded):
   input_dim: int = 0
   hidden_dim: int = 0
   num_heads: int = 0
   dim_per_head: int | None = None
   atten_dropout_prob: float = 0.0
   atten_logit_cap: float = 0.0
-  weight_split_dims_mapping: Any = None
-  activation_split_dims_mapping: Any = None
-  params_init: Any = None
-  name: str = ""
-
-  @classmethod
-  def sub_templates(cls) -> dict[str, type]:
-    return {"weight_split_dims_mapping": SplitDimsMapping,
-            "activation_split_dims_mapping": SplitDimsMapping}
 
 
 @dataclasses.dataclass
@@ -274,10 +262,11 @@ class GpuTritonFusedLayerNorm(LayerNorm):
 
 
 @dataclasses.dataclass
-class TransformerFeedForward(_Template):
+class _FeedForwardLayer(_Sharded):
+  """The fields praxis's dense and mixture-of-experts feed-forward layers share."""
+
   input_dims: int = 0
   hidden_dims: int = 0
-  has_bias: bool = True
   activation_tpl: Any = None
   use_gated_activation: bool = False
   ln_tpl: Any = None
@@ -286,34 +275,25 @@ class TransformerFeedForward(_Template):
   norm_policy: str = "pre"
   add_skip_connection: bool = True
   apply_padding_first: bool = False
-  internal_gshard_variance_scaling_fan_in_init: bool = False
-  weight_split_dims_mapping: Any = None
-  activation_split_dims_mapping: Any = None
-  params_init: Any = None
-  name: str = ""
 
   @classmethod
   def sub_templates(cls) -> dict[str, type]:
-    return {"activation_tpl": activations.ReLU, "ln_tpl": LayerNorm,
-            "weight_split_dims_mapping": SplitDimsMapping,
-            "activation_split_dims_mapping": SplitDimsMapping}
+    return {**super().sub_templates(), "activation_tpl": activations.ReLU, "ln_tpl": LayerNorm}
 
 
 @dataclasses.dataclass
-class TransformerFeedForwardMoe(_Template):
-  """praxis's mixture-of-experts feed-forward (paxlike.layers.moe), as a stack's
-  moe_layer_tpl. The stack's num_experts / num_groups / gating_func override these."""
+class TransformerFeedForward(_FeedForwardLayer):
+  has_bias: bool = True
+  internal_gshard_variance_scaling_fan_in_init: bool = False
 
-  input_dims: int = 0
-  hidden_dims: int = 0
-  apply_padding_first: bool = False
-  ln_tpl: Any = None
-  activation_tpl: Any = None
-  relu_dropout_prob: float = 0.0
-  residual_dropout_prob: float = 0.0
-  add_skip_connection: bool = True
+
+@dataclasses.dataclass
+class TransformerFeedForwardMoe(_FeedForwardLayer):
+  """praxis's mixture-of-experts feed-forward (paxlike.layers.moe), as a stack's
+  moe_layer_tpl. The stack's num_experts / num_groups / gating_func override these.
+  (Not a TransformerFeedForward, as in praxis.)"""
+
   residual_weight: float = 1.0
-  norm_policy: str = "pre"
   gating_func: str = "top2"
   num_experts: int = 0
   num_groups: int = 0
@@ -325,17 +305,6 @@ class TransformerFeedForwardMoe(_Template):
   moe_load_balance_loss_weight: float = 1.0
   gating_logit_cap: float = 0.0
   moe_gating_embedding_level: str = "token"
-  use_gated_activation: bool = False
-  weight_split_dims_mapping: Any = None
-  activation_split_dims_mapping: Any = None
-  params_init: Any = None
-  name: str = ""
-
-  @classmethod
-  def sub_templates(cls) -> dict[str, type]:
-    return {"activation_tpl": activations.ReLU, "ln_tpl": LayerNorm,
-            "weight_split_dims_mapping": SplitDimsMapping,
-            "activation_split_dims_mapping": SplitDimsMapping}
 
 
 # ------------------------------------------------------- the layer stack
