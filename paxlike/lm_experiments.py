@@ -162,19 +162,13 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
         return i + 1
     return len(type(self).__mro__) + 1
 
-  def mdl_axis_size(self) -> int:
-    """Devices on the mesh's 'mdl' axis (ICI x DCN); 1 without a mesh (pmap)."""
-    if self.ICI_MESH_SHAPE is None:
-      return 1
-    dcn = self.DCN_MESH_SHAPE
-    return int(self.ICI_MESH_SHAPE[-1]) * (int(dcn[-1]) if dcn else 1)
-
-  def data_axis_size(self) -> int:
-    """Devices on the mesh's 'data' axis (ICI x DCN); 1 without a mesh (pmap)."""
+  def mesh_axis_size(self, name: str) -> int:
+    """Devices on the mesh's axis `name` ('data', 'mdl', ...: ICI x DCN); 1 without a mesh
+    (pmap)."""
     if self.ICI_MESH_SHAPE is None:
       return 1
     ici, dcn = list(self.ICI_MESH_SHAPE), self.DCN_MESH_SHAPE
-    i = list(mesh.axes_for(ici)).index("data")
+    i = list(mesh.axes_for(ici)).index(name)
     return int(ici[i]) * (int(dcn[i]) if dcn else 1)
 
   def file_input_settings(self) -> dict[str, Any]:
@@ -198,9 +192,9 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
         trainable_position_emb=self.TRAINABLE_POSITION_EMB,
         trainable_pe_max_seq_len=self.TRAINABLE_PE_MAX_SEQ_LEN,
         embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
-        vocab_pad_multiple=self.mdl_axis_size(), softmax_has_bias=self.SOFTMAX_HAS_BIAS,
+        vocab_pad_multiple=self.mesh_axis_size("mdl"), softmax_has_bias=self.SOFTMAX_HAS_BIAS,
         per_dim_scale=self.PER_DIM_SCALE, relative_bias=(32, 128) if self.RELATIVE_BIAS else None,
-        expert_shards=self.data_axis_size(),
+        expert_shards=self.mesh_axis_size("data"),
         **self.lora_fields()).set_mesh(*self._pax_mesh())
 
   def _pax_mesh(self) -> tuple[Any, Any, Any]:

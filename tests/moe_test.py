@@ -184,3 +184,29 @@ def test_a_glam_like_checkpoint_reads_into_its_own_and_the_other_layout():
   want = unrolled.restack_params(params)
   assert jax.tree.all(jax.tree.map(np.array_equal, tree["params"], want))
   assert jax.tree.all(jax.tree.map(np.array_equal, tree["opt_state"][0]["mu"], want))
+
+
+def test_maybe_setup_moe_params_copies_the_feed_forward_as_edited_before_it():
+  """As in Pax: an edit of the dense feed-forward made before maybe_setup_moe_params reaches
+  the experts (here a wider hidden layer and GELU); the experts' own template starts as
+  praxis's, which the call fills."""
+  from paxlike import config, experiment, registry
+  from paxlike.pax import layers, pax_fiddle
+  from paxlike.pax.tasks.lm import model_params
+
+  class Edited(registry.get("LmCloudSpmdTiny")):
+    def task(self):
+      task_p = super().task()
+      stack = task_p.model.lm_tpl.stacked_transformer_tpl
+      stack = getattr(stack, "block", stack)
+      assert stack.moe_layer_tpl.hidden_dims == 0  # praxis's template, untouched
+      ffn = stack.transformer_layer_params_tpl.tr_fflayer_tpl
+      stack.hidden_dims = ffn.hidden_dims = 96
+      ffn.activation_tpl = pax_fiddle.Config(layers.GELU)
+      stack.num_experts, stack.moe_layers = 4, [0]
+      model_params.maybe_setup_moe_params(stack)
+      return task_p
+
+  model = config.build(experiment.build_checked(experiment.instantiate(Edited)).task).model
+  assert (model.hidden_dims, model.moe_hidden_dims or model.hidden_dims, model.activation,
+          model.moe_activation, model.num_experts) == (96, 96, "gelu", None, 4)

@@ -342,7 +342,8 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
 
   def forward(self, ids: jax.Array, cache_mode: str | None = None,
               index: jax.Array | None = None, segment_ids: jax.Array | None = None,
-              segment_pos: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+              segment_pos: jax.Array | None = None
+              ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """__call__'s logits, and the MoE layers' routing record (StackedTransformer)."""
     x = self.embedding(ids) if self.separate_embedding else self.softmax.embed(ids)
     if segment_pos is None:

@@ -206,16 +206,18 @@ def _moe_period(m: fdl.Config) -> int:
 
 
 def _moe_fields(m: fdl.Config) -> dict[str, Any]:
-  """The stack's MoE fields, its moe_layer_tpl as Pax's maybe_setup_moe_params leaves it."""
-  moe = Config(pl.TransformerFeedForwardMoe, hidden_dims=m.moe_hidden_dims or m.hidden_dims,
-               activation_tpl=Config(ACTIVATION_CLASSES[m.moe_activation or m.activation]),
-               ln_tpl=_norm(m),
-               norm_policy=m.norm_policy, num_experts=m.num_experts, num_groups=m.num_groups,
-               expert_capacity_dim=m.expert_capacity_dim,
-               unadjusted_expert_capacity_factor=m.expert_capacity_factor,
-               use_gated_activation=m.moe_gated_activation,
-               gating_logit_cap=m.moe_gating_logit_cap,
-               moe_load_balance_loss_weight=m.moe_load_balance_loss_weight, **_hints())
+  """The stack's MoE fields. Without experts, moe_layer_tpl is praxis's untouched template
+  (maybe_setup_moe_params fills it from the feed-forward's); with them, the model's."""
+  moe = Config(pl.TransformerFeedForwardMoe, **_hints())
+  if m.moe_layers:
+    moe = Config(pl.TransformerFeedForwardMoe, hidden_dims=m.moe_hidden_dims or 0,
+                 activation_tpl=Config(ACTIVATION_CLASSES[m.moe_activation or m.activation]),
+                 ln_tpl=_norm(m), norm_policy=m.norm_policy, num_experts=m.num_experts,
+                 num_groups=m.num_groups, expert_capacity_dim=m.expert_capacity_dim,
+                 unadjusted_expert_capacity_factor=m.expert_capacity_factor,
+                 use_gated_activation=m.moe_gated_activation,
+                 gating_logit_cap=m.moe_gating_logit_cap,
+                 moe_load_balance_loss_weight=m.moe_load_balance_loss_weight, **_hints())
   return dict(num_experts=m.num_experts, num_groups=m.num_groups,
               moe_layers=list(m.moe_layers or ()), moe_layer_tpl=moe)
 
