@@ -33,7 +33,6 @@ pipelined experiment (and the other way round).
 from __future__ import annotations
 
 import copy
-import dataclasses
 from typing import Any
 
 import fiddle as fdl
@@ -45,6 +44,7 @@ from paxlike.layers.transformer import AutodiffCheckpointType, moe_period, polic
 from paxlike.pax import praxis_layers as pl
 from paxlike.pax.base_layer import WeightInitSpec
 from paxlike.pax.pax_fiddle import Config
+from paxlike.pax.tree_reader import Reader, count, name_of, same, weight_init
 
 PRAXIS_MODEL_FIELDS = ("lm_tpl", "params_init", "decoder_tpl", "report_strict_acc")
 _TREE = "_pax_tree"
@@ -225,73 +225,7 @@ def _moe_fields(m: fdl.Config) -> dict[str, Any]:
 # ------------------------------------------------------------ read back
 
 
-class _Reader:
-  """Reads a tree node's fields by path; refuses what it cannot honour; collects notes."""
-
-  def __init__(self) -> None:
-    self.notes: list[str] = []
-    self.values: dict[str, tuple[str, Any]] = {}  # model field -> (path, value)
-
-  def node(self, cfg: Any, path: str, *classes: type) -> fdl.Buildable:
-    if not isinstance(cfg, fdl.Buildable):
-      raise UserError(f"{path} = {cfg!r}: paxlike reads a pax_fiddle.Config of "
-                      f"{' / '.join(c.__name__ for c in classes)} there.")
-    target = fdl.get_callable(cfg)
-    if not (isinstance(target, type) and issubclass(target, classes)):
-      raise UserError(f"{path} = pax_fiddle.Config({_name(target)}): paxlike's LM has no "
-                      f"such layer; it models {', '.join(c.__name__ for c in classes)} there.")
-    return cfg
-
-  def fields(self, cfg: fdl.Buildable, path: str, read: tuple[str, ...]) -> None:
-    """Refuses a field set on cfg that is not read and differs from praxis's default."""
-    target = fdl.get_callable(cfg)
-    defaults = {f.name: f.default for f in dataclasses.fields(target)}
-    for name, value in cfg.__arguments__.items():
-      if name in read or name == "name":
-        continue
-      if name in ("weight_split_dims_mapping", "activation_split_dims_mapping"):
-        if isinstance(value, fdl.Buildable) and value.__arguments__:
-          self.notes.append(f"{path}.{name} ({_show(value)}) is not applied: paxlike shards "
-                            "by its mesh rules (ICI_MESH_SHAPE and the logical axis rules).")
-        continue
-      if _same(value, defaults.get(name)):
-        continue
-      raise UserError(f"{path}.{name} = {_show(value)}: paxlike's LM does not model this "
-                      f"field of {target.__name__}; leave it at {_show(defaults.get(name))}.")
-
-  def set(self, field: str, path: str, value: Any) -> None:
-    """One model field from one path; two paths that give it different values conflict."""
-    if field in self.values and not _same(self.values[field][1], value):
-      first, old = self.values[field]
-      raise UserError(f"{path} = {_show(value)} differs from {first} = {_show(old)}; "
-                      f"paxlike's LM has one {field} for both.")
-    self.values.setdefault(field, (path, value))
-
-
-def _name(target: Any) -> str:
-  return getattr(target, "__name__", repr(target))
-
-
-def _show(value: Any) -> str:
-  if isinstance(value, fdl.Buildable):
-    return f"pax_fiddle.Config({_name(fdl.get_callable(value))}, ...)"
-  if isinstance(value, type):
-    return value.__name__
-  return repr(value)
-
-
-def _same(a: Any, b: Any) -> bool:
-  if isinstance(a, fdl.Buildable) or isinstance(b, fdl.Buildable):
-    return a is b
-  if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-  try:
-    return bool(a == b)
-  except Exception:  # noqa: BLE001  (values without a plain ==: not the same)
-    return False
-
-
-def _read_norm(r: _Reader, cfg: Any, path: str) -> None:
+def _read_norm(r: Reader, cfg: Any, path: str) -> None:
   cfg = r.node(cfg, path, pl.LayerNorm, pl.RmsNorm)
   if issubclass(fdl.get_callable(cfg), pl.RmsNorm):
     r.fields(cfg, path, ("epsilon", "direct_scale", "intermediate_dtype", "dim"))
@@ -309,7 +243,7 @@ def _read_norm(r: _Reader, cfg: Any, path: str) -> None:
   r.set("layernorm_epsilon", path + ".epsilon", cfg.epsilon)
 
 
-def _read_attention(r: _Reader, cfg: Any, path: str) -> None:
+def _read_attention(r: Reader, cfg: Any, path: str) -> None:
   cfg = r.node(cfg, path, pl.DotProductAttention, pl.GroupedQueryAttention)
   common = ("atten_logit_cap", "num_heads", "dim_per_head", "input_dim", "hidden_dim",
             "atten_dropout_prob", "is_causal")
@@ -362,7 +296,7 @@ def _read_attention(r: _Reader, cfg: Any, path: str) -> None:
   r.set("combine_qkv", path + ".combine_qkv", bool(cfg.combine_qkv))
 
 
-def _read_glam_attention(r: _Reader, cfg: fdl.Buildable, path: str) -> None:
+def _read_glam_attention(r: Reader, cfg: fdl.Buildable, path: str) -> None:
   """DotProductAttention's fields GLaM sets: no query scale, an extra logit, a relative
   bias; the projections' layouts (attention_combine_dims, output_proj_use_nhd_shape) store
   the same weights in other shapes, so they change nothing here."""
@@ -390,13 +324,13 @@ def _read_glam_attention(r: _Reader, cfg: fdl.Buildable, path: str) -> None:
     raise UserError(f"{bpath}.bidirectional = True: paxlike's LM is causal; leave it False.")
   # use_length_as_position: distances within a packed sequence are the same counted from
   # the row's start as from the sequence's, and only those reach a weighted token.
-  r.set("relative_bias", bpath, (_count(bias.relative_attention_num_buckets,
+  r.set("relative_bias", bpath, (count(bias.relative_attention_num_buckets,
                                         bpath + ".relative_attention_num_buckets"),
-                                 _count(bias.relative_attention_max_distance,
+                                 count(bias.relative_attention_max_distance,
                                         bpath + ".relative_attention_max_distance")))
 
 
-def _read_ffn(r: _Reader, cfg: Any, path: str) -> None:
+def _read_ffn(r: Reader, cfg: Any, path: str) -> None:
   cfg = r.node(cfg, path, pl.TransformerFeedForward)
   r.fields(cfg, path, ("activation_tpl", "use_gated_activation", "has_bias", "ln_tpl",
                        "hidden_dims", "input_dims", "relu_dropout_prob",
@@ -432,7 +366,7 @@ def _activation(act: Any, path: str) -> str:
   return name
 
 
-def _read_layer(r: _Reader, cfg: Any, path: str) -> None:
+def _read_layer(r: Reader, cfg: Any, path: str) -> None:
   cfg = r.node(cfg, path, pl.Transformer)
   r.fields(cfg, path, ("norm_policy", "ln_tpl", "tr_atten_tpl", "tr_fflayer_tpl",
                        "num_heads", "dim_per_head", "hidden_dims", "input_dims",
@@ -443,7 +377,7 @@ def _read_layer(r: _Reader, cfg: Any, path: str) -> None:
   _read_ffn(r, cfg.tr_fflayer_tpl, path + ".tr_fflayer_tpl")
 
 
-def _read_stack(r: _Reader, cfg: Any, path: str, repeats: int, block: bool = False,
+def _read_stack(r: Reader, cfg: Any, path: str, repeats: int, block: bool = False,
                 pipelined: bool = False) -> None:
   """A StackedTransformer run `repeats` times over; `block`: a repeated stack's block,
   `pipelined`: a pipeline's stage."""
@@ -457,7 +391,7 @@ def _read_stack(r: _Reader, cfg: Any, path: str, repeats: int, block: bool = Fal
   if not cfg.mask_self_attention:
     raise UserError(f"{path}.mask_self_attention = False: paxlike's LM is causal; leave it "
                     "True.")
-  r.set("num_layers", path + ".num_layers", _count(cfg.num_layers, path + ".num_layers") * repeats)
+  r.set("num_layers", path + ".num_layers", count(cfg.num_layers, path + ".num_layers") * repeats)
   r.set("model_dims", path + ".model_dims", cfg.model_dims)
   r.set("hidden_dims", path + ".hidden_dims", cfg.hidden_dims)
   r.set("num_heads", path + ".num_heads", cfg.num_heads)
@@ -477,7 +411,7 @@ MOE_STACK_FIELDS = ("num_experts", "num_groups", "min_group_size", "gating_func"
                     "moe_layer_tpl")
 
 
-def _read_moe(r: _Reader, cfg: fdl.Buildable, path: str, repeats: int, pipelined: bool) -> None:
+def _read_moe(r: Reader, cfg: fdl.Buildable, path: str, repeats: int, pipelined: bool) -> None:
   """The stack's mixture-of-experts layers: moe_layers (of this stack, repeated `repeats`
   times over) with moe_layer_tpl, and the stack's num_experts / num_groups / gating_func,
   which praxis writes over the template's."""
@@ -498,7 +432,7 @@ def _read_moe(r: _Reader, cfg: fdl.Buildable, path: str, repeats: int, pipelined
   if pipelined:
     raise UserError(f"{path}.moe_layers: mixture-of-experts layers in a pipeline stage are "
                     "not modelled yet; use a stack without a pipeline.")
-  experts = _count(cfg.num_experts, path + ".num_experts")
+  experts = count(cfg.num_experts, path + ".num_experts")
   if experts < 2:
     raise UserError(f"{path}.num_experts = {experts}: a mixture of experts needs 2 or more.")
   if cfg.gating_func != "top2":
@@ -510,7 +444,7 @@ def _read_moe(r: _Reader, cfg: fdl.Buildable, path: str, repeats: int, pipelined
   layers = sorted({i + k * n for k in range(repeats) for i in chosen})
   r.set("moe_layers", path + ".moe_layers", tuple(layers))
   r.set("num_experts", path + ".num_experts", experts)
-  r.set("num_groups", path + ".num_groups", _count(cfg.num_groups, path + ".num_groups"))
+  r.set("num_groups", path + ".num_groups", count(cfg.num_groups, path + ".num_groups"))
   mpath = path + ".moe_layer_tpl"
   moe = r.node(cfg.moe_layer_tpl, mpath, pl.TransformerFeedForwardMoe)
   r.fields(moe, mpath, ("input_dims", "hidden_dims", "ln_tpl", "activation_tpl",
@@ -553,7 +487,7 @@ def _read_moe(r: _Reader, cfg: fdl.Buildable, path: str, repeats: int, pipelined
   r.set("moe_load_balance_loss_weight", mpath + ".moe_load_balance_loss_weight", weight)
 
 
-def _read_input_dropout(r: _Reader, cfg: Any, path: str, block: bool, pipelined: bool) -> None:
+def _read_input_dropout(r: Reader, cfg: Any, path: str, block: bool, pipelined: bool) -> None:
   """praxis drops a stack's input each time the stack runs: once for a plain stack, before
   every layer for a repeated stack's one-layer block (a pipeline stage's too)."""
   rate = cfg.input_dropout_prob
@@ -562,7 +496,7 @@ def _read_input_dropout(r: _Reader, cfg: Any, path: str, block: bool, pipelined:
   where = f"{path}.input_dropout_prob"
   if not 0.0 < rate < 1.0:
     raise UserError(f"{where} = {rate!r} must be in [0, 1).")
-  if (pipelined and not block) or (block and _count(cfg.num_layers, path + ".num_layers") != 1):
+  if (pipelined and not block) or (block and count(cfg.num_layers, path + ".num_layers") != 1):
     raise UserError(f"{where} = {rate!r}: paxlike drops the stack's input once, or before "
                     "every layer of a repeated stack whose block has one layer; this stack "
                     f"runs {'per pipeline stage' if pipelined else 'in blocks of several layers'}"
@@ -570,7 +504,7 @@ def _read_input_dropout(r: _Reader, cfg: Any, path: str, block: bool, pipelined:
   r.set("layer_input_dropout_prob" if block else "input_dropout_prob", where, rate)
 
 
-def _read_stacked(r: _Reader, cfg: Any, path: str, stages: int | None) -> None:
+def _read_stacked(r: Reader, cfg: Any, path: str, stages: int | None) -> None:
   """The layer stack; `stages`: the experiment's NUM_STAGES (None: not pipelined)."""
   cfg = r.node(cfg, path, pl.StackedTransformer, pl.StackedTransformerRepeated,
                pl.PipelinedTransformer)
@@ -581,7 +515,7 @@ def _read_stacked(r: _Reader, cfg: Any, path: str, stages: int | None) -> None:
                     "TransformerLmSpmdPipelineAdafactor / Adam (NUM_STAGES, a 4-axis [stage, "
                     "replica, data, mdl] mesh), whose task() builds the pipeline.")
   if not pipelined and stages is not None:
-    raise UserError(f"{path} = pax_fiddle.Config({_name(fdl.get_callable(cfg))}) on a "
+    raise UserError(f"{path} = pax_fiddle.Config({name_of(fdl.get_callable(cfg))}) on a "
                     f"pipelined experiment (NUM_STAGES={stages}): keep the "
                     "PipelinedTransformer its task() builds and edit its pipeline_stage.")
   if pipelined:
@@ -594,7 +528,7 @@ def _read_stacked(r: _Reader, cfg: Any, path: str, stages: int | None) -> None:
   _read_stage(r, cfg, path, 1)
 
 
-def _read_stage(r: _Reader, cfg: Any, path: str, times: int, pipelined: bool = False) -> None:
+def _read_stage(r: Reader, cfg: Any, path: str, times: int, pipelined: bool = False) -> None:
   """A StackedTransformer(Repeated) whose layers the model has `times` copies of (a pipeline's
   stage when `pipelined`)."""
   cfg = r.node(cfg, path, pl.StackedTransformer, pl.StackedTransformerRepeated)
@@ -604,35 +538,26 @@ def _read_stage(r: _Reader, cfg: Any, path: str, times: int, pipelined: bool = F
     if cfg.checkpoint_policy is not None:
       r.set("checkpoint_policy", path + ".checkpoint_policy",
             policy_name(cfg.checkpoint_policy))
-    _read_stack(r, cfg.block, path + ".block", _count(cfg.x_times, path + ".x_times") * times,
+    _read_stack(r, cfg.block, path + ".block", count(cfg.x_times, path + ".x_times") * times,
                 block=True, pipelined=pipelined)
     return
   r.set("use_repeated_layer", path, False)
   _read_stack(r, cfg, path, times, pipelined=pipelined)
 
 
-def _count(value: Any, path: str, none_ok: bool = False) -> int | None:
-  """A positive int read from the tree (or None where allowed); one line otherwise."""
-  if value is None and none_ok:
-    return None
-  if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-    raise UserError(f"{path} = {_show(value)}: set a positive int.")
-  return int(value)
-
-
-def _read_pipeline(r: _Reader, cfg: fdl.Buildable, path: str, stages: int) -> None:
+def _read_pipeline(r: Reader, cfg: fdl.Buildable, path: str, stages: int) -> None:
   """praxis's PipelinedTransformer: the schedule's fields, then its stage template."""
   r.fields(cfg, path, ("pipeline_stage", "num_pipeline_stages", "circular_repeat",
                        "num_pipeline_microbatches", "pipeline_microbatch_size", "stream_io",
                        "pipeline_broadcast_inputs", "checkpoint_policy",
                        "enable_async_circular_transfer"))
-  s = _count(cfg.num_pipeline_stages, path + ".num_pipeline_stages")
+  s = count(cfg.num_pipeline_stages, path + ".num_pipeline_stages")
   if s != stages:
     raise UserError(f"{path}.num_pipeline_stages = {s} differs from NUM_STAGES={stages} (the "
                     "mesh's stage axis); make them equal.")
-  repeat = _count(cfg.circular_repeat, path + ".circular_repeat")
-  m = _count(cfg.num_pipeline_microbatches, path + ".num_pipeline_microbatches", none_ok=True)
-  size = _count(cfg.pipeline_microbatch_size, path + ".pipeline_microbatch_size", none_ok=True)
+  repeat = count(cfg.circular_repeat, path + ".circular_repeat")
+  m = count(cfg.num_pipeline_microbatches, path + ".num_pipeline_microbatches", none_ok=True)
+  size = count(cfg.pipeline_microbatch_size, path + ".pipeline_microbatch_size", none_ok=True)
   if m is None and size is None:
     raise UserError(f"{path}.num_pipeline_microbatches and .pipeline_microbatch_size are both "
                     "None; set one of them (the other follows from the batch).")
@@ -657,7 +582,7 @@ def _read_pipeline(r: _Reader, cfg: fdl.Buildable, path: str, stages: int) -> No
   _read_stage(r, cfg.pipeline_stage, path + ".pipeline_stage", s * repeat, pipelined=True)
 
 
-def _read_gshard_softmax(r: _Reader, lm: fdl.Buildable, path: str) -> None:
+def _read_gshard_softmax(r: Reader, lm: fdl.Buildable, path: str) -> None:
   """praxis's GShardSharedEmbeddingSoftmax (GLaM): the tied table, GShard's way."""
   spath = path + ".softmax_tpl"
   softmax = lm.softmax_tpl
@@ -677,11 +602,11 @@ def _read_gshard_softmax(r: _Reader, lm: fdl.Buildable, path: str) -> None:
   r.set("z_loss_weight", spath + ".z_loss_weight", float(softmax.z_loss_weight or 0.0))
   r.set("loss_over_labels_size", spath + ".use_tgt_labels_size_as_loss_denominator",
         bool(softmax.use_tgt_labels_size_as_loss_denominator))
-  r.set("softmax_weight_init", spath + ".params_init", _init(softmax.params_init,
+  r.set("softmax_weight_init", spath + ".params_init", weight_init(softmax.params_init,
                                                              spath + ".params_init"))
 
 
-def _read_tables(r: _Reader, lm: fdl.Buildable, path: str) -> None:
+def _read_tables(r: Reader, lm: fdl.Buildable, path: str) -> None:
   if isinstance(lm.softmax_tpl, fdl.Buildable) and issubclass(
       fdl.get_callable(lm.softmax_tpl), pl.GShardSharedEmbeddingSoftmax):
     _read_gshard_softmax(r, lm, path)
@@ -700,7 +625,7 @@ def _read_tables(r: _Reader, lm: fdl.Buildable, path: str) -> None:
   r.fields(ff, spath + ".feed_forward_tpl", ("has_bias", "input_dims", "output_dims"))
   r.set("softmax_has_bias", spath + ".feed_forward_tpl.has_bias", bool(ff.has_bias))
   r.set("softmax_cap_logits", spath + ".soft_cap_logits", float(softmax.soft_cap_logits or 0.0))
-  r.set("softmax_weight_init", spath + ".params_init", _init(softmax.params_init,
+  r.set("softmax_weight_init", spath + ".params_init", weight_init(softmax.params_init,
                                                              spath + ".params_init"))
   epath = path + ".separate_embedding_tpl"
   if lm.separate_embedding_tpl is None:
@@ -725,7 +650,7 @@ def _read_tables(r: _Reader, lm: fdl.Buildable, path: str) -> None:
   r.set("embedding_lookup_style", epath + ".lookup_style", embedder.lookup_style)
 
 
-def _read_position(r: _Reader, cfg: Any, path: str) -> None:
+def _read_position(r: Reader, cfg: Any, path: str) -> None:
   if cfg is None:
     r.set("trainable_position_emb", path, False)
     r.set("use_position_emb", path, False)
@@ -747,18 +672,9 @@ def _read_position(r: _Reader, cfg: Any, path: str) -> None:
   r.set("use_position_emb", path, True)
 
 
-def _init(value: Any, path: str) -> tuple[str, float] | None:
-  if value is None:
-    return None
-  if not isinstance(value, WeightInitSpec):
-    raise UserError(f"{path} = {value!r}: set a base_layer.WeightInit (Gaussian, Uniform, "
-                    "Xavier or Constant).")
-  return value.as_tuple()
-
-
 def read_tree(tree: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
   """The LanguageModel fields the tree gives, and the notes (hints not applied)."""
-  r = _Reader()
+  r = Reader()
   path = "task_p.model.lm_tpl"
   lm = r.node(tree["lm_tpl"], path, pl.TransformerLm)
   r.fields(lm, path, ("model_dims", "vocab_size", "packed_input", "model_type",
@@ -778,7 +694,7 @@ def read_tree(tree: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
                 tree.get(_STAGES))
   _read_norm(r, lm.final_ln_tpl, path + ".final_ln_tpl")
   r.set("weight_init", "task_p.model.params_init",
-        _init(tree["params_init"], "task_p.model.params_init"))
+        weight_init(tree["params_init"], "task_p.model.params_init"))
   dpath = "task_p.model.decoder_tpl"
   decoder = r.node(tree["decoder_tpl"], dpath, pl.DecoderHParams)
   r.fields(decoder, dpath, ("seqlen", "eos_id"))
@@ -808,7 +724,7 @@ def resolve(task_cfg: Any) -> list[str]:
   values, notes = read_tree(model.__dict__[_TREE])
   object.__setattr__(model, _TREE, None)
   for name, value in values.items():
-    if not _same(getattr(model, name), value):
+    if not same(getattr(model, name), value):
       setattr(model, name, value)
   return notes
 
