@@ -873,8 +873,11 @@ def _fail(message: str) -> None:
 
 
 def pax_fiddle_flags(args: list[str]) -> list[str]:
-  """Pax's Fiddle flags as paxlike's: --fdl_config=NAME is --exp=NAME, and --fdl.KEY=VALUE
-  and --fdl_set=KEY=VALUE are --set KEY=VALUE (a Pax run script's overrides, verbatim)."""
+  """Pax's Fiddle flags as paxlike's: --fdl_config=NAME is --exp=NAME, a class that need not
+  be registered (registry.FDL_CONFIG), and --fdl.KEY=VALUE and --fdl_set=KEY=VALUE are
+  --set KEY=VALUE (a Pax run script's overrides, verbatim)."""
+  from paxlike import registry  # stdlib only: nothing imports JAX yet
+
   out, i = [], 0
   while i < len(args):
     arg = args[i]
@@ -884,7 +887,7 @@ def pax_fiddle_flags(args: list[str]) -> list[str]:
     if name == "--fdl_config" and eq:
       if any(a == "--exp" or a.startswith("--exp=") for a in args):
         _fail("--fdl_config and --exp both name the experiment; pass one of them.")
-      out.append(f"--exp={value}")
+      out.append(f"--exp={registry.FDL_CONFIG}{value}")
     elif name == "--fdl_set" and eq:
       out += ["--set", value]
     elif name.startswith("--fdl.") and len(name) > len("--fdl.") and eq:

@@ -19,6 +19,11 @@ Keys are `module.Class`. How `get` (and so `--exp`) resolves a name:
    imported already (`LmCloudSpmdTiny`, `lm_cloud.LmCloudSpmdTiny`); a
    `params` segment may be dropped, as in Pax.
 
+Pax's `--fdl_config=M.Class` (main.pax_fiddle_flags passes it as
+`--exp=fdl_config:M.Class`) resolves the same way, except that M's class
+need not be registered: Pax's Fiddle flag builds any class by its import
+path, as Pax's GPU run scripts do for configs.py's unregistered GLaM classes.
+
 So with your own `c4.py` on PYTHONPATH, `--exp=c4.X` is your module's X or an
 error, never the shipped `experiments.lm.c4.X`; name the shipped one
 `lm.c4.X` (or in full). Without a `c4` module of yours, `c4.X` is the shipped
@@ -44,6 +49,7 @@ _TAGS: dict[str, tuple[str, ...]] = {}
 SHIPPED_PACKAGE = "experiments"
 PAX_PACKAGE = "paxlike.pax"
 DECORATOR = "@experiment_registry.register"
+FDL_CONFIG = "fdl_config:"  # the prefix of an --exp name that came from Pax's --fdl_config
 
 # Packages JAX imports by these top-level names (nvidia.cu13 and nvidia.cuda_nvcc for the
 # CUDA tools, jax_plugins.* for the GPU/TPU plugins): a user's module of the same name
@@ -213,12 +219,13 @@ def _where(module: ModuleType) -> str:
   return f" ({origin})" if origin else ""
 
 
-def _in_module(module_name: str, class_name: str) -> type:
-  """The registered experiment module_name has under class_name (rule 2 of the docstring)."""
+def _in_module(module_name: str, class_name: str, unregistered_ok: bool = False) -> type:
+  """The registered experiment module_name has under class_name (rule 2 of the docstring);
+  unregistered_ok: any class of that name (Pax's --fdl_config)."""
   module = sys.modules[module_name]
   attr = getattr(module, class_name, None)
   if isinstance(attr, type):
-    if _is_registered(attr):
+    if unregistered_ok or _is_registered(attr):
       return attr
     elsewhere = "" if attr.__module__ == module_name else f", it is {_key(attr)}"
     raise UserError(
@@ -260,6 +267,8 @@ def get(name: str) -> type:
       registered; the message lists the closest registered names.
   """
   name = name.strip()
+  by_path = name.startswith(FDL_CONFIG)
+  name = name.removeprefix(FDL_CONFIG).strip()
   if not name:
     raise UserError("--exp is empty; pass an experiment name (see --list_experiments).")
   if name in _REGISTRY:
@@ -268,7 +277,7 @@ def get(name: str) -> type:
     module_name, class_name = name.rsplit(".", 1)
     found = _named_module(module_name)
     if found is not None:
-      return _in_module(found, class_name)
+      return _in_module(found, class_name, unregistered_ok=by_path)
   import_shipped()
   cls = _resolve(name)
   if cls is not None:
@@ -330,7 +339,8 @@ def shadowing_module(exp_name: str | None) -> str | None:
   Refused: a single-file module of such a name anywhere on sys.path, and a
   package of that name that --exp names when it is not an installed one.
   """
-  exp_top = (exp_name or "").strip().split(".", 1)[0] if "." in (exp_name or "") else ""
+  exp_name = (exp_name or "").strip().removeprefix(FDL_CONFIG)
+  exp_top = exp_name.split(".", 1)[0] if "." in exp_name else ""
   for top, what in _JAX_IMPORTS.items():
     try:
       spec = importlib.util.find_spec(top)

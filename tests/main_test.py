@@ -142,7 +142,8 @@ def test_a_pax_run_scripts_fiddle_flags_run_as_exp_and_set(tmp_path):
 
   assert pax_fiddle_flags(["--fdl_config", "a.B", '--fdl.LR_SCHEDULE="constant"',
                            "--fdl_set=X=[1, 2]", "--mode=eval"]) == [
-      "--exp=a.B", "--set", 'LR_SCHEDULE="constant"', "--set", "X=[1, 2]", "--mode=eval"]
+      "--exp=fdl_config:a.B", "--set", 'LR_SCHEDULE="constant"', "--set", "X=[1, 2]",
+      "--mode=eval"]
   proc = run_cli([f"--fdl_config={TINY}", "--job_log_dir=job", "--fdl.NUM_TRAIN_STEPS=2",
                   "--fdl_set=SUMMARY_INTERVAL_STEPS=1", '--fdl.LR_SCHEDULE="constant"',
                   "--enable_checkpoint_saving=false"], cwd=tmp_path)

@@ -445,18 +445,25 @@ def test_nvidias_moe_large_trains_with_its_experts_over_the_data_axis(pax_module
   assert {s.data.shape for s in wi.addressable_shards} == {(2, 1, 32, 64)}
 
 
+def test_fdl_config_names_a_class_nobody_registered_as_pax_does(pax_modules):
+  """Pax's --fdl_config builds a class by its import path, registered or not (the GLaM
+  classes of nvidia.py and configs.py are not); --exp still wants the registration."""
+  glam = sys.modules["pax_nvidia"].GLaM64B64EProxy
+  assert registry.get(f"{registry.FDL_CONFIG}pax_nvidia.GLaM64B64EProxy") is glam
+  assert registry.get(f"{registry.FDL_CONFIG}pax_nvidia.MoELarge") is registry.get(
+      "pax_nvidia.MoELarge")
+  with pytest.raises(UserError, match="is not a registered experiment"):
+    registry.get("pax_nvidia.GLaM64B64EProxy")
+
+
 def test_nvidias_glam_trains_with_its_experts_relative_bias_and_z_loss(pax_modules, tmp_path):
   """GLaM64B64EProxy (glam.GlamUniTransformerLmHParams, the file's own class) cut down to 8
   devices: blocks of an MoE and a dense layer, scanned; the cross-entropy falls, and the
   loss is praxis's total: cross-entropy + load-balancing + z-loss."""
-  name = "GLaM64B64EProxy"
-  with registrations_undone():
-    registry.register(getattr(sys.modules["pax_nvidia"], name))
-    result, exp, _ = train_in_process(
-        f"pax_nvidia.{name}", [*MOE_SMALL, "NUM_LAYERS=4", "DCN_MESH_SHAPE=None",
-                               "NUM_TRAIN_STEPS=30", "LEARNING_RATE=2e-2",
-                               "SUMMARY_INTERVAL_STEPS=1"],
-        tmp_path / "job", num_devices=8)
+  result, _, _ = train_in_process(  # unregistered in Pax's file: by path, as --fdl_config
+      f"{registry.FDL_CONFIG}pax_nvidia.GLaM64B64EProxy",
+      [*MOE_SMALL, "NUM_LAYERS=4", "DCN_MESH_SHAPE=None", "NUM_TRAIN_STEPS=30",
+       "LEARNING_RATE=2e-2", "SUMMARY_INTERVAL_STEPS=1"], tmp_path / "job", num_devices=8)
   first, last = result.history[0], result.history[-1]
   assert last["log_pplx"] < 0.7 * first["log_pplx"], (first, last)
   assert 0 < last["z_loss"] and 0 < last["aux_loss"]
