@@ -340,11 +340,33 @@ def test_gpu_glam_has_paxs_blocks_experts_and_count(gpu_configs, monkeypatch):
           model.loss_over_labels_size, model.use_position_emb, model.report_strict_acc) == (
               False, (32, 128), False, 0.0, True, 0.0, True, False, True)
   assert model.moe_load_balance_loss_weight == pytest.approx(0.01 / 6)
-  d, f, e, h, v = 768, 3072, 64, 12, 50304
-  attention = 4 * d * d + 32 * h + 2 * d  # q, k, v, out; the bias table; two RMS scales
-  pax = 12 * attention + 6 * 3 * d * f + 6 * (d * e + e * 2 * d * f) + d + v * d
+  pax = _glam_count(layers=12, d=768, f=3072, experts=64, heads=12)
   assert _count(model) == pax
   assert flops.param_count(model.flops_dims(8)) == pax
+
+
+def _glam_count(layers: int, d: int, f: int, experts: int, heads: int, v: int = 50304) -> int:
+  """praxis's GLaM: per layer q, k, v, out (4 x d x d), a [32, heads] bias table and two RMS
+  scales; every other layer a gated dense feed-forward (3 x d x f), the rest a [d, experts]
+  router and experts of two bias-free matrices; the final RMS scale and the tied table."""
+  attention = 4 * d * d + 32 * heads + 2 * d
+  half = layers // 2
+  return (layers * attention + half * 3 * d * f + half * (d * experts + experts * 2 * d * f)
+          + d + v * d)
+
+
+def test_gpu_glam_64b_has_paxs_count_on_its_512_devices(gpu_configs, monkeypatch):
+  """GLaM64B64E (GLaM's 64B/64E, about 1.2 T parameters): 64 layers in scanned blocks of an
+  MoE and a dense layer, 64 experts over the 64-way data axis, 64 routing groups."""
+  seqio = pytest.importorskip("seqio")
+  monkeypatch.setenv("VOCAB_PATH", str(Path(seqio.__file__).parent / "test_data" /
+                                       "sentencepiece" / "sentencepiece.model"))
+  _on_devices(monkeypatch, 512)
+  _, model, _ = _model_of(_typo_read("PileGLaM64B64E"))
+  assert (model.num_layers, model.num_experts, model.num_groups, model.use_repeated_layer,
+          model.expert_shards) == (64, 64, 64, True, 64)
+  assert _count(model) == _glam_count(layers=64, d=8192, f=32768, experts=64, heads=64) == (
+      1_142_891_356_160)
 
 
 @pytest.mark.parametrize("repeated,field", [(True, "layer_input_dropout_prob"),
