@@ -326,11 +326,7 @@ def test_gpu_glam_has_paxs_blocks_experts_and_count(gpu_configs, monkeypatch):
   """GLaM126M64E: 12 layers in 6 two-layer blocks, the first of each with 64 top-2 experts
   (praxis's default ReLU, not gated) routed in 64 groups, the second a gated-GELU dense
   layer; RMS norms, no biases, a relative position bias per layer, GShard's softmax."""
-  seqio = pytest.importorskip("seqio")
-  monkeypatch.setenv("VOCAB_PATH", str(Path(seqio.__file__).parent / "test_data" /
-                                       "sentencepiece" / "sentencepiece.model"))
-  _on_devices(monkeypatch, 64)
-  _, model, _ = _model_of(_typo_read("PileGLaM126M64E"))
+  model = _glam_model(monkeypatch, "PileGLaM126M64E", 64)
   assert (model.num_layers, model.moe_layers, model.num_experts, model.num_groups,
           model.expert_capacity_factor, model.moe_activation, model.moe_gated_activation,
           model.activation, model.use_gated_activation, model.norm_type) == (
@@ -343,6 +339,20 @@ def test_gpu_glam_has_paxs_blocks_experts_and_count(gpu_configs, monkeypatch):
   pax = _glam_count(layers=12, d=768, f=3072, experts=64, heads=12)
   assert _count(model) == pax
   assert flops.param_count(model.flops_dims(8)) == pax
+
+
+def _seqio_test_vocab(monkeypatch) -> None:
+  """VOCAB_PATH at seqio's test SentencePiece model (skips without the seqio extra)."""
+  seqio = pytest.importorskip("seqio")
+  monkeypatch.setenv("VOCAB_PATH", str(Path(seqio.__file__).parent / "test_data" /
+                                       "sentencepiece" / "sentencepiece.model"))
+
+
+def _glam_model(monkeypatch, name: str, devices: int):
+  """configs.py's GLaM class NAME's model, as its task() builds it on `devices` devices."""
+  _seqio_test_vocab(monkeypatch)
+  _on_devices(monkeypatch, devices)
+  return _model_of(_typo_read(name))[1]
 
 
 def _glam_count(layers: int, d: int, f: int, experts: int, heads: int, v: int = 50304) -> int:
@@ -358,11 +368,7 @@ def _glam_count(layers: int, d: int, f: int, experts: int, heads: int, v: int = 
 def test_gpu_glam_64b_has_paxs_count_on_its_512_devices(gpu_configs, monkeypatch):
   """GLaM64B64E (GLaM's 64B/64E, about 1.2 T parameters): 64 layers in scanned blocks of an
   MoE and a dense layer, 64 experts over the 64-way data axis, 64 routing groups."""
-  seqio = pytest.importorskip("seqio")
-  monkeypatch.setenv("VOCAB_PATH", str(Path(seqio.__file__).parent / "test_data" /
-                                       "sentencepiece" / "sentencepiece.model"))
-  _on_devices(monkeypatch, 512)
-  _, model, _ = _model_of(_typo_read("PileGLaM64B64E"))
+  model = _glam_model(monkeypatch, "PileGLaM64B64E", 512)
   assert (model.num_layers, model.num_experts, model.num_groups, model.use_repeated_layer,
           model.expert_shards) == (64, 64, 64, True, 64)
   assert _count(model) == _glam_count(layers=64, d=8192, f=32768, experts=64, heads=64) == (
@@ -462,11 +468,9 @@ SMALL_GPT = ["NUM_LAYERS=2", "MODEL_DIMS=64", "HIDDEN_DIMS=256", "NUM_HEADS=4",
 def test_paxs_pile_class_trains_and_its_lambada_class_evaluates_the_job(tmp_path, monkeypatch):
   """Pax's run_pile_singlenode.sh then run_lambada_singlenode.sh, on local TFDS copies: the
   file as written but for its import lines and the R_COS_MIN_RATIO line paxlike refuses."""
-  seqio = pytest.importorskip("seqio")
+  _seqio_test_vocab(monkeypatch)
   _write_gpu_configs(tmp_path)
   _write_pile_and_lambada(tmp_path / "tfds")
-  monkeypatch.setenv("VOCAB_PATH", str(Path(seqio.__file__).parent / "test_data" /
-                                       "sentencepiece" / "sentencepiece.model"))
   small = [a for knob in SMALL_GPT for a in ("--set", knob)]
   common = ["--job_log_dir=job", f"--tfds_data_dir={tmp_path / 'tfds'}", *small]
   proc = run_cli(["--exp=pax_gpu_configs.Pile126M", *common, "--set", "MAX_STEPS=40",
