@@ -18,6 +18,7 @@ the peak is an estimate; the state bytes are exact.
 from __future__ import annotations
 
 import copy
+import enum
 import json
 import math
 import os
@@ -152,7 +153,8 @@ def analyse(exp: Any) -> dict[str, Any]:
   shape, n = mesh_size(exp)
   devices = jax.devices()[:n]
   # One process stands in for every slice/host: DCN folds into the mesh axes.
-  device_mesh = Mesh(np.asarray(devices).reshape(shape), mesh_lib.axes_for(shape))
+  axes = mesh_lib.axis_names(exp)
+  device_mesh = Mesh(np.asarray(devices).reshape(shape), axes)
   partitioner = SpmdPartitioner(
       device_mesh, rules=mesh_lib.rules_for(exp))
   task = config.build(experiment.task_config(exp))  # with --set a.b=V applied
@@ -191,7 +193,7 @@ def analyse(exp: Any) -> dict[str, Any]:
   hw = flops.hardware_flops(step_fn, (state, batch, key), n, compiled=compiled)
   model_flops = task.model.model_flops_per_step(specs)
   return {
-      "mesh": dict(zip(mesh_lib.axes_for(shape), shape, strict=True)),
+      "mesh": dict(zip(axes, shape, strict=True)),
       "ici_mesh_shape": list(exp.ICI_MESH_SHAPE),
       "dcn_mesh_shape": list(exp.DCN_MESH_SHAPE) if exp.DCN_MESH_SHAPE else None,
       "num_devices": n,
@@ -304,6 +306,18 @@ def _stage_memory(p: dict[str, Any]) -> str:
           "rematerialises, for one more forward pass of each layer")
 
 
+def _plain(value: Any) -> Any:
+  """A --set value as JSON holds it: an enum's value (Pax's AutodiffCheckpointType), a
+  dtype's or class's name; lists, numbers, strings and None as they are."""
+  if isinstance(value, enum.Enum):
+    return value.value
+  if isinstance(value, list | tuple):
+    return [_plain(v) for v in value]
+  if value is None or isinstance(value, bool | int | float | str):
+    return value
+  return getattr(value, "__name__", str(value))
+
+
 def run(exp: Any, job_log_dir: str, target: str, layouts: bool = False,
         overrides: list[str] | tuple[str, ...] = ()) -> int:
   """The dry-run command: arranges the devices, analyses, writes dry_run.json, prints.
@@ -316,7 +330,7 @@ def run(exp: Any, job_log_dir: str, target: str, layouts: bool = False,
   _, n = mesh_size(exp)
   ensure_fake_devices(n)
   report = {"experiment": f"{type(exp).__module__}.{type(exp).__qualname__}",
-            "overrides": exp.overrides, "target": target}
+            "overrides": {k: _plain(v) for k, v in exp.overrides.items()}, "target": target}
   report.update(analyse(exp))
   report["fits"] = fits(report)
   report["xla_flags"] = os.environ.get("XLA_FLAGS", "")

@@ -23,6 +23,7 @@ import numpy as np
 from absl import logging
 
 from paxlike import knob_branches, registry
+from paxlike import mesh as mesh_lib
 from paxlike.errors import UserError, user_frame
 
 SET_SOURCE = "--set"
@@ -109,26 +110,27 @@ class BaseExperiment:
 
   def validate(self) -> None:
     """Raises UserError when the hyperparameters do not fit together."""
-    axes = self.mesh_axes()
-    names = "[stage, replica, data, mdl]" if axes == 4 else "[replica, data, mdl]"
+    pipelined = self.pipelined_mesh()
     for name in ("ICI_MESH_SHAPE", "DCN_MESH_SHAPE"):
       shape = getattr(self, name)
       if shape is None:
         continue
-      if isinstance(shape, list | tuple) and len(shape) == 4 and axes == 3:
-        raise UserError(
-            f"{name}={list(shape)} has four axes: Pax uses them for pipelines ([stage, "
-            "replica, data, mdl]: a TransformerLmSpmdPipelineAdafactor / Adam or "
-            "LlamaSpmdPipelineAdam experiment with NUM_STAGES) and expert parallelism "
-            "([replica, data, data_expert, mdl], MoE, which paxlike does not run yet); this "
-            "experiment's meshes are "
-            "[replica, data, mdl].")
-      if (not isinstance(shape, list | tuple) or len(shape) != axes
+      if (not isinstance(shape, list | tuple) or len(shape) not in ((4,) if pipelined else (3, 4))
           or not all(isinstance(d, int) and d > 0 for d in shape)):
-        raise UserError(
-            f"{name} must be a list of {'four' if axes == 4 else 'three'} positive ints "
-            f"{names}, got {shape!r}.")
-    if axes == 4 and self.ICI_MESH_SHAPE is not None:
+        names = ("four positive ints [stage, replica, data, mdl]" if pipelined else
+                 "three positive ints [replica, data, mdl] (or four for expert parallelism, "
+                 "[replica, data, data_expert, mdl])")
+        raise UserError(f"{name} must be a list of {names}, got {shape!r}.")
+    ici, dcn = self.ICI_MESH_SHAPE, self.DCN_MESH_SHAPE
+    if ici is not None and dcn is not None and len(ici) != len(dcn):
+      four = ("" if pipelined else
+              " (four axes here are expert parallelism's [replica, data, data_expert, mdl]; "
+              "a pipeline's [stage, replica, data, mdl] needs a "
+              "TransformerLmSpmdPipelineAdafactor / Adam or LlamaSpmdPipelineAdam experiment "
+              "with NUM_STAGES)")
+      raise UserError(f"ICI_MESH_SHAPE={list(ici)} and DCN_MESH_SHAPE={list(dcn)} have "
+                      f"different numbers of axes; give both the same{four}.")
+    if pipelined and self.ICI_MESH_SHAPE is not None:
       stages = self.ICI_MESH_SHAPE[0] * (self.DCN_MESH_SHAPE or [1])[0]
       if stages != getattr(self, "NUM_STAGES", None):
         raise UserError(
@@ -138,9 +140,18 @@ class BaseExperiment:
       raise UserError("DCN_MESH_SHAPE is set but ICI_MESH_SHAPE is None; set ICI_MESH_SHAPE "
                       "for an SPMD run or clear DCN_MESH_SHAPE for pmap.")
 
-  def mesh_axes(self) -> int:
-    """How many axes this experiment's meshes have: 3, or 4 for a pipeline."""
-    return 3
+  def pipelined_mesh(self) -> bool:
+    """Whether this experiment's meshes are a pipeline's ([stage, replica, data, mdl])."""
+    return False
+
+  def mesh_axis_names(self) -> tuple[str, ...]:
+    """The mesh's axis names: Pax's [replica, data, mdl]; four axes are a pipeline's
+    [stage, replica, data, mdl] or, otherwise, expert parallelism's
+    [replica, data, data_expert, mdl] (Pax's only other 4-axis mesh)."""
+    shape = self.ICI_MESH_SHAPE if self.ICI_MESH_SHAPE is not None else self.DCN_MESH_SHAPE
+    if self.pipelined_mesh():
+      return mesh_lib.PIPELINE_MESH_AXES
+    return mesh_lib.axes_for(shape or (), pipelined=False)
 
   @property
   def overrides(self) -> dict[str, Any]:

@@ -136,7 +136,7 @@ def _mesh_axis_sizes(exp: Any) -> tuple[dict[str, int], bool]:
   if exp.ICI_MESH_SHAPE is None:
     return dict(zip(mesh_lib.MESH_AXES, (1, PMAP_DEVICES, 1), strict=True)), False
   shape, _ = mesh_size(exp)
-  return dict(zip(mesh_lib.axes_for(shape), shape, strict=True)), True
+  return dict(zip(mesh_lib.axis_names(exp), shape, strict=True)), True
 
 
 def _bytes_per_device(abstract: Any, logical: Any, rules: Any, axes: dict[str, int]
@@ -209,7 +209,7 @@ def compute(key: str) -> dict[str, str]:
     rec["input"] = "n/a (datasets() has no input with is_training=True)"
     return rec
   global_batch = train[0].batch_size
-  shards = axes["replica"] * axes["data"]
+  shards = math.prod(axes[a] for a in mesh_lib.batch_axes(tuple(axes)))
   rec["batch.global"] = repr(global_batch)
   rec["batch.per_host"] = f"{global_batch} (one host holding all {n} devices)"
   rec["batch.per_batch_shard"] = repr(global_batch / shards if global_batch % shards

@@ -20,7 +20,6 @@ from typing import Any
 import fiddle as fdl
 import jax.numpy as jnp
 
-from paxlike import mesh
 from paxlike.errors import UserError
 from paxlike.file_data import FilesDataset
 from paxlike.inputs.synthetic import SyntheticLmInput
@@ -97,6 +96,9 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
   EVAL_INTERVAL_STEPS = 100
   ICI_MESH_SHAPE = None  # Pax: a subclass sets the mesh; None runs the pmap loop
   TRAINING_OPTIMIZED_SHARDING = True
+  # Pax's switch to the expert-parallel mesh [replica, data, data_expert, mdl]: 4-axis
+  # ICI/DCN shapes; the experts go over data_expert (paxlike.mesh).
+  USE_EXPERT_PARALLEL = False
 
   def validate(self) -> None:
     super().validate()
@@ -120,6 +122,11 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
                       f"{list(LOOKUP_STYLES)}.")
     if not 0.0 <= self.DROPOUT_PROB < 1.0:
       raise UserError(f"DROPOUT_PROB must be in [0, 1), got {self.DROPOUT_PROB}.")
+    if self.USE_EXPERT_PARALLEL and "data_expert" not in self.mesh_axis_names():
+      raise UserError(
+          "USE_EXPERT_PARALLEL=True needs the 4-axis mesh [replica, data, data_expert, mdl] "
+          f"(ICI_MESH_SHAPE={self.ICI_MESH_SHAPE}, DCN_MESH_SHAPE={self.DCN_MESH_SHAPE}); "
+          "give both shapes four entries.")
 
   def activation(self) -> str:
     """The FFN activation's key from ACTIVATION_CLS (Pax's) or ACTIVATION (a string).
@@ -168,8 +175,16 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
     if self.ICI_MESH_SHAPE is None:
       return 1
     ici, dcn = list(self.ICI_MESH_SHAPE), self.DCN_MESH_SHAPE
-    i = list(mesh.axes_for(ici)).index(name)
+    names = list(self.mesh_axis_names())
+    if name not in names:
+      return 1
+    i = names.index(name)
     return int(ici[i]) * (int(dcn[i]) if dcn else 1)
+
+  def expert_axis(self) -> str:
+    """The mesh axis a mixture-of-experts layer's experts are split over: 'data_expert' on
+    the expert-parallel mesh, else 'data' (as Pax's set_sharding_params_v1 puts them)."""
+    return "data_expert" if "data_expert" in self.mesh_axis_names() else "data"
 
   def file_input_settings(self) -> dict[str, Any]:
     """TRAIN_FILES / EVAL_FILES: the LM's features (packed rows with segment_ids /
@@ -194,7 +209,7 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
         embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
         vocab_pad_multiple=self.mesh_axis_size("mdl"), softmax_has_bias=self.SOFTMAX_HAS_BIAS,
         per_dim_scale=self.PER_DIM_SCALE, relative_bias=(32, 128) if self.RELATIVE_BIAS else None,
-        expert_shards=self.mesh_axis_size("data"),
+        expert_shards=self.mesh_axis_size(self.expert_axis()),
         **self.lora_fields()).set_mesh(*self._pax_mesh())
 
   def _pax_mesh(self) -> tuple[Any, Any, Any]:
@@ -203,7 +218,7 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
     if ici is None:
       return None, None, None
     dcn = self.DCN_MESH_SHAPE
-    return list(ici), None if dcn is None else list(dcn), list(mesh.axes_for(ici))
+    return list(ici), None if dcn is None else list(dcn), list(self.mesh_axis_names())
 
 
 class TransformerLmSpmdAdafactor(TransformerLmSpmdAdam):
@@ -279,8 +294,8 @@ class PipelineHParams:
       raise UserError("PIPELINE_BROADCAST_INPUTS=True: paxlike feeds the microbatches to the "
                       "first stage only (praxis's default); drop it.")
 
-  def mesh_axes(self) -> int:
-    return 4
+  def pipelined_mesh(self) -> bool:
+    return True
 
   def accumulation_knob(self) -> str:
     return "GRADIENT_ACCUMULATION_STEPS"

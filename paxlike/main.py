@@ -477,7 +477,7 @@ def _partitioner(exp: Any) -> tuple[Any, dict[str, int]]:
 
   if exp.ICI_MESH_SHAPE is None:
     return PmapPartitioner(), {"pmap": jax.local_device_count(), "processes": jax.process_count()}
-  device_mesh = mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE)
+  device_mesh = mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE, names=mesh.axis_names(exp))
   partitioner = SpmdPartitioner(
       device_mesh, rules=mesh.rules_for(exp))
   return partitioner, dict(device_mesh.shape)

@@ -1,25 +1,33 @@
 """Device meshes from ICI/DCN shapes, and the logical-axis rules.
 
-Mesh axes are Pax's ('replica', 'data', 'mdl'), and ('stage', 'replica',
-'data', 'mdl') for a pipeline (NUM_STAGES). The batch is sharded over
-replica x data; weights over data (their embed dim) and mdl (their heads /
-hidden / vocab dims), a pipeline's layer weights over stage too.
+Mesh axes are Pax's ('replica', 'data', 'mdl'); ('stage', 'replica', 'data',
+'mdl') for a pipeline (NUM_STAGES); ('replica', 'data', 'data_expert', 'mdl')
+for expert parallelism (Pax's USE_EXPERT_PARALLEL). The batch is sharded over
+replica x data (x data_expert); weights over data (x data_expert: their embed
+dim) and mdl (their heads / hidden / vocab dims), a pipeline's layer weights
+over stage too. On the expert-parallel mesh a mixture-of-experts layer's
+experts go over data_expert and their embed dim over data, as praxis's
+set_sharding_params_with_expert_parallelism places them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import jax
 import numpy as np
-from jax.experimental import mesh_utils
-from jax.sharding import Mesh
 
 from paxlike.errors import UserError
 
+if TYPE_CHECKING:  # jax is imported where a mesh is built: experiments read the names only
+  import jax
+  from jax.sharding import Mesh
+
 MESH_AXES = ("replica", "data", "mdl")
 PIPELINE_MESH_AXES = ("stage", *MESH_AXES)
+EXPERT_MESH_AXES = ("replica", "data", "data_expert", "mdl")
 BATCH_AXES = ("replica", "data")
+EXPERT_BATCH_AXES = ("replica", "data", "data_expert")
 
 # Logical axis name -> mesh axis (or axes, or None for replicated).
 LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
@@ -42,6 +50,8 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     # so their embed dim stays whole; the hidden dim goes over 'mdl' ("mlp").
     ("expert", "data"),
     ("expert_embed", None),
+    # The groups' dim of the experts' dispatched inputs [experts, groups, capacity, embed].
+    ("expert_group", None),
     ("activation_embed", None),
     ("activation_mlp", "mdl"),
     ("activation_heads", "mdl"),
@@ -54,24 +64,57 @@ TRAINING_OPTIMIZED_RULES = tuple(
     (name, "mdl" if name == "activation_embed" else axes) for name, axes in LOGICAL_AXIS_RULES)
 
 
-def logical_axis_rules(training_optimized: bool = False):
-  """The rules for an experiment's TRAINING_OPTIMIZED_SHARDING."""
-  return TRAINING_OPTIMIZED_RULES if training_optimized else LOGICAL_AXIS_RULES
+# The expert-parallel mesh's changes (praxis's set_sharding_params_with_expert_parallelism):
+# the batch and the weights' embed dims over data x data_expert; the experts over data_expert,
+# their embed dim over data, and their dispatched inputs' groups over replica x data.
+_EXPERT_PARALLEL = {
+    "batch": EXPERT_BATCH_AXES,
+    "embed": ("data", "data_expert"),
+    "table_embed": ("data", "data_expert"),
+    "expert": "data_expert",
+    "expert_embed": "data",
+    "expert_group": BATCH_AXES,
+}
+
+
+def logical_axis_rules(training_optimized: bool = False, expert_parallel: bool = False):
+  """The rules for an experiment's TRAINING_OPTIMIZED_SHARDING, on the expert-parallel mesh
+  or another."""
+  rules = TRAINING_OPTIMIZED_RULES if training_optimized else LOGICAL_AXIS_RULES
+  if expert_parallel:
+    rules = tuple((name, _EXPERT_PARALLEL.get(name, axes)) for name, axes in rules
+                  if name not in ("stage", "pipeline_batch"))
+  return rules
+
+
+def axis_names(exp: object) -> tuple[str, ...]:
+  """The experiment's mesh axis names (its mesh_axis_names(); the 3-axis ones without it)."""
+  names = getattr(exp, "mesh_axis_names", None)
+  return tuple(names()) if callable(names) else MESH_AXES
 
 
 def rules_for(exp: object):
-  """The experiment's rules: TRAINING_OPTIMIZED_SHARDING's, with a pipelined
+  """The experiment's rules: TRAINING_OPTIMIZED_SHARDING's on its mesh, with a pipelined
   experiment's EMB_W_DATA_DIMS on the tables' embed dim."""
-  rules = logical_axis_rules(bool(getattr(exp, "TRAINING_OPTIMIZED_SHARDING", False)))
+  rules = logical_axis_rules(bool(getattr(exp, "TRAINING_OPTIMIZED_SHARDING", False)),
+                             axis_names(exp) == EXPERT_MESH_AXES)
   emb = getattr(exp, "emb_w_data_dims", None)
   if emb is None:
     return rules
   return tuple((name, emb() if name == "table_embed" else axes) for name, axes in rules)
 
 
-def axes_for(shape: Sequence[int]) -> tuple[str, ...]:
-  """The mesh axis names of a 3-axis or (pipelined) 4-axis mesh shape."""
-  return PIPELINE_MESH_AXES if len(shape) == len(PIPELINE_MESH_AXES) else MESH_AXES
+def axes_for(shape: Sequence[int], pipelined: bool = True) -> tuple[str, ...]:
+  """The mesh axis names of a 3-axis mesh shape, or a 4-axis one: a pipeline's, or the
+  expert-parallel mesh's (pipelined=False)."""
+  if len(shape) == len(PIPELINE_MESH_AXES):
+    return PIPELINE_MESH_AXES if pipelined else EXPERT_MESH_AXES
+  return MESH_AXES
+
+
+def batch_axes(axes: Sequence[str]) -> tuple[str, ...]:
+  """The mesh axes the batch is split over: replica x data (x data_expert)."""
+  return EXPERT_BATCH_AXES if "data_expert" in axes else BATCH_AXES
 
 
 def _product(shape: Sequence[int] | None) -> int:
@@ -79,21 +122,27 @@ def _product(shape: Sequence[int] | None) -> int:
 
 
 def build(ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int] | None = None,
-          devices: Sequence[jax.Device] | None = None) -> Mesh:
+          devices: Sequence[jax.Device] | None = None,
+          names: Sequence[str] | None = None) -> Mesh:
   """Builds the ('replica', 'data', 'mdl') mesh, or ('stage', ...) for four axes.
 
   Args:
     ici_mesh_shape: mesh within a slice / host group.
     dcn_mesh_shape: mesh across slices or processes; None or all ones for one.
     devices: defaults to jax.devices().
+    names: the axis names (the experiment's mesh_axis_names()); None: axes_for's.
 
   Raises:
     UserError: the mesh size and the device or process count disagree.
   """
+  import jax
+  from jax.experimental import mesh_utils
+  from jax.sharding import Mesh
+
   devices = list(jax.devices() if devices is None else devices)
   ici = list(ici_mesh_shape)
   dcn = list(dcn_mesh_shape) if dcn_mesh_shape else [1] * len(ici)
-  axes = axes_for(ici)
+  axes = tuple(names) if names is not None else axes_for(ici)
   if len(ici) != len(axes) or len(dcn) != len(axes):
     raise UserError(f"ICI_MESH_SHAPE and DCN_MESH_SHAPE need {len(axes)} entries "
                     f"{axes}, got {ici} and {dcn}.")
@@ -123,5 +172,5 @@ def build(ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int] | None = 
 
 
 def batch_divisor(mesh: Mesh) -> int:
-  """How many ways the batch is split: replica x data."""
-  return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
+  """How many ways the batch is split: replica x data (x data_expert)."""
+  return int(np.prod([mesh.shape[a] for a in batch_axes(mesh.axis_names)]))

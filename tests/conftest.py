@@ -266,7 +266,7 @@ def train_in_process(exp_name: str, overrides: list[str], job_log_dir: Path,
 
   exp = experiment.instantiate(registry.get(exp_name), overrides)
   device_mesh = mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE,
-                           devices=jax.devices()[:num_devices])
+                           devices=jax.devices()[:num_devices], names=mesh.axis_names(exp))
   partitioner = SpmdPartitioner(device_mesh)
   task = config.build(exp.task())
   inputs = [config.build(c) for c in exp.datasets()]

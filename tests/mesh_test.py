@@ -90,3 +90,20 @@ def test_sharded_training_matches_single_device_training(sharded_and_single):
   for (path, a), b in zip(sharded_params, single_params, strict=True):
     rel = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12)
     assert rel < 1e-4, f"{jax.tree_util.keystr(path)}: relative difference {rel:.2e}"
+
+
+def test_expert_parallel_mesh_trains_as_one_device_with_batch_and_embed_over_both_data_axes(
+    sharded_and_single, tmp_path):
+  """A 4-axis mesh without a pipeline is Pax's expert-parallel one, [replica, data,
+  data_expert, mdl]: the batch and the weights' embed dims go over data x data_expert, and
+  training matches one device's."""
+  _, (single, _, _) = sharded_and_single
+  result, _, partitioner = train_in_process(
+      TINY, [*SMALL, "ICI_MESH_SHAPE=[1, 2, 2, 2]", "DCN_MESH_SHAPE=[1, 1, 1, 1]"], tmp_path,
+      num_devices=8, enable_checkpoint_saving=False)
+  assert partitioner.mesh.axis_names == ("replica", "data", "data_expert", "mdl")
+  assert partitioner.num_batch_shards == 4
+  emb = result.state.params["softmax"]["embedding"]
+  assert {s.data.shape for s in emb.addressable_shards} == {(128, 16)}  # vocab/2, embed/4
+  np.testing.assert_allclose([h["loss"] for h in result.history],
+                             [h["loss"] for h in single.history], rtol=1e-4)

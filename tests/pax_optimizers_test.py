@@ -447,8 +447,13 @@ def test_paxs_helper_modules():
     target: float | None = None
 
   assert base_hyperparams.instantiate(Fn.HParams(target=2.0)).target == 2.0
-  with pytest.raises(UserError, match="does not model yet"):
-    grok.GrokUniTransformerLmHParams(name="grok_lm")
+  grok_dims = dict(vocab_size=8, model_dim=8, ff_dim=8, attention_num_heads=2,
+                   attention_num_groups=1, attention_key_value_dim=4, num_transformer_layers=2,
+                   moe=True, e_dim=4)
+  with pytest.raises(UserError, match="FP8 einsums"):
+    grok.GrokUniTransformerLmHParams(**grok_dims, use_fp8=True)
+  with pytest.raises(UserError, match="does not pipeline mixture-of-experts"):
+    grok.GrokUniTransformerLmHParams(**grok_dims, num_pipeline_stages=2)
   with pytest.raises(UserError, match="does not pipeline mixture-of-experts"):
     glam.GlamUniTransformerLmHParams(
         vocab_size=8, model_dim=8, ff_dim=8, attention_num_heads=2, attention_key_value_dim=4,

@@ -254,10 +254,12 @@ def _count(model) -> int:
   return ts.count_params(params) - model.padding_params()
 
 
-def _class(name: str):
-  """The registered class; one whose file sets knobs nothing reads (Pax.unread), refused by
-  name as written, is taken with those knobs read in a subclass's task()."""
-  cls, unread = registry.get(name), PAX[name].unread
+def _class(name: str, unread: tuple[str, ...] | None = None):
+  """The registered class; one whose file sets knobs nothing reads (`unread`, by default
+  Pax.unread), refused by name as written, is taken with those knobs read in a subclass's
+  task()."""
+  cls = registry.get(name)
+  unread = PAX[name].unread if unread is None else unread
   if not unread:
     return cls
   with pytest.raises(UserError) as err:
@@ -475,3 +477,122 @@ def test_nvidias_glam_trains_with_its_experts_relative_bias_and_z_loss(pax_modul
   assert value(params["layer_1"]["ffn"]["ffn1_gate"]["w"]).shape == (2, 32, 64)
   assert value(params["layer_0"]["attention"]["relative_bias"]["rel_embedding"]).shape == (
       2, 32, 4)
+
+
+def test_nvidias_expert_parallel_glam_trains_with_experts_over_data_expert(pax_modules,
+                                                                          tmp_path):
+  """GLaM64B64EProxy_EP as written (set_sharding_params_with_expert_parallelism on a 4-axis
+  mesh) cut down to 8 devices, [replica, data, data_expert, mdl] = [1, 2, 4, 1]: each device
+  holds one of each MoE layer's 4 experts, split in two on its embed dim over 'data', and
+  the batch goes over data x data_expert; the cross-entropy falls."""
+  result, _, _ = train_in_process(
+      f"{registry.FDL_CONFIG}pax_nvidia.GLaM64B64EProxy_EP",
+      [*MOE_SMALL, "NUM_LAYERS=4", "NUM_EXPERTS=4", "ICI_MESH_SHAPE=[1,2,4,1]",
+       "DCN_MESH_SHAPE=None", "NUM_TRAIN_STEPS=30", "LEARNING_RATE=2e-2",
+       "SUMMARY_INTERVAL_STEPS=1"], tmp_path / "job", num_devices=8)
+  first, last = result.history[0], result.history[-1]
+  assert last["log_pplx"] < 0.7 * first["log_pplx"], (first, last)
+  assert last["loss"] == pytest.approx(last["log_pplx"] + last["aux_loss"] + last["z_loss"],
+                                       rel=1e-5)
+  wi = result.state.params["transformer"]["repeat"]["layer_0"]["moe"]["wi"]
+  wi = getattr(wi, "value", wi)
+  assert wi.shape == (2, 4, 32, 64)
+  assert wi.sharding.spec[1:3] == ("data_expert", "data")
+  assert {s.data.shape for s in wi.addressable_shards} == {(2, 1, 16, 64)}
+
+
+GROK_SMALL = [s for s in MOE_SMALL if not s.startswith(("ICI_", "DCN_", "NUM_EXPERTS"))] + [
+    "NUM_EXPERTS=4", "NUM_KV_HEADS=2", "ICI_MESH_SHAPE=[1,2,4,1]", "DCN_MESH_SHAPE=[1,1,1,1]",
+    "MAX_STEPS=30", "LEARNING_RATE=2e-2", "SUMMARY_INTERVAL_STEPS=1"]
+
+
+def test_nvidias_grok_proxy_trains_with_gqa_rope_and_experts_in_every_layer(pax_modules,
+                                                                            tmp_path):
+  """Grok_Proxy as written (grok.GrokUniTransformerLmHParams, USE_EXPERT_PARALLEL on its
+  4-axis mesh, rotary positions turned on in its task()) cut down to 8 devices: every layer
+  a mixture of 4 gated-GELU experts over data_expert, multi-query attention with 2
+  key/value heads and biases; it runs its own MAX_STEPS and the cross-entropy falls."""
+  result, exp, _ = train_in_process("pax_nvidia.Grok_Proxy", GROK_SMALL, tmp_path / "job",
+                                    num_devices=8)
+  assert len(result.history) == 30
+  first, last = result.history[0], result.history[-1]
+  assert last["log_pplx"] < 0.7 * first["log_pplx"], (first, last)
+  model = config.build(exp.task()).model
+  assert (model.moe_layers, model.num_kv_heads, model.rope_timescales, model.use_bias,
+          model.moe_gated_activation, model.moe_activation, model.norm_type) == (
+              (0, 1), 2, (1.0, 10_000.0), True, True, "gelu", "rmsnorm")
+  params = result.state.params["transformer"]["repeat"]
+  value = lambda x: getattr(x, "value", x)  # noqa: E731
+  assert value(params["moe"]["wi_gate"]).shape == (2, 4, 32, 64)
+  assert value(params["attention"]["key"]["w"]).shape == (2, 32, 2, 8)
+  assert value(params["attention"]["key"]["b"]).shape == (2, 2, 8)
+
+
+def _grok_count(layers: int) -> int:
+  """Grok's parameters from its dims: per layer, multi-query attention with biases (48
+  query and 8 key/value heads of 128), two RMS norms, a [6144, 8] router and 8 gated
+  experts of 32768; then the final norm and the 131072-token table."""
+  d, n, kv, h, f, e, v = 6144, 48, 8, 128, 32768, 8, 131072
+  attention = d * n * h + n * h + 2 * (d * kv * h + kv * h) + n * h * d + d
+  return layers * (attention + 2 * d + d * e + 3 * e * d * f) + d + v * d
+
+
+@pytest.mark.parametrize(("name", "layers", "devices"), [("Grok_Proxy", 16, 64),
+                                                         ("Grok", 64, 256)])
+def test_nvidias_grok_classes_have_paxs_count_on_the_expert_parallel_mesh(
+    pax_modules, monkeypatch, name, layers, devices):
+  """Grok (Grok-1's 314B) and Grok_Proxy: their NUM_GPUS, which nothing reads (in Pax
+  either), is refused by name as written; read, they configure Pax's count, every layer with
+  8 experts, one per device of the mesh's data_expert axis."""
+  _on_devices(monkeypatch, devices)
+  exp, model, rows = _model_of(_class(f"pax_nvidia.{name}", unread=("NUM_GPUS",)))
+  assert exp.mesh_axis_names() == ("replica", "data", "data_expert", "mdl")
+  assert (rows, model.num_layers, model.moe_layers, model.num_experts, model.num_groups,
+          model.expert_shards) == (devices, layers, tuple(range(layers)), 8, devices, 8)
+  assert _count(model) == _grok_count(layers)
+  assert flops.param_count(model.flops_dims(8)) == _count(model)
+
+
+def test_nvidias_grok_proxy_dry_runs_on_its_64_device_expert_parallel_mesh(pax_modules,
+                                                                          tmp_path):
+  """The pod check on a CPU, with two of its 16 layers: the mesh [replica, data,
+  data_expert, mdl] = [1, 8, 8, 1] from ICI x DCN, Pax's count, and the --set values (an
+  AutodiffCheckpointType among them) written to dry_run.json."""
+  root = Path(pax_modules["nvidia"].__file__).parent
+  (tmp_path / "grok_read.py").write_text(textwrap.dedent("""\
+      import pax_nvidia
+      from paxlike.pax import experiment_registry
+
+
+      @experiment_registry.register
+      class GrokProxy(pax_nvidia.Grok_Proxy):
+        def task(self):
+          self.NUM_GPUS  # Pax's file sets it and nothing reads it
+          return super().task()
+      """))
+  job = tmp_path / "job"
+  proc = run_cli(["--exp=grok_read.GrokProxy", "--mode=dry_run", f"--job_log_dir={job}",
+                  "--set", "NUM_LAYERS=2", "--set", "CHECKPOINT_POLICY=SAVE_NOTHING"],
+                 tmp_path, pythonpath=[root, tmp_path])
+  assert proc.returncode == 0, describe(proc)
+  report = json.loads((job / "dry_run.json").read_text())
+  assert report["mesh"] == {"replica": 1, "data": 8, "data_expert": 8, "mdl": 1}
+  assert (report["num_devices"], report["params"]) == (64, _grok_count(2))
+  assert report["overrides"] == {"NUM_LAYERS": 2, "CHECKPOINT_POLICY": "SAVE_NOTHING"}
+
+
+def test_expert_parallelism_without_its_mesh_is_refused_in_one_line(pax_modules):
+  """USE_EXPERT_PARALLEL (Grok's) and set_sharding_params_with_expert_parallelism
+  (GLaM64B64EProxy_EP's) on a 3-axis mesh: each one sentence naming the 4-axis mesh."""
+  three_axes = ["ICI_MESH_SHAPE=[1,8,1]", "DCN_MESH_SHAPE=[1,8,1]"]
+  with pytest.raises(UserError, match=r"^USE_EXPERT_PARALLEL=True needs the 4-axis mesh "
+                                      r"\[replica, data, data_expert, mdl\]") as err:
+    experiment.build_checked(experiment.instantiate(
+        registry.get("pax_nvidia.Grok_Proxy"), three_axes))
+  assert "\n" not in str(err.value)
+  with pytest.raises(UserError, match=r"^set_sharding_params_with_expert_parallelism shards "
+                                      r"over 4 mesh axes .* ICI_MESH_SHAPE=\[1, 8, 1\]") as err:
+    experiment.build_checked(experiment.instantiate(
+        registry.get(f"{registry.FDL_CONFIG}pax_nvidia.GLaM64B64EProxy_EP"),
+        [three_axes[0], "DCN_MESH_SHAPE=None"]))
+  assert "\n" not in str(err.value)

@@ -223,10 +223,13 @@ def test_microbatches_that_do_not_split_the_batch_are_one_line(overrides, number
 
 
 def test_a_four_axis_mesh_on_an_unpipelined_experiment_is_one_line():
+  """Four axes without NUM_STAGES are the expert-parallel mesh; beside a 3-axis DCN shape the
+  line names both 4-axis meshes and where a pipeline's comes from."""
   with pytest.raises(UserError) as err:
-    _exp("LmCloudSpmdTiny", ["ICI_MESH_SHAPE=[2,1,1,1]"])
+    _exp("LmCloudSpmdTiny", ["ICI_MESH_SHAPE=[2,1,1,1]", "DCN_MESH_SHAPE=[1,1,1]"])
   text = str(err.value)
   assert "\n" not in text and "[2, 1, 1, 1]" in text and "TransformerLmSpmdPipeline" in text
+  assert "data_expert" in text
 
 
 def test_the_cli_refuses_with_exit_2_and_leaves_no_job_dir(tmp_path):

@@ -160,7 +160,8 @@ class MoeFeedForward(nn.Module):
 
   Weights: gate [D, E], wi [E, D, H] (and wi_gate with gated_activation:
   act(x wi_gate) * (x wi)), wo [E, H, D]; the expert dim is sharded over the
-  mesh's 'data' axis (logical 'expert'), as Pax shards it. shard_experts=False
+  mesh's 'data' axis (logical 'expert'), as Pax shards it, or over 'data_expert' on the
+  expert-parallel mesh (paxlike.mesh). shard_experts=False
   (experts that do not divide the data axis: MoELarge's 16 on 32 devices) keeps
   each device's copy of every expert split on its embed dim instead, as a dense
   layer's weights are.
@@ -230,8 +231,10 @@ class MoeFeedForward(nn.Module):
     expert_in = dispatch(grouped, assignments["slot"], e * capacity)
     expert_in = expert_in.reshape(g, e, capacity, d).transpose(1, 0, 2, 3)
     # [E, G, C, M]: split over the experts (each device runs its experts for every group,
-    # an all-to-all away), or, where the experts are not split, over the groups.
-    spread = (expert, None, None, None) if self.shard_experts else (None, "batch", None, None)
+    # an all-to-all away; on the expert-parallel mesh the groups also go over replica x
+    # data), or, where the experts are not split, over the groups.
+    spread = ((expert, "expert_group", None, None) if self.shard_experts
+              else (None, "batch", None, None))
     expert_in = nn.with_logical_constraint(expert_in, spread)
     hid = hidden(expert_in, "egc", "egc")
     hid = nn.Dropout(self.dropout_rate)(

@@ -21,25 +21,27 @@ def _is_spec(x: Any) -> bool:
 
 
 class SpmdPartitioner:
-  """Shards state by logical-axis rules and the batch over replica x data.
+  """Shards state by logical-axis rules and the batch over replica x data (x data_expert).
 
   Args:
-    mesh: the ('replica', 'data', 'mdl') mesh.
-    rules: logical axis name -> mesh axes.
+    mesh: the ('replica', 'data', 'mdl') mesh, or a 4-axis one (paxlike.mesh).
+    rules: logical axis name -> mesh axes; None: paxlike.mesh's for this mesh.
   """
 
   kind = "spmd"
 
-  def __init__(self, mesh: Mesh, rules=mesh_lib.LOGICAL_AXIS_RULES) -> None:
+  def __init__(self, mesh: Mesh, rules=None) -> None:
     self.mesh = mesh
-    self.rules = tuple(rules)
+    # None: the plain rules of this mesh (the expert-parallel ones where it has 'data_expert').
+    self.rules = tuple(rules if rules is not None else mesh_lib.logical_axis_rules(
+        expert_parallel="data_expert" in mesh.axis_names))
     self.replicated = NamedSharding(mesh, PartitionSpec())
     # A pipeline's stage axis over processes: each process reads rows of its own, so the
     # input is split over the stages too (replicated over them, every process would have
     # to read every row); the model's first constraint regroups the rows.
-    self.batch_axes = mesh_lib.BATCH_AXES
+    self.batch_axes = mesh_lib.batch_axes(mesh.axis_names)
     if "stage" in mesh.axis_names and len({d.process_index for d in mesh.devices.flat}) > 1:
-      self.batch_axes = ("stage", *mesh_lib.BATCH_AXES)
+      self.batch_axes = ("stage", *self.batch_axes)
     self.batch_sharding = NamedSharding(mesh, PartitionSpec(self.batch_axes))
     self._state_shardings = None
 

@@ -244,7 +244,8 @@ def _read_norm(r: Reader, cfg: Any, path: str) -> None:
 
 
 def _read_attention(r: Reader, cfg: Any, path: str) -> None:
-  cfg = r.node(cfg, path, pl.DotProductAttention, pl.GroupedQueryAttention)
+  cfg = r.node(cfg, path, pl.DotProductAttention, pl.GroupedQueryAttention,
+               pl.MultiQueryDotProductAttention)
   common = ("atten_logit_cap", "num_heads", "dim_per_head", "input_dim", "hidden_dim",
             "atten_dropout_prob", "is_causal")
   r.set("atten_logit_cap", path + ".atten_logit_cap", float(cfg.atten_logit_cap or 0.0))
@@ -270,15 +271,30 @@ def _read_attention(r: Reader, cfg: Any, path: str) -> None:
     r.set("attention_extra_logit", path, None)
     r.set("relative_bias", path, None)
     return
+  if issubclass(fdl.get_callable(cfg), pl.MultiQueryDotProductAttention):
+    _read_multi_query(r, cfg, path, common)
+    return
   r.fields(cfg, path, (*common, "use_bias", "internal_enable_per_dim_scale", "combine_qkv",
                        "use_rotary_position_emb", "rotary_position_emb_tpl", "dconv_qkv",
                        "internal_enable_query_scale", "internal_gshard_gaussian_init",
                        "attention_extra_logit", "relative_bias_tpl", "output_proj_use_nhd_shape",
                        "proj_tpl", "combined_qkv_proj_tpl"))
   _read_glam_attention(r, cfg, path)
+  r.set("query_scale", path + ".internal_enable_query_scale",
+        bool(cfg.internal_enable_query_scale))
   if cfg.dconv_qkv:
     raise UserError(f"{path}.dconv_qkv = True: paxlike's attention has no depthwise "
                     "convolution of q/k/v (Primer's dconv); leave it False.")
+  _read_rope(r, cfg, path)
+  r.set("num_kv_heads", path, None)
+  r.set("use_bias", path + ".use_bias", bool(cfg.use_bias))
+  r.set("per_dim_scale", path + ".internal_enable_per_dim_scale",
+        bool(cfg.internal_enable_per_dim_scale))
+  r.set("combine_qkv", path + ".combine_qkv", bool(cfg.combine_qkv))
+
+
+def _read_rope(r: Reader, cfg: fdl.Buildable, path: str) -> None:
+  """use_rotary_position_emb with its rotary_position_emb_tpl's timescales."""
   rope = None
   if cfg.use_rotary_position_emb:
     rope = (1.0, 10_000.0)
@@ -289,24 +305,53 @@ def _read_attention(r: Reader, cfg: Any, path: str) -> None:
                ("min_timescale", "max_timescale", "embedding_dims"))
       rope = (float(rp.min_timescale), float(rp.max_timescale))
   r.set("rope_timescales", path + ".use_rotary_position_emb", rope)
-  r.set("num_kv_heads", path, None)
+
+
+def _read_multi_query(r: Reader, cfg: fdl.Buildable, path: str, common: tuple[str, ...]
+                      ) -> None:
+  """praxis's MultiQueryDotProductAttention (Grok's): num_kv_heads key/value heads, biases
+  on every projection with use_bias, the query always scaled by 1/sqrt(dim per head)
+  (praxis's MQA reads no internal_enable_query_scale), no learned per-dim scale. The cache's
+  layout (decode_cache, consolidate_rope_key_state), chunked_attn_num_seq_split (the same
+  attention in pieces) and zero_fully_masked (no causal row is fully masked) change nothing
+  paxlike computes."""
+  r.fields(cfg, path, (*common, "num_kv_heads", "use_bias", "internal_enable_query_scale",
+                       "internal_gshard_gaussian_init", "output_proj_use_nhd_shape",
+                       "use_rotary_position_emb", "rotary_position_emb_tpl",
+                       "consolidate_rope_key_state", "relative_bias_tpl",
+                       "attention_extra_logit", "dconv_qkv", "combine_qkv", "decode_cache",
+                       "scale_query_by_dim_per_head", "chunked_attn_num_seq_split",
+                       "local_window_size", "zero_fully_masked", "proj_tpl",
+                       "headless_proj_tpl"))
+  for name in ("dconv_qkv", "combine_qkv"):
+    if getattr(cfg, name):
+      raise UserError(f"{path}.{name} = True: praxis's multi-query attention has separate "
+                      "q/k/v projections; leave it False.")
+  if cfg.local_window_size is not None:
+    raise UserError(f"{path}.local_window_size = {cfg.local_window_size!r}: paxlike's "
+                    "attention sees every earlier position; leave it None.")
+  _read_glam_attention(r, cfg, path)
+  if cfg.headless_proj_tpl is not None:
+    hpath = path + ".headless_proj_tpl"
+    r.fields(r.node(cfg.headless_proj_tpl, hpath, pl.OneHeadedAttentionProjection), hpath,
+             ("input_dim", "output_dim", "use_bias"))
+  _read_rope(r, cfg, path)
+  r.set("num_kv_heads", path + ".num_kv_heads", count(cfg.num_kv_heads, path + ".num_kv_heads"))
   r.set("use_bias", path + ".use_bias", bool(cfg.use_bias))
-  r.set("per_dim_scale", path + ".internal_enable_per_dim_scale",
-        bool(cfg.internal_enable_per_dim_scale))
-  r.set("combine_qkv", path + ".combine_qkv", bool(cfg.combine_qkv))
+  r.set("query_scale", path, True)
+  r.set("per_dim_scale", path, False)
+  r.set("combine_qkv", path, False)
 
 
 def _read_glam_attention(r: Reader, cfg: fdl.Buildable, path: str) -> None:
-  """DotProductAttention's fields GLaM sets: no query scale, an extra logit, a relative
-  bias; the projections' layouts (attention_combine_dims, output_proj_use_nhd_shape) store
-  the same weights in other shapes, so they change nothing here."""
+  """The attention fields GLaM sets: an extra logit, a relative bias; the projections'
+  layouts (attention_combine_dims, output_proj_use_nhd_shape) store the same weights in
+  other shapes, and the attention's use_bias is theirs, so they change nothing here."""
   for name, cls in (("proj_tpl", pl.AttentionProjection),
                     ("combined_qkv_proj_tpl", pl.CombinedQKVProjectionLayer)):
-    if getattr(cfg, name) is not None:
+    if getattr(cfg, name, None) is not None:
       r.fields(r.node(getattr(cfg, name), f"{path}.{name}", cls), f"{path}.{name}",
                ("attention_combine_dims", "use_bias"))
-  r.set("query_scale", path + ".internal_enable_query_scale",
-        bool(cfg.internal_enable_query_scale))
   extra = cfg.attention_extra_logit
   r.set("attention_extra_logit", path + ".attention_extra_logit",
         None if extra is None else float(extra))
@@ -366,7 +411,9 @@ def _activation(act: Any, path: str) -> str:
   return name
 
 
-def _read_layer(r: Reader, cfg: Any, path: str) -> None:
+def _read_layer(r: Reader, cfg: Any, path: str, dense: bool = True) -> None:
+  """A layer template; dense=False: every layer of its stack has experts, so praxis never
+  builds its tr_fflayer_tpl (Grok's), and neither is it read here."""
   cfg = r.node(cfg, path, pl.Transformer)
   r.fields(cfg, path, ("norm_policy", "ln_tpl", "tr_atten_tpl", "tr_fflayer_tpl",
                        "num_heads", "dim_per_head", "hidden_dims", "input_dims",
@@ -374,7 +421,8 @@ def _read_layer(r: Reader, cfg: Any, path: str) -> None:
   r.set("norm_policy", path + ".norm_policy", cfg.norm_policy)
   _read_norm(r, cfg.ln_tpl, path + ".ln_tpl")
   _read_attention(r, cfg.tr_atten_tpl, path + ".tr_atten_tpl")
-  _read_ffn(r, cfg.tr_fflayer_tpl, path + ".tr_fflayer_tpl")
+  if dense:
+    _read_ffn(r, cfg.tr_fflayer_tpl, path + ".tr_fflayer_tpl")
 
 
 def _read_stack(r: Reader, cfg: Any, path: str, repeats: int, block: bool = False,
@@ -403,7 +451,11 @@ def _read_stack(r: Reader, cfg: Any, path: str, repeats: int, block: bool = Fals
       r.set("dropout_prob", f"{path}.{name}", getattr(cfg, name))
   if cfg.checkpoint_policy is not None:
     r.set("checkpoint_policy", path + ".checkpoint_policy", policy_name(cfg.checkpoint_policy))
-  _read_layer(r, cfg.transformer_layer_params_tpl, path + ".transformer_layer_params_tpl")
+  layers = cfg.num_layers
+  all_experts = bool(cfg.num_experts) and all(i in list(cfg.moe_layers or ())
+                                              for i in range(layers))
+  _read_layer(r, cfg.transformer_layer_params_tpl, path + ".transformer_layer_params_tpl",
+              dense=not all_experts)
   _read_moe(r, cfg, path, repeats, pipelined)
 
 

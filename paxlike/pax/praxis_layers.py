@@ -239,6 +239,50 @@ class GroupedQueryAttention(_Attention):
 
 
 @dataclasses.dataclass
+class OneHeadedAttentionProjection(_Template):
+  """praxis's key/value projection of a one-key/value-head MultiQueryDotProductAttention."""
+
+  input_dim: int = 0
+  output_dim: int = 0
+  use_bias: bool = True
+  name: str = ""
+
+
+@dataclasses.dataclass
+class MultiQueryDotProductAttention(_Attention):
+  """praxis's multi-query attention (Grok's): num_kv_heads key/value heads shared by the
+  query heads, biases on every projection (use_bias), the query scaled by 1/sqrt(dim per
+  head) (praxis's MQA does not read internal_enable_query_scale), rotary positions on q and
+  k with use_rotary_position_emb."""
+
+  num_kv_heads: int = 1
+  use_bias: bool = True
+  internal_enable_query_scale: bool = True
+  internal_gshard_gaussian_init: bool = False
+  output_proj_use_nhd_shape: bool = False
+  use_rotary_position_emb: bool = False
+  rotary_position_emb_tpl: Any = None
+  consolidate_rope_key_state: bool = False
+  relative_bias_tpl: Any = None
+  attention_extra_logit: float | None = None
+  dconv_qkv: bool = False
+  combine_qkv: bool = False
+  decode_cache: bool = True
+  scale_query_by_dim_per_head: bool = False
+  chunked_attn_num_seq_split: int = 1
+  local_window_size: Any = None
+  zero_fully_masked: bool = False
+  proj_tpl: Any = None
+  headless_proj_tpl: Any = None
+
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    return {**super().sub_templates(), "proj_tpl": AttentionProjection,
+            "headless_proj_tpl": OneHeadedAttentionProjection,
+            "rotary_position_emb_tpl": RotaryPositionalEmbedding}
+
+
+@dataclasses.dataclass
 class GpuTritonFusedDotProductAttention(DotProductAttention):
   """praxis's Triton flash attention: paxlike picks its attention kernel per platform."""
 
@@ -457,19 +501,48 @@ class TransformerLm(_Template):
     """praxis's sharding annotations for the LM over Pax's three axes: paxlike shards by
     its logical axis rules, which place every weight (the experts over 'data') as these
     annotations do, so lm_p comes back as it is. Other axis names are refused."""
-    del ici_mesh_shape, dcn_mesh_shape, training_optimized
-    names = list(mesh_axis_names or ("replica", "data", "mdl"))
-    if names != ["replica", "data", "mdl"] or (replica_axis, data_axis, mdl_axis) != (
-        "replica", "data", "mdl"):
-      raise UserError(f"set_sharding_params_v1 with mesh axes {names}: paxlike's meshes have "
-                      "Pax's axes ['replica', 'data', 'mdl'].")
+    del dcn_mesh_shape, training_optimized
+    _check_sharding_axes("set_sharding_params_v1", ("replica", "data", "mdl"),
+                         (replica_axis, data_axis, mdl_axis), mesh_axis_names, ici_mesh_shape)
     return lm_p
 
   @classmethod
-  def set_sharding_params_with_expert_parallelism(cls, lm_p: Any, **kwargs: Any) -> Any:
-    """praxis's expert-parallel sharding over a 4-axis mesh (a 'data_expert' axis)."""
-    del lm_p
-    raise UserError("set_sharding_params_with_expert_parallelism shards experts over a "
-                    f"'data_expert' mesh axis ({kwargs.get('mesh_axis_names')}), which "
-                    "paxlike's meshes do not have; its experts go over 'data' "
-                    "(set_sharding_params_v1).")
+  def set_sharding_params_with_expert_parallelism(
+      cls, lm_p: Any, *, replica_axis: str = "replica", data_axis: str = "data",
+      data_expert_axis: str = "data_expert", mdl_axis: str = "mdl", ici_mesh_shape: Any = None,
+      dcn_mesh_shape: Any = None, batch_axes: Any = None, mesh_axis_names: Any = None,
+      seq_axis: Any = None, training_optimized: bool = False) -> Any:
+    """praxis's expert-parallel sharding over Pax's 4-axis mesh [replica, data, data_expert,
+    mdl]: the experts over data_expert, their embed dim over data, the batch and the other
+    weights' embed dims over data x data_expert. paxlike's rules for that mesh
+    (paxlike.mesh) place them so, so lm_p comes back as it is; the experiment's mesh must be
+    that one (a 4-axis ICI_MESH_SHAPE without NUM_STAGES)."""
+    del dcn_mesh_shape, training_optimized
+    name = "set_sharding_params_with_expert_parallelism"
+    if batch_axes is not None and tuple(batch_axes) != ("replica", "data", "data_expert"):
+      raise UserError(f"{name}(batch_axes={batch_axes!r}): paxlike splits the batch over "
+                      "('replica', 'data', 'data_expert'); leave batch_axes None.")
+    if seq_axis is not None:
+      raise UserError(f"{name}(seq_axis={seq_axis!r}): paxlike does not split the sequence "
+                      "over a mesh axis; leave seq_axis None.")
+    _check_sharding_axes(name, ("replica", "data", "data_expert", "mdl"),
+                         (replica_axis, data_axis, data_expert_axis, mdl_axis),
+                         mesh_axis_names, ici_mesh_shape)
+    return lm_p
+
+
+def _check_sharding_axes(name: str, pax_axes: tuple[str, ...], axes: tuple[str, ...],
+                         mesh_axis_names: Any, ici_mesh_shape: Any) -> None:
+  """Refuses a praxis sharding call whose axes are not Pax's, or not the experiment's mesh
+  (ici_mesh_shape: task_p.model.ici_mesh_shape, the experiment's)."""
+  names = tuple(mesh_axis_names or pax_axes)
+  if names != pax_axes or tuple(axes) != pax_axes:
+    raise UserError(f"{name} with mesh axes {list(names)}: paxlike's meshes for it have "
+                    f"Pax's axes {list(pax_axes)}.")
+  if ici_mesh_shape is not None and len(ici_mesh_shape) != len(pax_axes):
+    raise UserError(f"{name} shards over {len(pax_axes)} mesh axes {list(pax_axes)}, but "
+                    f"the experiment's ICI_MESH_SHAPE={list(ici_mesh_shape)} has "
+                    f"{len(ici_mesh_shape)}; give it {len(pax_axes)}.")
+  if ici_mesh_shape is None and "data_expert" in pax_axes:
+    raise UserError(f"{name} needs the experiment's 4-axis mesh [replica, data, data_expert, "
+                    "mdl]; set ICI_MESH_SHAPE.")

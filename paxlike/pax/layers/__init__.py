@@ -22,6 +22,7 @@ from paxlike.pax.layers import (
     gpu_fast_attention,
     grouped_query_attention,
     linears,
+    multi_query_attention,
     normalizations,
     transformer_models,
     transformers,
@@ -55,6 +56,6 @@ __all__ = [
     "StackedTransformer", "StackedTransformerRepeated", "Swish", "Tanh",
     "TrainablePositionalEmbedding", "Transformer", "TransformerFeedForward", "TransformerLm",
     "activations", "attentions", "embedding_softmax", "gpu_fast_attention",
-    "grouped_query_attention", "linears", "normalizations", "transformer_models",
-    "transformers",
+    "grouped_query_attention", "linears", "multi_query_attention", "normalizations",
+    "transformer_models", "transformers",
 ]

@@ -31,6 +31,36 @@ def _rms() -> Config:
   return Config(pl.RmsNorm, direct_scale=True)
 
 
+def experts_tpl(model_dim: int, hidden_dim: int, e_dim: int | None, num_groups: int,
+                gating_logit_cap: float, c_dim: int | None, capacity_factor: float,
+                load_balance_loss_weight: float, gating_func: str,
+                gating_embedding_level: str) -> Config:
+  """The mixture-of-experts template GLaM's and Grok's builders set (RMS norm, praxis's
+  fan-in init); Grok's also sets the experts' activation and gate."""
+  return Config(
+      pl.TransformerFeedForwardMoe, input_dims=model_dim, hidden_dims=hidden_dim,
+      ln_tpl=_rms(), num_experts=e_dim, num_groups=num_groups,
+      gating_logit_cap=gating_logit_cap, expert_capacity_dim=c_dim,
+      unadjusted_expert_capacity_factor=capacity_factor,
+      internal_gshard_variance_scaling_fan_in_init=True,
+      moe_load_balance_loss_weight=load_balance_loss_weight, gating_func=gating_func,
+      moe_gating_embedding_level=gating_embedding_level)
+
+
+def gshard_lm_tpl(name: str, model_dim: int, vocab_size: int,
+                  model_type: pl.LanguageModelType, z_loss_weight: float,
+                  labels_size_denominator: bool, stacked: Config) -> Config:
+  """The LM around GLaM's and Grok's stacks: no position embedding, a final RMS norm,
+  GShard's tied softmax with a z-loss."""
+  softmax = Config(pl.GShardSharedEmbeddingSoftmax, name="emb", input_dims=model_dim,
+                   num_classes=vocab_size, z_loss_weight=z_loss_weight,
+                   use_tgt_labels_size_as_loss_denominator=labels_size_denominator)
+  return Config(pl.TransformerLm, name=name, packed_input=True, model_dims=model_dim,
+                vocab_size=vocab_size, position_emb_tpl=None, model_type=model_type,
+                final_ln_tpl=Config(pl.RmsNorm, name="rms_norm", dim=model_dim),
+                softmax_tpl=softmax, stacked_transformer_tpl=stacked)
+
+
 def GlamStackedTransformerHParams(  # noqa: N802  (praxis's name)
     model_dim: int, ff_dim: int, attention_num_heads: int, attention_key_value_dim: int,
     name: str = "transformer", moe: bool = False, moe_hidden_dim: int | None = None,
@@ -63,14 +93,10 @@ def GlamStackedTransformerHParams(  # noqa: N802  (praxis's name)
                use_gated_activation=use_gated_activation,
                internal_gshard_variance_scaling_fan_in_init=True)
   layer = Config(pl.Transformer, ln_tpl=_rms(), tr_atten_tpl=attention, tr_fflayer_tpl=ffn)
-  experts = Config(
-      pl.TransformerFeedForwardMoe, input_dims=model_dim, hidden_dims=moe_hidden_dim or ff_dim,
-      ln_tpl=_rms(), num_experts=e_dim, num_groups=num_groups,
-      gating_logit_cap=moe_gating_logit_cap, expert_capacity_dim=c_dim,
-      unadjusted_expert_capacity_factor=capacity_factor,
-      internal_gshard_variance_scaling_fan_in_init=True,
-      moe_load_balance_loss_weight=moe_load_balance_loss_weight, gating_func=moe_gating_func,
-      moe_gating_embedding_level=moe_gating_embedding_level)
+  experts = experts_tpl(
+      model_dim, moe_hidden_dim or ff_dim, e_dim, num_groups, moe_gating_logit_cap, c_dim,
+      capacity_factor, moe_load_balance_loss_weight, moe_gating_func,
+      moe_gating_embedding_level)
   return Config(pl.StackedTransformer, name=name, packed_input=True,
                 moe_layers=[0] if moe else None, num_layers=2 if moe else 1,
                 model_dims=model_dim, hidden_dims=ff_dim, num_heads=attention_num_heads,
@@ -126,14 +152,8 @@ def GlamUniTransformerLmHParams(  # noqa: N802  (praxis's name)
     block.num_layers = num_transformer_layers
     block.moe_layers = list(range(0, num_transformer_layers, 2)) if moe else None
     stacked = block
-  softmax = Config(pl.GShardSharedEmbeddingSoftmax, name="emb", input_dims=model_dim,
-                   num_classes=vocab_size, z_loss_weight=z_loss_weight,
-                   use_tgt_labels_size_as_loss_denominator=(
-                       use_tgt_labels_size_as_loss_denominator))
-  return Config(pl.TransformerLm, name=name, packed_input=True, model_dims=model_dim,
-                vocab_size=vocab_size, position_emb_tpl=None, model_type=model_type,
-                final_ln_tpl=Config(pl.RmsNorm, name="rms_norm", dim=model_dim),
-                softmax_tpl=softmax, stacked_transformer_tpl=stacked)
+  return gshard_lm_tpl(name, model_dim, vocab_size, model_type, z_loss_weight,
+                       use_tgt_labels_size_as_loss_denominator, stacked)
 
 
 __all__ = ["GlamStackedTransformerHParams", "GlamUniTransformerLmHParams"]
