@@ -115,9 +115,10 @@ class BaseExperiment:
       shape = getattr(self, name)
       if shape is None:
         continue
-      if (not isinstance(shape, list | tuple) or len(shape) not in ((4,) if pipelined else (3, 4))
+      if (not isinstance(shape, list | tuple) or len(shape) not in ((4, 5) if pipelined else (3, 4))
           or not all(isinstance(d, int) and d > 0 for d in shape)):
-        names = ("four positive ints [stage, replica, data, mdl]" if pipelined else
+        names = ("four positive ints [stage, replica, data, mdl] (or five with expert "
+                 "parallelism, [stage, replica, data, data_expert, mdl])" if pipelined else
                  "three positive ints [replica, data, mdl] (or four for expert parallelism, "
                  "[replica, data, data_expert, mdl])")
         raise UserError(f"{name} must be a list of {names}, got {shape!r}.")
@@ -147,9 +148,10 @@ class BaseExperiment:
   def mesh_axis_names(self) -> tuple[str, ...]:
     """The mesh's axis names: Pax's [replica, data, mdl]; four axes are a pipeline's
     [stage, replica, data, mdl] or, otherwise, expert parallelism's
-    [replica, data, data_expert, mdl] (Pax's only other 4-axis mesh)."""
+    [replica, data, data_expert, mdl] (Pax's only other 4-axis mesh); five, a pipeline's
+    with expert parallelism [stage, replica, data, data_expert, mdl]."""
     shape = self.ICI_MESH_SHAPE if self.ICI_MESH_SHAPE is not None else self.DCN_MESH_SHAPE
-    if self.pipelined_mesh():
+    if self.pipelined_mesh() and len(shape or ()) != len(mesh_lib.PIPELINE_EXPERT_MESH_AXES):
       return mesh_lib.PIPELINE_MESH_AXES
     return mesh_lib.axes_for(shape or (), pipelined=False)
 

@@ -250,7 +250,8 @@ class PipelineHParams:
   instead of keeping it on every stage. On a pipelined experiment
   NUM_MICROBATCHES is the pipeline's (as in Pax's files); gradient
   accumulation is GRADIENT_ACCUMULATION_STEPS. The mesh has 4 axes,
-  [stage, replica, data, mdl].
+  [stage, replica, data, mdl], or 5 with expert parallelism (Pax's USE_EXPERT_PARALLEL),
+  [stage, replica, data, data_expert, mdl].
   """
 
   NUM_STAGES: int | None = None
@@ -287,9 +288,10 @@ class PipelineHParams:
     if r > 1 and m is not None and m < s:
       raise UserError(f"NUM_MICROBATCHES={m} is fewer than NUM_STAGES={s}: the circular "
                       f"schedule (CIRCULAR_REPEAT={r}) needs at least one microbatch per stage.")
-    if list(self.MESH_AXIS_NAMES) != ["stage", "replica", "data", "mdl"]:
-      raise UserError(f"MESH_AXIS_NAMES={list(self.MESH_AXIS_NAMES)}: paxlike's pipeline "
-                      "meshes are ['stage', 'replica', 'data', 'mdl'].")
+    if list(self.MESH_AXIS_NAMES) != list(self.mesh_axis_names()):
+      raise UserError(f"MESH_AXIS_NAMES={list(self.MESH_AXIS_NAMES)}: this pipeline's mesh "
+                      f"of {len(self.mesh_axis_names())} axes is "
+                      f"{list(self.mesh_axis_names())}; set those names.")
     if self.PIPELINE_BROADCAST_INPUTS:
       raise UserError("PIPELINE_BROADCAST_INPUTS=True: paxlike feeds the microbatches to the "
                       "first stage only (praxis's default); drop it.")
@@ -325,7 +327,7 @@ class TransformerLmSpmdPipelineAdafactor(PipelineHParams, TransformerLmSpmdAdafa
 
   def validate(self) -> None:
     super().validate()
-    names = ("replica", "data", "mdl")
+    names = tuple(a for a in self.mesh_axis_names() if a != "stage")
     dims = self.EMB_W_DATA_DIMS
     dims = [dims] if isinstance(dims, str) or dims is None else list(dims)
     if any(d not in names for d in dims if d is not None):

@@ -2,7 +2,8 @@
 
 Mesh axes are Pax's ('replica', 'data', 'mdl'); ('stage', 'replica', 'data',
 'mdl') for a pipeline (NUM_STAGES); ('replica', 'data', 'data_expert', 'mdl')
-for expert parallelism (Pax's USE_EXPERT_PARALLEL). The batch is sharded over
+for expert parallelism (Pax's USE_EXPERT_PARALLEL), with 'stage' in front for
+both. The batch is sharded over
 replica x data (x data_expert); weights over data (x data_expert: their embed
 dim) and mdl (their heads / hidden / vocab dims), a pipeline's layer weights
 over stage too. On the expert-parallel mesh a mixture-of-experts layer's
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # jax is imported where a mesh is built: experiments read the
 MESH_AXES = ("replica", "data", "mdl")
 PIPELINE_MESH_AXES = ("stage", *MESH_AXES)
 EXPERT_MESH_AXES = ("replica", "data", "data_expert", "mdl")
+PIPELINE_EXPERT_MESH_AXES = ("stage", *EXPERT_MESH_AXES)
 BATCH_AXES = ("replica", "data")
 EXPERT_BATCH_AXES = ("replica", "data", "data_expert")
 
@@ -77,13 +79,14 @@ _EXPERT_PARALLEL = {
 }
 
 
-def logical_axis_rules(training_optimized: bool = False, expert_parallel: bool = False):
-  """The rules for an experiment's TRAINING_OPTIMIZED_SHARDING, on the expert-parallel mesh
-  or another."""
+def logical_axis_rules(training_optimized: bool = False,
+                       axes: Sequence[str] = MESH_AXES) -> tuple[tuple[str, object], ...]:
+  """The rules for an experiment's TRAINING_OPTIMIZED_SHARDING on a mesh of these axis
+  names (the expert-parallel ones where it has 'data_expert')."""
   rules = TRAINING_OPTIMIZED_RULES if training_optimized else LOGICAL_AXIS_RULES
-  if expert_parallel:
-    rules = tuple((name, _EXPERT_PARALLEL.get(name, axes)) for name, axes in rules
-                  if name not in ("stage", "pipeline_batch"))
+  if "data_expert" in axes:
+    changes = {**_EXPERT_PARALLEL, "pipeline_batch": ("stage", *EXPERT_BATCH_AXES)}
+    rules = tuple((name, changes.get(name, mesh_axes)) for name, mesh_axes in rules)
   return rules
 
 
@@ -97,7 +100,7 @@ def rules_for(exp: object):
   """The experiment's rules: TRAINING_OPTIMIZED_SHARDING's on its mesh, with a pipelined
   experiment's EMB_W_DATA_DIMS on the tables' embed dim."""
   rules = logical_axis_rules(bool(getattr(exp, "TRAINING_OPTIMIZED_SHARDING", False)),
-                             axis_names(exp) == EXPERT_MESH_AXES)
+                             axis_names(exp))
   emb = getattr(exp, "emb_w_data_dims", None)
   if emb is None:
     return rules
@@ -105,8 +108,10 @@ def rules_for(exp: object):
 
 
 def axes_for(shape: Sequence[int], pipelined: bool = True) -> tuple[str, ...]:
-  """The mesh axis names of a 3-axis mesh shape, or a 4-axis one: a pipeline's, or the
-  expert-parallel mesh's (pipelined=False)."""
+  """The mesh axis names of a mesh shape: 3 axes, Pax's plain mesh; 4, a pipeline's, or the
+  expert-parallel mesh's (pipelined=False); 5, a pipeline's with expert parallelism."""
+  if len(shape) == len(PIPELINE_EXPERT_MESH_AXES):
+    return PIPELINE_EXPERT_MESH_AXES
   if len(shape) == len(PIPELINE_MESH_AXES):
     return PIPELINE_MESH_AXES if pipelined else EXPERT_MESH_AXES
   return MESH_AXES

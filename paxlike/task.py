@@ -16,6 +16,28 @@ from typing import Any
 from paxlike.errors import UserError
 from paxlike.learners import Learner
 
+_BATCH_AXES = ("stage", "replica", "data", "data_expert")
+
+
+def _check_split_mapping(mapping: Any) -> None:
+  """Pax's task.train.inputs_split_mapping, NestedMap(map_1d=(axes,), map_2d=(axes, None)):
+  accepted where `axes` are batch axes of Pax's meshes in their order (Grok_Proxy_PP's
+  (stage, replica, data, data_expert)), whose split paxlike's batch sharding and its model's
+  first constraint give; refused otherwise."""
+  if mapping is None:
+    return
+  try:
+    one, two = tuple(mapping["map_1d"]), tuple(mapping["map_2d"])
+    axes = one[0] if isinstance(one[0], tuple | list) else (one[0],)
+    ok = (len(one) == 1 and two == (one[0], None) and set(mapping) == {"map_1d", "map_2d"}
+          and list(axes) == [a for a in _BATCH_AXES if a in axes])
+  except (KeyError, TypeError, IndexError):
+    ok = False
+  if not ok:
+    raise UserError(f"task.train.inputs_split_mapping = {mapping!r}: paxlike splits each batch "
+                    "over the mesh's batch axes (replica, data, data_expert; stage across "
+                    "processes) by its own rules; drop the mapping or name those axes.")
+
 
 @dataclasses.dataclass
 class TrainSettings:
@@ -46,7 +68,9 @@ class TrainSettings:
   # model from its first eval input's shapes, for --mode=eval / decode. With a training
   # input it changes nothing: the parameters' shapes do not depend on the batch.
   always_use_train_for_model_init: bool = True
-  inputs_split_mapping: Any = None  # paxlike shards a batch over (replica, data) by its rules
+  # Pax's split of the input over the batch axes: paxlike splits the batch over them by its
+  # own rules (_check_split_mapping).
+  inputs_split_mapping: Any = None
   # paxlike measures steps/s (and MFU) over each summary interval; None or that interval.
   compute_steps_per_sec_interval_steps: int | None = None
 
@@ -54,9 +78,7 @@ class TrainSettings:
     if not self.eval_skip_train:
       raise UserError("task.train.eval_skip_train = False: paxlike does not evaluate on the "
                       "training input; leave it True.")
-    if self.inputs_split_mapping is not None:
-      raise UserError("task.train.inputs_split_mapping: paxlike shards each batch over the "
-                      "mesh's (replica, data) axes by its own rules; drop the mapping.")
+    _check_split_mapping(self.inputs_split_mapping)
     # Pax writes num_train_steps as a float (its default is 1e7); a step count is whole.
     for name in ("num_train_steps", "save_interval_steps", "summary_interval_steps",
                  "eval_interval_steps", "save_max_to_keep"):

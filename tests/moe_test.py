@@ -138,8 +138,20 @@ def test_a_glam_like_lm_decodes_the_logits_of_its_full_pass():
     np.testing.assert_allclose(logits, full[:, i], rtol=1e-4, atol=1e-5)
 
 
-def test_a_glam_like_lms_praxis_tree_reads_back_as_the_same_model():
-  cfg = Config(LanguageModel, **GLAM_LIKE)
+# Grok's: grouped-query attention with biases and rotary positions, every layer with gated
+# GELU experts, no dense feed-forward.
+GROK_LIKE = {**GLAM_LIKE, "num_kv_heads": 1, "use_bias": True, "query_scale": True,
+             "attention_extra_logit": None, "relative_bias": None,
+             "rope_timescales": (1.0, 10_000.0), "moe_layers": (0, 1, 2, 3),
+             "moe_gated_activation": True, "moe_activation": "gelu"}
+
+
+@pytest.mark.parametrize("fields", [GLAM_LIKE, GROK_LIKE], ids=["glam", "grok"])
+def test_a_moe_lms_praxis_tree_reads_back_as_the_same_model(fields):
+  """What a task() that reads task_p.model.lm_tpl without editing it gets back: GLaM's
+  tree, and Grok's (praxis's MultiQueryDotProductAttention, whose biases
+  GroupedQueryAttention has not)."""
+  cfg = Config(LanguageModel, **fields)
   values, _ = config_tree.read_tree({"lm_tpl": config_tree.tree_of(cfg), "params_init": None,
                                      "decoder_tpl": Config(config_tree.pl.DecoderHParams),
                                      "report_strict_acc": False})
@@ -212,3 +224,32 @@ def test_maybe_setup_moe_params_copies_the_feed_forward_as_edited_before_it():
   # Every layer has experts here, so the experts' activation is the one that runs.
   assert (model.hidden_dims, model.moe_hidden_dims or model.hidden_dims,
           model.moe_activation or model.activation, model.num_experts) == (96, 96, "gelu", 4)
+
+
+def test_a_pipelined_moe_lm_routes_each_microbatch_as_the_plain_stack_routes_it():
+  """Grok-like experts in every layer of 2 stages, 2 microbatches (rows i::2): the logits
+  are the unpipelined model's, and the balancing loss and over-capacity share are the mean
+  of the plain stack's over the two microbatches (each routed in num_groups groups, as a
+  praxis stage routes its microbatch); the bubble's iterations add nothing."""
+  from jax.sharding import Mesh
+
+  from paxlike import mesh as mesh_lib
+
+  fields = {**GROK_LIKE, "expert_capacity_factor": 1.0}  # tight: some choices are dropped
+  model = LanguageModel(**fields, num_stages=2, num_microbatches=2, use_repeated_layer=False)
+  plain = model.unpipelined()
+  ids = jax.random.randint(jax.random.key(0), (4, 8), 1, 48)
+  devices = Mesh(np.asarray(jax.devices()[:2]).reshape(2, 1, 1, 1),
+                 mesh_lib.PIPELINE_MESH_AXES)
+  with jax.set_mesh(devices), flax.linen.logical_axis_rules(mesh_lib.LOGICAL_AXIS_RULES):
+    params = flax.linen.unbox(model.init(jax.random.key(1), ids)["params"])
+    logits, routing = model.apply({"params": params}, ids, method="forward")
+  flat = plain.restack_params(params)
+  parts = [plain.apply({"params": flat}, ids[i::2], method="forward") for i in range(2)]
+  want = np.empty(logits.shape, np.float32)
+  for i, (part, _) in enumerate(parts):
+    want[i::2] = part
+  np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5)
+  for key in ("aux_loss", "over_capacity"):
+    np.testing.assert_allclose(routing[key], np.mean([r[key] for _, r in parts]), rtol=1e-5)
+  assert float(routing["over_capacity"]) > 0.0  # the capacity bit

@@ -452,11 +452,16 @@ def test_paxs_helper_modules():
                    moe=True, e_dim=4)
   with pytest.raises(UserError, match="FP8 einsums"):
     grok.GrokUniTransformerLmHParams(**grok_dims, use_fp8=True)
-  with pytest.raises(UserError, match="does not pipeline mixture-of-experts"):
-    grok.GrokUniTransformerLmHParams(**grok_dims, num_pipeline_stages=2)
-  with pytest.raises(UserError, match="does not pipeline mixture-of-experts"):
-    glam.GlamUniTransformerLmHParams(
-        vocab_size=8, model_dim=8, ff_dim=8, attention_num_heads=2, attention_key_value_dim=4,
-        num_transformer_layers=4, moe=True, e_dim=4, num_pipeline_stages=2)
+  # Pipelined, as praxis's builders: each stage's template holds its share of the layers.
+  stage = grok.GrokUniTransformerLmHParams(
+      **grok_dims, num_pipeline_stages=2).stacked_transformer_tpl.pipeline_stage
+  assert (stage.num_layers, stage.moe_layers) == (1, [0])
+  stage = glam.GlamUniTransformerLmHParams(
+      vocab_size=8, model_dim=8, ff_dim=8, attention_num_heads=2, attention_key_value_dim=4,
+      num_transformer_layers=8, moe=True, e_dim=4,
+      num_pipeline_stages=2).stacked_transformer_tpl.pipeline_stage
+  assert (stage.num_layers, stage.moe_layers) == (4, [0, 2])
+  with pytest.raises(UserError, match="must split the layers evenly"):
+    grok.GrokUniTransformerLmHParams(**grok_dims, num_pipeline_stages=3)
   stacked = pax_fiddle.Config(Fn)
   model_params.maybe_setup_moe_params(stacked)  # no experts: nothing to do, as in Pax

@@ -297,11 +297,21 @@ def test_c4s_misspelled_microbatch_size_is_refused_by_name(pax_modules):
     _model_of(registry.get("pax_c4.C4SpmdPipelineGpt3AdamOrgHPBS1p5k768Replicas"))
 
 
-def test_grok_pipelines_are_refused_in_one_line(pax_modules):
-  """Grok_Proxy_PP / Grok_PP: MoE with expert parallelism on a 5-axis mesh."""
-  with pytest.raises(UserError) as err:
-    _model_of(registry.get("pax_nvidia.Grok_Proxy_PP"))
-  assert "\n" not in str(err.value) and "[1, 1, 1, 8, 1]" in str(err.value)
+@pytest.mark.parametrize(("name", "layers"), [("Grok_Proxy_PP", 16), ("Grok_PP", 64)])
+def test_pipelined_grok_has_paxs_count_stages_and_experts(pax_modules, monkeypatch, name,
+                                                          layers):
+  """Grok_Proxy_PP / Grok_PP: grok's pipelined builder over 8 stages on the 5-axis mesh
+  [stage, replica, data, data_expert, mdl] of 512 devices, 32 microbatches (the builder's;
+  the file's MICROBATCH_SIZE = 8 does not reach its pipeline, in Pax either), every layer
+  with 8 experts; the count is the unpipelined Grok's."""
+  _on_devices(monkeypatch, 512)
+  exp, model, rows = _model_of(_class(f"pax_nvidia.{name}", unread=("NUM_GPUS",)))
+  assert exp.mesh_axis_names() == ("stage", "replica", "data", "data_expert", "mdl")
+  assert (rows, model.num_stages, model.num_microbatches, model.microbatch_size,
+          model.num_layers, model.moe_layers, model.num_experts) == (
+              512, 8, 32, None, layers, tuple(range(layers)), 8)
+  model.check_batch(rows)
+  assert _count(model) == _grok_count(layers)
 
 
 # ------------------------------------------------------------------ dry runs
@@ -595,4 +605,44 @@ def test_expert_parallelism_without_its_mesh_is_refused_in_one_line(pax_modules)
     experiment.build_checked(experiment.instantiate(
         registry.get(f"{registry.FDL_CONFIG}pax_nvidia.GLaM64B64EProxy_EP"),
         [three_axes[0], "DCN_MESH_SHAPE=None"]))
+  assert "\n" not in str(err.value)
+
+
+def test_nvidias_pipelined_grok_trains_with_experts_in_every_stage(pax_modules, tmp_path):
+  """Grok_Proxy_PP as written (grok's pipelined builder on the 5-axis mesh [stage, replica,
+  data, data_expert, mdl]) cut down to 8 devices, [2, 1, 1, 2, 2]: two stages of two layers,
+  every layer a mixture of 2 experts over data_expert; four microbatches. The cross-entropy
+  falls, and the loss adds the balancing losses of the microbatches' passes, not the
+  bubble's."""
+  small = [s for s in GROK_SMALL if not s.startswith(("ICI_", "DCN_", "NUM_EXPERTS",
+                                                      "NUM_GROUPS"))]
+  result, exp, _ = train_in_process(
+      "pax_nvidia.Grok_Proxy_PP",
+      [*small, "NUM_LAYERS=4", "NUM_STAGES=2", "NUM_EXPERTS=2", "NUM_GROUPS=4",
+       "NUM_MICROBATCHES=4", "MICROBATCH_SIZE=None", "ICI_MESH_SHAPE=[2,1,1,2,2]",
+       "DCN_MESH_SHAPE=[1,1,1,1,1]"], tmp_path / "job", num_devices=8)
+  assert exp.mesh_axis_names() == ("stage", "replica", "data", "data_expert", "mdl")
+  first, last = result.history[0], result.history[-1]
+  assert last["log_pplx"] < 0.7 * first["log_pplx"], (first, last)
+  # Four MoE layers, each >= 1 (1 for an even router) times the weight 0.01.
+  assert 4 * 0.01 <= last["aux_loss"] < 4 * 0.01 * 2
+  assert last["loss"] == pytest.approx(last["log_pplx"] + last["aux_loss"] + last["z_loss"],
+                                       rel=1e-5)
+  wi = result.state.params["transformer"]["pipeline"]["x_layers_0"]["moe"]["wi"]
+  wi = getattr(wi, "value", wi)
+  assert wi.shape == (1, 2, 2, 32, 64)  # [repeat, stage, expert, embed, hidden]
+  assert {s.data.shape for s in wi.addressable_shards} == {(1, 1, 1, 32, 32)}
+
+
+def test_inputs_split_mapping_over_paxs_batch_axes_is_accepted_and_another_refused():
+  """Grok_Proxy_PP's mapping (stage, replica, data, data_expert) is how paxlike splits the
+  batch already; a mapping over 'mdl' is not, and is refused in one line."""
+  from paxlike.pax.py_utils import NestedMap
+  from paxlike.task import TrainSettings
+
+  axes = ("stage", "replica", "data", "data_expert")
+  TrainSettings(inputs_split_mapping=NestedMap(map_1d=(axes,), map_2d=(axes, None)))
+  with pytest.raises(UserError, match=r"^task.train.inputs_split_mapping = .*drop the "
+                                      "mapping") as err:
+    TrainSettings(inputs_split_mapping=NestedMap(map_1d=(("mdl",),), map_2d=(("mdl",), None)))
   assert "\n" not in str(err.value)

@@ -229,11 +229,14 @@ def _select_repeat(leaf: jax.Array, rep: jax.Array) -> jax.Array:
 def run(stage_fn: Any, weights: Any, x: jax.Array, *, num_stages: int, num_microbatches: int,
         circular_repeat: int, policy: Any, remat: bool, stream_io: bool,
         segment_ids: jax.Array | None = None, positions: jax.Array | None = None,
-        rng: jax.Array | None = None) -> jax.Array:
-  """Runs x [B, T, D] through the pipeline; returns [B, T, D].
+        rng: jax.Array | None = None) -> tuple[jax.Array, Any]:
+  """Runs x [B, T, D] through the pipeline; returns ([B, T, D], the records' mean).
 
-  stage_fn(weights_s, h [mb, T, D], segment_ids_s, positions_s, rng_s) -> h:
-  one stage's layers; weights: a tree of [R, S, ...] leaves.
+  stage_fn(weights_s, h [mb, T, D], segment_ids_s, positions_s, rng_s) -> (h, record):
+  one stage's layers, and a tree of float scalars (the mixture-of-experts layers' routing
+  record; {} for none); weights: a tree of [R, S, ...] leaves. The records of the
+  iterations that carry a microbatch (not the bubble's) are summed and divided by M: per
+  layer, the mean over the microbatches, as one unpipelined call over the batch gives it.
   """
   s_count, m, r_count = num_stages, num_microbatches, circular_repeat
   xs = split(x, m)  # [M, mb, T, D]
@@ -267,34 +270,41 @@ def run(stage_fn: Any, weights: Any, x: jax.Array, *, num_stages: int, num_micro
     compute = jax.checkpoint(compute, policy=policy, prevent_cse=False)
 
   def body(carry, t):
-    state, io = carry
+    state, io, total = carry
     state = state.at[0].set(jax.lax.dynamic_index_in_dim(io, jnp.remainder(t, m), 0, False))
     state = constrain(state, (STAGE_AXIS, "batch", "length", "activation_embed"))
-    out = compute(state, t)
+    out, records = compute(state, t)
+    working = ((t - stages) >= 0) & ((t - stages) < m * r_count)  # [S]: not in the bubble
+    total = jax.tree.map(lambda a, r: a + jnp.sum(jnp.where(working, r, 0.0)), total, records)
     last_k = t - (s_count - 1)
     valid = (last_k >= 0) & (last_k < m * r_count)
     slot = jnp.remainder(last_k, m)
     kept = jax.lax.dynamic_index_in_dim(io, slot, 0, False)
     io = jax.lax.dynamic_update_index_in_dim(io, jnp.where(valid, out[-1], kept), slot, 0)
     io = constrain(io, io_axes)
-    return (jnp.roll(out, 1, axis=0), io), None  # stage s + 1 takes what stage s made
+    return (jnp.roll(out, 1, axis=0), io, total), None  # stage s + 1 takes what s made
 
   state = jnp.zeros((s_count, *xs.shape[1:]), xs.dtype)
-  (_, io), _ = jax.lax.scan(body, (state, io), jnp.arange(iterations(s_count, m, r_count)))
-  return merge(io)
+  shapes = jax.eval_shape(compute, state, jnp.zeros((), jnp.int32))[1]
+  total = jax.tree.map(lambda r: jnp.zeros(r.shape[1:], r.dtype), shapes)
+  (_, io, total), _ = jax.lax.scan(body, (state, io, total),
+                                   jnp.arange(iterations(s_count, m, r_count)))
+  return merge(io), jax.tree.map(lambda a: a / m, total)
 
 
 def stacked(module: nn.Module, layout: Layout, x: jax.Array, *, init_stage: Any,
             apply_stage: Any, num_microbatches: int | None, microbatch_size: int | None,
             policy: Any, remat: bool, stream_io: bool, segment_ids: jax.Array | None = None,
-            positions: jax.Array | None = None, rng: jax.Array | None = None) -> jax.Array:
+            positions: jax.Array | None = None, rng: jax.Array | None = None,
+            empty_record: Any = None) -> tuple[jax.Array, Any]:
   """A pipelined layer stack inside `module`'s compact call: its `pipeline` parameter and
-  the schedule (run) over x [B, T, D].
+  the schedule (run) over x [B, T, D]; returns (y, record) as run does.
 
   init_stage(rng, sample [1, T, D]) -> one stage's params tree (boxed, with its
-  logical names); apply_stage(weights, h, segment_ids, positions, rng) -> h: one
-  stage's layers. The parameter stacks R x S stage inits on [circular_repeat,
-  stage] axes.
+  logical names); apply_stage(weights, h, segment_ids, positions, rng) -> (h, record):
+  one stage's layers (run's stage_fn). The parameter stacks R x S stage inits on
+  [circular_repeat, stage] axes. empty_record: what initialising returns for the
+  record ({} when None).
   """
   s, r = layout.num_stages, layout.circular_repeat
 
@@ -313,8 +323,8 @@ def stacked(module: nn.Module, layout: Layout, x: jax.Array, *, init_stage: Any,
     return jax.tree.map(lead, tree, is_leaf=lambda v: isinstance(v, nn.meta.AxisMetadata))
 
   weights = module.param(PIPELINE_PARAM, init)
-  if module.is_initializing():
-    return x  # the weights are made; init needs no schedule (its sample has one row)
+  if module.is_initializing():  # the weights are made; init needs no schedule (one row)
+    return x, {} if empty_record is None else empty_record
   m, _ = microbatch_sizes(x.shape[0], num_microbatches, microbatch_size)
   if m < 1 or x.shape[0] % m:
     m = math.gcd(x.shape[0], max(m, 1))  # a batch the train-time check did not see (eval)

@@ -185,6 +185,19 @@ def _added(a: dict[str, jax.Array], b: dict[str, jax.Array]) -> dict[str, jax.Ar
   return jax.tree.map(jnp.add, a, b)
 
 
+def stage_moe_layers(moe_layers: tuple[int, ...], num_layers: int, layers_per_stage: int
+                     ) -> tuple[int, ...]:
+  """The MoE layers of one pipeline stage of layers_per_stage layers. Every stage's layers
+  are built alike, so the stack's MoE pattern must repeat with the stage (all layers, or
+  every other one of an even stage)."""
+  stage = tuple(sorted({i % layers_per_stage for i in moe_layers}))
+  if any((i % layers_per_stage in stage) != (i in moe_layers) for i in range(num_layers)):
+    raise UserError(f"moe_layers={list(moe_layers)}: the pipeline's stages run the same "
+                    f"{layers_per_stage} layers each, so the mixture-of-experts layers must be "
+                    "the same in every stage; list the same positions in each.")
+  return stage
+
+
 def moe_period(moe_layers: tuple[int, ...], num_layers: int) -> int:
   """The shortest period p (dividing num_layers) of the MoE layers' pattern: layer i is MoE
   exactly when layer i mod p is. A scanned stack scans blocks of p layers."""
@@ -234,9 +247,10 @@ class StackedTransformer(nn.Module):
   moe_layers: the layers (0-based) whose feed-forward is a mixture of
   experts, MoeFeedForward(**moe_kwargs). When MoE and dense layers alternate
   with period p (GLaM: every other layer), a scanned stack scans blocks of p
-  layers (LayerBlock, `repeat/layer_j`). Calls return (x, the MoE layers'
-  routing records summed: weighted load-balancing losses and over-capacity
-  fractions).
+  layers (LayerBlock, `repeat/layer_j`). In a pipeline every stage holds the
+  same MoE layers (stage_moe_layers) and routes its microbatch. Calls return
+  (x, the MoE layers' routing records summed: weighted load-balancing losses
+  and over-capacity fractions; a pipeline's averaged over its microbatches).
   """
 
   num_layers: int
@@ -262,8 +276,9 @@ class StackedTransformer(nn.Module):
                            self.circular_repeat)
 
   def _pipelined(self, x: jax.Array, segment_ids: jax.Array | None,
-                 positions: jax.Array | None) -> jax.Array:
+                 positions: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
     layout = self.layout()
+    moe = stage_moe_layers(self.moe_layers, self.num_layers, layout.layers_per_stage)
     # One stage's layers, applied as a function of its weights (each layer
     # rematerialised inside the iteration's remat when the stage is scanned:
     # Layout.stage_policy).
@@ -273,21 +288,24 @@ class StackedTransformer(nn.Module):
         activation=self.activation, combine_qkv=self.combine_qkv,
         use_repeated_layer=self.use_repeated_layer,
         checkpoint_policy=layout.stage_policy(self.checkpoint_policy),
-        dtype=self.dtype, layer_kwargs=self.layer_kwargs, parent=None)
+        dtype=self.dtype, layer_kwargs=self.layer_kwargs, moe_layers=moe,
+        moe_kwargs=self.moe_kwargs if moe else (), parent=None)
     kwargs = dict(self.layer_kwargs)
     rate = max(kwargs.get("dropout_rate", 0.0), kwargs.get("input_dropout_rate", 0.0))
     rng = self.make_rng("dropout") if dropout_active(self, rate) else None
 
-    def stage_fn(w: Any, h: jax.Array, seg: Any, pos: Any, key: Any) -> jax.Array:
+    def stage_fn(w: Any, h: jax.Array, seg: Any, pos: Any, key: Any
+                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
       rngs = {} if key is None else {"dropout": key}
-      return stage.apply({"params": w}, h, None, None, seg, pos, rngs=rngs)[0]
+      return stage.apply({"params": w}, h, None, None, seg, pos, rngs=rngs)
 
     return pipeline.stacked(
         self, layout, x, init_stage=lambda k, sample: stage.init({"params": k}, sample)["params"],
         apply_stage=stage_fn, num_microbatches=self.num_microbatches,
         microbatch_size=self.microbatch_size, policy=remat_policy(self.checkpoint_policy),
         remat=rematerialises(self.checkpoint_policy),
-        stream_io=self.stream_io, segment_ids=segment_ids, positions=positions, rng=rng)
+        stream_io=self.stream_io, segment_ids=segment_ids, positions=positions, rng=rng,
+        empty_record=no_routing())
 
   @nn.compact
   def __call__(self, x: jax.Array, cache_mode: str | None = None,
@@ -303,7 +321,7 @@ class StackedTransformer(nn.Module):
       if cache_mode is not None:
         raise UserError("a pipelined stack decodes through its unpipelined model "
                         "(LanguageModel.for_decoding); it has no KV cache of its own.")
-      return self._pipelined(x, segment_ids, positions), no_routing()
+      return self._pipelined(x, segment_ids, positions)
     kwargs = dict(num_heads=self.num_heads, dim_per_head=self.dim_per_head,
                   hidden_dims=self.hidden_dims, activation=self.activation,
                   combine_qkv=self.combine_qkv, dtype=self.dtype, cache_mode=cache_mode,

@@ -22,7 +22,12 @@ from paxlike.layers.embedding import (
   sinusoidal_at,
 )
 from paxlike.layers.linear import dropout_active, lora_targets
-from paxlike.layers.transformer import StackedTransformer, make_norm
+from paxlike.layers.transformer import (
+  StackedTransformer,
+  make_norm,
+  moe_period,
+  stage_moe_layers,
+)
 from paxlike.models.base import BaseModel
 
 Dtype = Any
@@ -273,9 +278,14 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
     if bad:
       raise UserError(f"moe_layers {bad} are not layers of the {self.num_layers}-layer stack "
                       f"(0 to {self.num_layers - 1}).")
-    if self.num_stages is not None:
-      raise UserError("mixture-of-experts layers in a pipeline (NUM_STAGES) are not modelled "
-                      "yet; drop NUM_STAGES or the experts.")
+    if self.num_stages is not None:  # the same MoE layers in every stage, or one line
+      per_stage = self.layout().layers_per_stage
+      stage = stage_moe_layers(layers, self.num_layers, per_stage)
+      if self.use_repeated_layer and moe_period(stage, per_stage) > 1:
+        raise UserError(f"moe_layers={list(layers)}: a scanned pipeline stage whose layers "
+                        "alternate between experts and a dense feed-forward is not modelled; "
+                        "set USE_REPEATED_LAYER=False (Pax's pipelined GLaM unrolls its "
+                        "stages) or put experts in every layer.")
     if self.lora_rank and self.lora_target_layers != "attention":
       raise UserError(f"LORA_TARGET_LAYERS={self.lora_target_layers!r} adapts the feed-forward, "
                       "which is a mixture of experts here; set LORA_TARGET_LAYERS='attention'.")

@@ -281,10 +281,11 @@ class _PipelinedLayers(nn.Module):
       positions = jnp.arange(sample.shape[1], dtype=jnp.int32)[None]
       return stage.init({"params": key}, sample, {"positions": positions})["params"]
 
-    def apply_stage(w: Any, h: jax.Array, seg: Any, pos: Any, key: Any) -> jax.Array:
+    def apply_stage(w: Any, h: jax.Array, seg: Any, pos: Any, key: Any
+                    ) -> tuple[jax.Array, dict[str, jax.Array]]:
       del key  # the Llama family has no dropout
       stage_inputs = {"positions": pos, **({} if seg is None else {"segment_ids": seg})}
-      return stage.apply({"params": w}, h, stage_inputs)
+      return stage.apply({"params": w}, h, stage_inputs), {}
 
     return pipeline.stacked(
         self, self.layout, x, init_stage=init_stage, apply_stage=apply_stage,
@@ -292,7 +293,7 @@ class _PipelinedLayers(nn.Module):
         policy=remat_policy(self.checkpoint_policy),
         remat=rematerialises(self.checkpoint_policy),
         stream_io=self.stream_io, segment_ids=inputs.get("segment_ids"),
-        positions=inputs["positions"])
+        positions=inputs["positions"])[0]
 
 
 STACK_KEY = "transformer"  # paxlike.relayout's layer stack key

@@ -34,7 +34,7 @@ class SpmdPartitioner:
     self.mesh = mesh
     # None: the plain rules of this mesh (the expert-parallel ones where it has 'data_expert').
     self.rules = tuple(rules if rules is not None else mesh_lib.logical_axis_rules(
-        expert_parallel="data_expert" in mesh.axis_names))
+        axes=mesh.axis_names))
     self.replicated = NamedSharding(mesh, PartitionSpec())
     # A pipeline's stage axis over processes: each process reads rows of its own, so the
     # input is split over the stages too (replicated over them, every process would have

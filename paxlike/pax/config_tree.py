@@ -119,7 +119,12 @@ def _hints() -> dict[str, Config]:
 def tree_of(m: fdl.Config) -> Config:
   """praxis's TransformerLm config equal to the LanguageModel config `m`."""
   rope = m.rope_timescales
-  if m.num_kv_heads:
+  if m.num_kv_heads and m.use_bias:  # grouped-query attention with biases: Grok's
+    atten = Config(pl.MultiQueryDotProductAttention, num_kv_heads=m.num_kv_heads,
+                   use_bias=True, atten_logit_cap=m.atten_logit_cap,
+                   use_rotary_position_emb=rope is not None,
+                   attention_extra_logit=m.attention_extra_logit, **_hints())
+  elif m.num_kv_heads:
     atten = Config(pl.GroupedQueryAttention, num_kv_heads=m.num_kv_heads,
                    rope_min_max_timescales=list(rope) if rope else None,
                    atten_logit_cap=m.atten_logit_cap, **_hints())
@@ -130,13 +135,14 @@ def tree_of(m: fdl.Config) -> Config:
                    use_rotary_position_emb=rope is not None,
                    internal_enable_query_scale=m.query_scale,
                    attention_extra_logit=m.attention_extra_logit, **_hints())
+  if not issubclass(fdl.get_callable(atten), pl.GroupedQueryAttention):
+    if rope is not None:
+      atten.rotary_position_emb_tpl = Config(pl.RotaryPositionalEmbedding,
+                                             min_timescale=rope[0], max_timescale=rope[1])
     if m.relative_bias is not None:
       atten.relative_bias_tpl = Config(pl.RelativeBias,
                                        relative_attention_num_buckets=m.relative_bias[0],
                                        relative_attention_max_distance=m.relative_bias[1])
-    if rope is not None:
-      atten.rotary_position_emb_tpl = Config(pl.RotaryPositionalEmbedding,
-                                             min_timescale=rope[0], max_timescale=rope[1])
   ffn = Config(pl.TransformerFeedForward, hidden_dims=m.hidden_dims,
                activation_tpl=Config(ACTIVATION_CLASSES[m.activation]),
                use_gated_activation=m.use_gated_activation, has_bias=m.ffn_has_bias,
@@ -456,14 +462,14 @@ def _read_stack(r: Reader, cfg: Any, path: str, repeats: int, block: bool = Fals
                                               for i in range(layers))
   _read_layer(r, cfg.transformer_layer_params_tpl, path + ".transformer_layer_params_tpl",
               dense=not all_experts)
-  _read_moe(r, cfg, path, repeats, pipelined)
+  _read_moe(r, cfg, path, repeats)
 
 
 MOE_STACK_FIELDS = ("num_experts", "num_groups", "min_group_size", "gating_func", "moe_layers",
                     "moe_layer_tpl")
 
 
-def _read_moe(r: Reader, cfg: fdl.Buildable, path: str, repeats: int, pipelined: bool) -> None:
+def _read_moe(r: Reader, cfg: fdl.Buildable, path: str, repeats: int) -> None:
   """The stack's mixture-of-experts layers: moe_layers (of this stack, repeated `repeats`
   times over) with moe_layer_tpl, and the stack's num_experts / num_groups / gating_func,
   which praxis writes over the template's."""
@@ -481,9 +487,6 @@ def _read_moe(r: Reader, cfg: fdl.Buildable, path: str, repeats: int, pipelined:
                       "some in moe_layers.")
     r.set("moe_layers", path + ".moe_layers", None)
     return
-  if pipelined:
-    raise UserError(f"{path}.moe_layers: mixture-of-experts layers in a pipeline stage are "
-                    "not modelled yet; use a stack without a pipeline.")
   experts = count(cfg.num_experts, path + ".num_experts")
   if experts < 2:
     raise UserError(f"{path}.num_experts = {experts}: a mixture of experts needs 2 or more.")

@@ -533,16 +533,17 @@ class TransformerLm(_Template):
 
 def _check_sharding_axes(name: str, pax_axes: tuple[str, ...], axes: tuple[str, ...],
                          mesh_axis_names: Any, ici_mesh_shape: Any) -> None:
-  """Refuses a praxis sharding call whose axes are not Pax's, or not the experiment's mesh
-  (ici_mesh_shape: task_p.model.ici_mesh_shape, the experiment's)."""
+  """Refuses a praxis sharding call whose axes are not Pax's (a pipeline's mesh has 'stage'
+  in front, as Grok_Proxy_PP's), or not the experiment's mesh (ici_mesh_shape:
+  task_p.model.ici_mesh_shape, the experiment's)."""
   names = tuple(mesh_axis_names or pax_axes)
-  if names != pax_axes or tuple(axes) != pax_axes:
+  if names not in (pax_axes, ("stage", *pax_axes)) or tuple(axes) != pax_axes:
     raise UserError(f"{name} with mesh axes {list(names)}: paxlike's meshes for it have "
                     f"Pax's axes {list(pax_axes)}.")
-  if ici_mesh_shape is not None and len(ici_mesh_shape) != len(pax_axes):
-    raise UserError(f"{name} shards over {len(pax_axes)} mesh axes {list(pax_axes)}, but "
+  if ici_mesh_shape is not None and len(ici_mesh_shape) != len(names):
+    raise UserError(f"{name} shards over {len(names)} mesh axes {list(names)}, but "
                     f"the experiment's ICI_MESH_SHAPE={list(ici_mesh_shape)} has "
-                    f"{len(ici_mesh_shape)}; give it {len(pax_axes)}.")
+                    f"{len(ici_mesh_shape)}; give it {len(names)}.")
   if ici_mesh_shape is None and "data_expert" in pax_axes:
     raise UserError(f"{name} needs the experiment's 4-axis mesh [replica, data, data_expert, "
                     "mdl]; set ICI_MESH_SHAPE.")

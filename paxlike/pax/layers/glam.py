@@ -12,8 +12,8 @@ builder returns (paxlike.pax.config_tree reads it onto paxlike's LM):
   activation (ReLU, not gated), which GLaM's builder leaves as it is;
 - GShard's tied softmax with a z-loss.
 
-praxis's pipelined GLaM (num_pipeline_stages > 1) is refused: paxlike does not
-pipeline mixture-of-experts layers yet.
+num_pipeline_stages > 1 builds praxis's pipelined GLaM: each stage's template
+holds its share of the layers, every other one with experts.
 """
 
 from __future__ import annotations
@@ -45,6 +45,22 @@ def experts_tpl(model_dim: int, hidden_dim: int, e_dim: int | None, num_groups: 
       internal_gshard_variance_scaling_fan_in_init=True,
       moe_load_balance_loss_weight=load_balance_loss_weight, gating_func=gating_func,
       moe_gating_embedding_level=gating_embedding_level)
+
+
+def pipelined_tpl(stage: Config, num_layers: int, num_stages: int, num_microbatches: int,
+                  moe_layers: list[int], builder: str,
+                  checkpoint_policy: Any = None) -> Config:
+  """praxis's pipelined stack of GLaM's and Grok's builders: the stage template holds
+  num_layers / num_stages layers, moe_layers of them (indices past the stage's layers name
+  none), streamed over the stages."""
+  if num_stages < 1 or num_layers % num_stages:
+    raise UserError(f"{builder}(num_transformer_layers={num_layers}, num_pipeline_stages="
+                    f"{num_stages}): the stages must split the layers evenly.")
+  stage.num_layers = num_layers // num_stages
+  stage.moe_layers = [i for i in moe_layers if i < stage.num_layers]
+  return Config(pl.PipelinedTransformer, pipeline_stage=stage, num_pipeline_stages=num_stages,
+                num_pipeline_microbatches=num_microbatches, stream_io=True,
+                checkpoint_policy=checkpoint_policy)
 
 
 def gshard_lm_tpl(name: str, model_dim: int, vocab_size: int,
@@ -123,11 +139,6 @@ def GlamUniTransformerLmHParams(  # noqa: N802  (praxis's name)
     model_type: pl.LanguageModelType = pl.LanguageModelType.CAUSAL,
     checkpoint_policy: Any = AutodiffCheckpointType.SAVE_NOTHING) -> Config:
   """praxis's GLaM decoder-only LM config (see the module docstring)."""
-  del num_pipeline_microbatches  # read with num_pipeline_stages, which must be 1
-  if num_pipeline_stages != 1:
-    raise UserError(f"glam.GlamUniTransformerLmHParams(num_pipeline_stages="
-                    f"{num_pipeline_stages}): paxlike does not pipeline mixture-of-experts "
-                    "layers yet; leave num_pipeline_stages at 1.")
   if moe and num_transformer_layers % 2:
     raise UserError(f"glam.GlamUniTransformerLmHParams(num_transformer_layers="
                     f"{num_transformer_layers}, moe=True): GLaM's blocks are two layers each; "
@@ -144,7 +155,11 @@ def GlamUniTransformerLmHParams(  # noqa: N802  (praxis's name)
       moe_gating_func=moe_gating_func, moe_gating_logit_cap=moe_gating_logit_cap,
       num_groups=num_groups, c_dim=c_dim, capacity_factor=capacity_factor, e_dim=e_dim,
       combine_qkv=combine_qkv, bidirectional=bidirectional)
-  if repeat:
+  if num_pipeline_stages != 1:
+    stacked = pipelined_tpl(block, num_transformer_layers, num_pipeline_stages,
+                            num_pipeline_microbatches, list(range(0, num_transformer_layers, 2)),
+                            "glam.GlamUniTransformerLmHParams")
+  elif repeat:
     blocks = num_transformer_layers // 2 if moe else num_transformer_layers
     stacked = Config(pl.StackedTransformerRepeated, name="decoder", unroll_in_decode=True,
                      block=block, x_times=blocks, checkpoint_policy=checkpoint_policy)

@@ -16,8 +16,9 @@ returns (paxlike.pax.config_tree reads it onto paxlike's LM):
 - GShard's tied softmax with a z-loss and the labels' count as the loss's
   denominator.
 
-use_fp8 (praxis's FP8 einsums) and num_pipeline_stages > 1 (experts inside a
-pipeline stage) are refused in one line.
+num_pipeline_stages > 1 builds praxis's pipelined Grok (nvidia.py's Grok_PP and
+Grok_Proxy_PP), every layer of every stage with experts. use_fp8 (praxis's FP8
+einsums) is refused in one line.
 """
 
 from __future__ import annotations
@@ -90,11 +91,6 @@ def GrokUniTransformerLmHParams(  # noqa: N802  (praxis's name)
     checkpoint_policy: Any = AutodiffCheckpointType.SAVE_NOTHING,
     use_fp8: bool = False) -> Config:
   """praxis's Grok decoder-only LM config (see the module docstring)."""
-  del num_pipeline_microbatches  # read with num_pipeline_stages, which must be 1
-  if num_pipeline_stages != 1:
-    raise UserError(f"grok.GrokUniTransformerLmHParams(num_pipeline_stages="
-                    f"{num_pipeline_stages}): paxlike does not pipeline mixture-of-experts "
-                    "layers yet; leave num_pipeline_stages at 1.")
   block = GrokStackedTransformerHParams(
       model_dim=model_dim, ff_dim=ff_dim, attention_num_heads=attention_num_heads,
       attention_num_groups=attention_num_groups,
@@ -108,9 +104,14 @@ def GrokUniTransformerLmHParams(  # noqa: N802  (praxis's name)
       moe_gating_func=moe_gating_func, moe_gating_logit_cap=moe_gating_logit_cap,
       num_groups=num_groups, c_dim=c_dim, capacity_factor=capacity_factor, e_dim=e_dim,
       combine_qkv=combine_qkv, bidirectional=bidirectional, use_fp8=use_fp8)
-  stacked = Config(pl.StackedTransformerRepeated, name="decoder", unroll_in_decode=True,
-                   block=block, x_times=num_transformer_layers,
-                   checkpoint_policy=checkpoint_policy)
+  if num_pipeline_stages != 1:  # as praxis's: every layer of a stage has experts
+    stacked = glam.pipelined_tpl(block, num_transformer_layers, num_pipeline_stages,
+                                 num_pipeline_microbatches, list(range(num_transformer_layers)),
+                                 "grok.GrokUniTransformerLmHParams", checkpoint_policy)
+  else:
+    stacked = Config(pl.StackedTransformerRepeated, name="decoder", unroll_in_decode=True,
+                     block=block, x_times=num_transformer_layers,
+                     checkpoint_policy=checkpoint_policy)
   return glam.gshard_lm_tpl(name, model_dim, vocab_size, model_type, z_loss_weight,
                             use_tgt_labels_size_as_loss_denominator, stacked)
 
