@@ -21,16 +21,17 @@ _BATCH_AXES = ("stage", "replica", "data", "data_expert")
 
 def _check_split_mapping(mapping: Any) -> None:
   """Pax's task.train.inputs_split_mapping, NestedMap(map_1d=(axes,), map_2d=(axes, None)):
-  accepted where `axes` are batch axes of Pax's meshes in their order (Grok_Proxy_PP's
-  (stage, replica, data, data_expert)), whose split paxlike's batch sharding and its model's
-  first constraint give; refused otherwise."""
+  accepted where `axes` are Pax's batch axes in their order, replica and data with stage or
+  data_expert or both (Grok_Proxy_PP's (stage, replica, data, data_expert)), whose split
+  paxlike's batch sharding and its model's first constraint give; refused otherwise."""
   if mapping is None:
     return
   try:
     one, two = tuple(mapping["map_1d"]), tuple(mapping["map_2d"])
     axes = one[0] if isinstance(one[0], tuple | list) else (one[0],)
     ok = (len(one) == 1 and two == (one[0], None) and set(mapping) == {"map_1d", "map_2d"}
-          and list(axes) == [a for a in _BATCH_AXES if a in axes])
+          and list(axes) == [a for a in _BATCH_AXES if a in axes]
+          and {"replica", "data"} <= set(axes))
   except (KeyError, TypeError, IndexError):
     ok = False
   if not ok:
