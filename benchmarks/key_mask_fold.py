@@ -33,22 +33,22 @@ FOLDED = "key mask in the head dim"
 
 def with_fold(step: Any, fold: bool) -> Any:
   """step, run (and so traced, should jit trace it again) with the fold set to `fold`."""
-  from paxlike.layers import attention
+  from paxlike.layers import attention, attention_policy
 
   def run(state: Any, batch: Any) -> Any:
     before = attention.key_mask_fold()
-    attention.set_key_mask_fold(fold)
+    attention_policy.set_key_mask_fold(fold)
     try:
       return step(state, batch)
     finally:
-      attention.set_key_mask_fold(before)
+      attention_policy.set_key_mask_fold(before)
 
   return run
 
 
 def run(args: Any) -> dict[str, Any]:
   """Builds, traces and compiles both steps, times them alternating; the JSON record."""
-  from paxlike.layers import attention
+  from paxlike.layers import attention_policy
 
   sides = {}
   for name, fold in (("plain", False), ("folded", True)):
@@ -63,7 +63,7 @@ def run(args: Any) -> dict[str, Any]:
                                              side.runner.run())["loss"]
     sides[name] = side
     if fold:  # build() started a fresh attention record: these are the folded step's calls
-      choices = attention.run_record()["choices"]
+      choices = attention_policy.run_record()["choices"]
       folded_calls = any(FOLDED in c["reason"] for c in choices)
   import jax
 

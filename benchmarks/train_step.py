@@ -68,9 +68,9 @@ def build(exp_name: str, overrides: Sequence[str], skip_nonfinite: bool = False)
   exp_cls = registry.get(exp_name)
   exp = experiment.instantiate(exp_cls, list(overrides))
   xla_flags.configure(exp)  # before anything starts a JAX backend
-  from paxlike.layers import attention
+  from paxlike.layers import attention_policy
 
-  attention.start_run(attention.policy_from_flags(  # as main.py: Pax's switches
+  attention_policy.start_run(attention_policy.policy_from_flags(  # as main.py: Pax's switches
       getattr(exp, "USE_CUDNN_FLASH_ATTENTION", None), getattr(exp, "USE_FLASH_ATTENTION", None)))
 
   import jax
@@ -420,7 +420,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
   import jax
 
   from paxlike import flops
-  from paxlike.layers import attention
+  from paxlike.layers import attention_policy
   from paxlike.train_state import count_params
 
   task, program, part = setup.task, setup.program, setup.partitioner
@@ -480,7 +480,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
       "devices": jax.device_count(),
       "ref_step_s_median": None,
       "ratio": None,
-      "attention": attention.run_record(),  # what paxlike's step was lowered with
+      "attention": attention_policy.run_record(),  # what paxlike's step was lowered with
   }
   if ref is not None:
     ref_s = statistics.median(ref.times)

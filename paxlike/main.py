@@ -431,15 +431,15 @@ def _start_backend(exp: Any, job_log_dir: str, argv_flags: flags.FlagValues,
                          argv_flags.process_id, argv_flags.distributed_timeout_s)
   import jax
 
-  from paxlike.layers import attention
+  from paxlike.layers import attention_policy
 
   log.setup(jax.process_index(), jax.process_count(),
             quiet_libraries=not argv_flags["verbosity"].present)
   # Pax's switches -> the attention policy every program of this run is lowered with.
-  attention.start_run(attention.policy_from_flags(
+  attention_policy.start_run(attention_policy.policy_from_flags(
       getattr(exp, "USE_CUDNN_FLASH_ATTENTION", None), getattr(exp, "USE_FLASH_ATTENTION", None)),
       log=log.info)
-  if (warning := attention.policy_warning()) is not None:
+  if (warning := attention_policy.policy_warning()) is not None:
     log.warning("%s", warning)
   if argv_flags.jax_profiler_port is not None:
     _start_profiler_server(argv_flags.jax_profiler_port)
@@ -653,7 +653,7 @@ def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: fl
 
   from paxlike import config, experiment, jax_flags, xla_flags
   from paxlike.inputs import vocabulary as vocab_lib
-  from paxlike.layers import attention
+  from paxlike.layers import attention_policy
 
   if jax.process_index() != 0:
     return
@@ -674,7 +674,7 @@ def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: fl
       **({"tfds_data_dir": argv_flags.tfds_data_dir} if argv_flags.tfds_data_dir else {}),
       **({"vocabulary": vocab.spec} if vocab is not None else {})}))
   # Each new attention choice (logged once) is added as programs are lowered.
-  attention.on_choice(lambda rec: xla_flags.update_run_env(job_log_dir, {"attention": rec}))
+  attention_policy.on_choice(lambda rec: xla_flags.update_run_env(job_log_dir, {"attention": rec}))
 
 
 def _train_options(built: _Built, partitioner: Any, job_log_dir: str,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from paxlike.errors import UserError
-from paxlike.layers import attention
+from paxlike.layers import attention, attention_policy
 
 BF16, F16, F32 = jnp.bfloat16, jnp.float16, jnp.float32
 
@@ -48,27 +48,27 @@ def test_selection_rule(platform, dtype, kwargs, implementation, reason):
 
 
 def test_log_text():
-  assert attention.describe("cudnn", "cuda, bfloat16") == "cudnn fused (cuda, bfloat16)"
-  assert attention.describe("xla", "cpu") == "xla (cpu)"
+  assert attention_policy.describe("cudnn", "cuda, bfloat16") == "cudnn fused (cuda, bfloat16)"
+  assert attention_policy.describe("xla", "cpu") == "xla (cpu)"
 
 
 def test_pax_switches_map_onto_the_policy():
-  assert attention.policy_from_flags(None, None) == "auto"
-  assert attention.policy_from_flags(True, None) == "cudnn"
-  assert attention.policy_from_flags(None, True) == "cudnn"
-  assert attention.policy_from_flags(False, None) == "xla"
-  assert attention.policy_from_flags(False, True) == "xla"  # USE_CUDNN_FLASH_ATTENTION first
+  assert attention_policy.policy_from_flags(None, None) == "auto"
+  assert attention_policy.policy_from_flags(True, None) == "cudnn"
+  assert attention_policy.policy_from_flags(None, True) == "cudnn"
+  assert attention_policy.policy_from_flags(False, None) == "xla"
+  assert attention_policy.policy_from_flags(False, True) == "xla"  # USE_CUDNN_FLASH_ATTENTION first
   with pytest.raises(UserError, match="USE_CUDNN_FLASH_ATTENTION must be True, False or None"):
-    attention.policy_from_flags(1, None)
+    attention_policy.policy_from_flags(1, None)
   with pytest.raises(ValueError, match="choose one of auto, xla, cudnn"):
-    attention.set_attention_policy("flash")
+    attention_policy.set_attention_policy("flash")
 
 
 def test_policy_context_nests_and_restores():
   before = attention.current_policy()
-  with attention.attention_policy("xla"):
+  with attention_policy.attention_policy("xla"):
     assert attention.current_policy() == "xla"
-    with attention.attention_policy("cudnn"):
+    with attention_policy.attention_policy("cudnn"):
       assert attention.current_policy() == "cudnn"
     assert attention.current_policy() == "xla"
   assert attention.current_policy() == before
@@ -310,23 +310,23 @@ def test_a_key_mask_folded_into_the_head_dim_is_the_same_attention(qkv, cudnn_vi
 def fresh_run():
   """A run's bookkeeping for one test; the process-wide policy restored after it."""
   lines: list[str] = []
-  attention.start_run("auto", log=lines.append)
+  attention_policy.start_run("auto", log=lines.append)
   yield lines
-  attention.start_run("auto")
+  attention_policy.start_run("auto")
 
 
 def test_fused_attention_asked_for_on_cpu_warns(fresh_run):
   """USE_CUDNN_FLASH_ATTENTION=True on a CPU run: main warns that XLA runs instead."""
-  attention.start_run(attention.policy_from_flags(True, None))
-  assert attention.policy_warning() == (
+  attention_policy.start_run(attention_policy.policy_from_flags(True, None))
+  assert attention_policy.policy_warning() == (
       "fused attention was asked for, but this run is on cpu: attention runs on XLA")
-  attention.start_run(attention.policy_from_flags(None, None))
-  assert attention.policy_warning() is None
+  attention_policy.start_run(attention_policy.policy_from_flags(None, None))
+  assert attention_policy.policy_warning() is None
 
 
 def test_cpu_choice_is_logged_once_and_recorded(qkv, fresh_run):
   records = []
-  attention.on_choice(records.append)
+  attention_policy.on_choice(records.append)
   for causal in (True, False, True):
     jax.jit(lambda q, k, v, c=causal: attention.dot_product_attention(q, k, v, is_causal=c))(
         *qkv)
@@ -390,7 +390,7 @@ def test_export_for_every_platform_keeps_the_portable_path(monkeypatch, fresh_ru
 
   monkeypatch.setattr(attention, "lowering_platform", lambda: "cuda")
   monkeypatch.setattr(attention, "cudnn_attention", fused)
-  attention.set_attention_policy("cudnn")
+  attention_policy.set_attention_policy("cudnn")
   # Outside an export, this lowering would take the fused kernel.
   jax.jit(serving.serving_fn(_job(("cpu",)).model, _job(("cpu",)).settings,
                              _job(("cpu",)).abstract_params)).trace(

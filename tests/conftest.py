@@ -133,12 +133,12 @@ def cuda_only() -> list:
 
 @pytest.fixture
 def key_mask_fold():
-  """The cuDNN path's key-mask fold on for one test (attention.set_key_mask_fold)."""
-  from paxlike.layers import attention
+  """The cuDNN path's key-mask fold on for one test (attention_policy.set_key_mask_fold)."""
+  from paxlike.layers import attention_policy
 
-  attention.set_key_mask_fold(True)
+  attention_policy.set_key_mask_fold(True)
   yield
-  attention.set_key_mask_fold(False)
+  attention_policy.set_key_mask_fold(False)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import TINY, cuda_only, train_in_process
 
-from paxlike.layers import attention
+from paxlike.layers import attention, attention_policy
 
 pytestmark = cuda_only()
 
@@ -102,12 +102,12 @@ def test_packed_segments():
 
 def test_default_policy_lowers_the_fused_kernel():
   q, k, v = _qkv(2, 128, 128, 4, 64)
-  attention.start_run("auto")
+  attention_policy.start_run("auto")
   lowered = jax.jit(lambda q, k, v: attention.dot_product_attention(q, k, v, is_causal=True)
                     ).lower(q, k, v)
   assert "__cudnn$fmha" in lowered.as_text()  # the fused kernel's custom call
   lowered.compile()
-  assert attention.run_record()["choices"] == [{"implementation": "cudnn",
+  assert attention_policy.run_record()["choices"] == [{"implementation": "cudnn",
                                                 "reason": "cuda, bfloat16"}]
 
 
@@ -120,13 +120,13 @@ def test_twenty_steps_train_alike_on_both_paths(exp_name, overrides, tmp_path):
   overrides = [*overrides, "NUM_TRAIN_STEPS=20", "SUMMARY_INTERVAL_STEPS=1"]
   losses = {}
   for policy in ("cudnn", "xla"):
-    attention.start_run(policy)
+    attention_policy.start_run(policy)
     result, _, _ = train_in_process(exp_name, overrides, tmp_path / policy,
                                     enable_checkpoint_saving=False)
-    implementations = {c["implementation"] for c in attention.run_record()["choices"]}
-    assert implementations == {policy}, attention.run_record()
+    implementations = {c["implementation"] for c in attention_policy.run_record()["choices"]}
+    assert implementations == {policy}, attention_policy.run_record()
     losses[policy] = np.array([h["loss"] for h in result.history])
-  attention.start_run("auto")
+  attention_policy.start_run("auto")
   assert len(losses["xla"]) == 20
   assert losses["xla"][-1] < losses["xla"][0]  # it trains
   np.testing.assert_allclose(losses["cudnn"], losses["xla"], rtol=TOL)

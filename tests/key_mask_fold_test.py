@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from paxlike.layers import attention
+from paxlike.layers import attention, attention_policy
 from paxlike.models.t5 import T5Model
 
 
@@ -21,10 +21,10 @@ def cudnn_platform(monkeypatch, cudnn_via_xla):
   """The cuDNN path taken as on a GPU, its calls answered by XLA (conftest.cudnn_via_xla)."""
   monkeypatch.setattr(attention, "lowering_platform", lambda: "cuda")
   monkeypatch.setattr(attention, "cudnn_max_head_dim", lambda: 128)
-  attention.start_run("auto")
+  attention_policy.start_run("auto")
   yield cudnn_via_xla
-  attention.set_key_mask_fold(False)
-  attention.start_run("auto")
+  attention_policy.set_key_mask_fold(False)
+  attention_policy.start_run("auto")
 
 
 def test_a_t5_with_the_fold_trains_as_without(cudnn_platform):
@@ -42,11 +42,11 @@ def test_a_t5_with_the_fold_trains_as_without(cudnn_platform):
   params = jax.jit(model.init)(jax.random.key(0), batch)["params"]
 
   def loss_and_grads(fold):
-    attention.set_key_mask_fold(fold)
+    attention_policy.set_key_mask_fold(fold)
     calls.clear()
     loss = lambda p: model.apply({"params": p}, batch, method=model.fprop)[0]
     out = jax.jit(jax.value_and_grad(loss))(params)
-    return out, sorted({c["head_dim"] for c in calls}), attention.run_record()
+    return out, sorted({c["head_dim"] for c in calls}), attention_policy.run_record()
 
   (plain_loss, plain_grads), plain_dims, _ = loss_and_grads(False)
   (loss, grads), dims, record = loss_and_grads(True)

@@ -30,7 +30,7 @@ import numpy as np
 from paxlike.errors import UserError
 from paxlike.export import serving, warmup
 from paxlike.export.job import ExportJob
-from paxlike.layers import attention
+from paxlike.layers import attention_policy
 
 FORMAT = "paxlike.savedmodel"
 FORMAT_VERSION = 1
@@ -209,7 +209,7 @@ class SavedModelExporter:
 
     job = plan
     names = serving.param_names(job.abstract_params)
-    with attention.portable():  # the same portable program serving.lower checked
+    with attention_policy.portable():  # the same portable program serving.lower checked
       module, signatures = build_module(tf, job, names,
                                         serving.flat_params(params, job.abstract_params))
       tf.saved_model.save(module, out_dir, signatures=signatures)

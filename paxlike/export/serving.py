@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from paxlike.errors import UserError
-from paxlike.layers import attention
+from paxlike.layers import attention_policy
 
 PARAM_DTYPE = np.float32
 SEED_NAME = "seed"
@@ -92,7 +92,7 @@ def lower(job: Any) -> jax.export.Exported:
   try:
     # Exports keep XLA attention, also on a GPU host: cuDNN cannot be lowered for other
     # platforms (nor on a host without a GPU), and jax.export refuses its custom call.
-    with attention.portable():
+    with attention_policy.portable():
       return jax.export.export(fn, platforms=job.platforms)(*arg_specs(job, batch))
   except Exception as e:  # any tracing or lowering failure: the settings are the user's to change
     reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -12,18 +12,13 @@ family. When a program is lowered it picks how (`choose_implementation`):
 A decode step attends over its KV cache with `cached_attention` (XLA's math
 on the cache's own layout, see to_cache_layout).
 
-The policy ("auto", "xla" or "cudnn") is process-wide (`set_attention_policy`,
-or `attention_policy(...)` as a context); paxlike.main sets it per run from
-Pax's USE_CUDNN_FLASH_ATTENTION / USE_FLASH_ATTENTION. Exports lower with
-"xla" (see `portable`): cuDNN cannot be lowered on a host without a GPU, and
-its custom call is not among jax.export's stable ones.
+The policy that decides, and the run's record of the choices, are
+paxlike.layers.attention_policy's.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -33,188 +28,20 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from paxlike.errors import UserError
+from paxlike.layers.attention_policy import (
+  CUDNN,
+  XLA,
+  choose_implementation,
+  cudnn_max_head_dim,
+  current_policy,
+  key_mask_fold,
+  note,
+)
 from paxlike.layers.linear import Linear, lora_output, project
 from paxlike.layers.platform import lowering_platform
 from paxlike.layers.relative_position import RelativePositionBias
 
 Dtype = Any
-
-POLICIES = ("auto", "xla", "cudnn")
-CUDNN, XLA = "cudnn", "xla"
-_FUSED_DTYPES = ("bfloat16", "float16")
-
-_state = threading.local()  # a policy context on this thread
-_global = {"policy": "auto"}
-_run: dict[str, Any] = {"choices": [], "listener": None}
-
-
-# ------------------------------------------------------------------ the policy
-
-
-def _check_policy(policy: str) -> str:
-  if policy not in POLICIES:
-    raise ValueError(f"attention policy {policy!r}: choose one of {', '.join(POLICIES)}")
-  return policy
-
-
-def set_attention_policy(policy: str) -> None:
-  """Sets the process-wide policy: "auto" (cuDNN where it applies), "xla" or "cudnn".
-
-  "cudnn" follows the same rule as "auto" (cuDNN wherever it can run, XLA in
-  the cases it cannot); it states the intent, and paxlike.main warns when
-  the run's platform cannot honour it. The policy is read as a program is
-  traced: set it before the run's first step (paxlike.main does); a
-  function jax has already traced keeps the choice it was traced with.
-  """
-  _global["policy"] = _check_policy(policy)
-
-
-def current_policy() -> str:
-  """The policy in force on this thread: the innermost `attention_policy` context, else global."""
-  stack = getattr(_state, "stack", None)
-  return stack[-1] if stack else _global["policy"]
-
-
-@contextlib.contextmanager
-def attention_policy(policy: str) -> Iterator[None]:
-  """Programs traced inside use `policy` (on this thread)."""
-  stack = getattr(_state, "stack", None)
-  if stack is None:
-    stack = _state.stack = []
-  stack.append(_check_policy(policy))
-  try:
-    yield
-  finally:
-    stack.pop()
-
-
-def portable() -> contextlib.AbstractContextManager[None]:
-  """The policy exports lower under: XLA attention, which every platform runs."""
-  return attention_policy(XLA)
-
-
-def policy_from_flags(use_cudnn_flash_attention: Any = None,
-                      use_flash_attention: Any = None) -> str:
-  """Pax's USE_CUDNN_FLASH_ATTENTION / USE_FLASH_ATTENTION -> a policy.
-
-  None (both): "auto". The first one set decides: True -> "cudnn" (fused
-  attention where the platform has it), False -> "xla".
-
-  Raises:
-    UserError: a value that is neither None nor a bool.
-  """
-  for name, value in (("USE_CUDNN_FLASH_ATTENTION", use_cudnn_flash_attention),
-                      ("USE_FLASH_ATTENTION", use_flash_attention)):
-    if value is not None and not isinstance(value, bool):
-      raise UserError(f"{name} must be True, False or None (auto), got {value!r}.")
-  for value in (use_cudnn_flash_attention, use_flash_attention):
-    if value is not None:
-      return CUDNN if value else XLA
-  return "auto"
-
-
-# ---------------------------------------------------------------- the choice
-
-
-def cudnn_max_head_dim() -> int:
-  """cuDNN's largest head dim for bf16/fp16 flash attention: 256 from Hopper on, else 128."""
-  try:
-    capability = jax.devices()[0].compute_capability
-    return 256 if tuple(int(x) for x in str(capability).split(".")) >= (9, 0) else 128
-  except Exception:  # no compute capability (not CUDA): the conservative bound
-    return 128
-
-
-def choose_implementation(platform: str, dtype: Any, *, policy: str = "auto",
-                          dropout: bool = False, logit_cap: float = 0.0, q_len: int = 2,
-                          kv_len: int = 2, head_dim: int = 64, has_bias: bool = False,
-                          max_head_dim: int = 128, extra_logit: float | None = None
-                          ) -> tuple[str, str]:
-  """("cudnn" | "xla", why) for one attention call, decided from static facts.
-
-  Args:
-    platform: what the program is lowered for ('cpu', 'cuda', 'rocm', 'tpu').
-    dtype: the inputs' dtype.
-    policy: "auto" or "cudnn": cuDNN wherever the rule allows; "xla": never.
-    dropout: attention dropout is on (cuDNN never returns the probabilities).
-    logit_cap: > 0 caps the logits (jax.nn's fused call has no cap).
-    q_len, kv_len, head_dim, has_bias: the call's shape; cuDNN refuses one
-      query position (a bias or mask must span the query axis), head dims
-      that are not a multiple of 8 or above max_head_dim, and odd lengths
-      with a bias.
-    max_head_dim: cuDNN's bound on this GPU (cudnn_max_head_dim()).
-    extra_logit: not None adds a logit to the softmax's denominator (no fused kernel does).
-  """
-  dtype_name = np.dtype(dtype).name
-  where = f"{platform}, {dtype_name}"
-  if _check_policy(policy) == XLA:
-    return XLA, f"{where}, policy xla"
-  if platform != "cuda":
-    return XLA, platform
-  if dtype_name not in _FUSED_DTYPES:
-    return XLA, where
-  if dropout:
-    return XLA, f"{where}, attention dropout"
-  if logit_cap > 0.0:
-    return XLA, f"{where}, attention logit cap"
-  if extra_logit is not None:
-    return XLA, f"{where}, attention extra logit"
-  if q_len == 1:
-    return XLA, f"{where}, one query position"
-  if head_dim % 8 or head_dim > max_head_dim:
-    return XLA, f"{where}, head dim {head_dim}"
-  if has_bias and (q_len % 2 or kv_len % 2):
-    return XLA, f"{where}, odd length {q_len}x{kv_len} with a bias"
-  return CUDNN, where
-
-
-def describe(implementation: str, reason: str) -> str:
-  """The log line's text: 'cudnn fused (cuda, bfloat16)' or 'xla (cpu)'."""
-  return f"{'cudnn fused' if implementation == CUDNN else implementation} ({reason})"
-
-
-# ------------------------------------------------------------ run bookkeeping
-
-
-def start_run(policy: str, log: Callable[[str], None] | None = None) -> None:
-  """Sets the run's policy and forgets earlier choices; each new choice is logged once."""
-  set_attention_policy(policy)
-  _run.update(policy=policy, choices=[], listener=None, log=log)
-
-
-def policy_warning() -> str | None:
-  """The warning a run gets when fused attention was asked for on a platform without cuDNN."""
-  platform = lowering_platform()
-  if current_policy() == CUDNN and platform != "cuda":
-    return f"fused attention was asked for, but this run is on {platform}: attention runs on XLA"
-  return None
-
-
-def on_choice(listener: Callable[[dict[str, Any]], None] | None) -> None:
-  """Calls listener(run_record()) now and whenever a new choice is made."""
-  _run["listener"] = listener
-  if listener is not None:
-    listener(run_record())
-
-
-def run_record() -> dict[str, Any]:
-  """run_env.json's "attention": the policy and each distinct (implementation, reason)."""
-  record = {"policy": _run.get("policy", _global["policy"]),
-            "choices": [{"implementation": i, "reason": r} for i, r in _run["choices"]]}
-  if key_mask_fold():
-    record["key_mask_fold"] = True
-  return record
-
-
-def _note(implementation: str, reason: str) -> None:
-  if (implementation, reason) in _run["choices"]:
-    return
-  _run["choices"].append((implementation, reason))
-  if _run.get("log") is not None:
-    _run["log"](f"attention: {describe(implementation, reason)}")
-  if _run["listener"] is not None:
-    _run["listener"](run_record())
-
 
 # ----------------------------------------------------------------- attention
 
@@ -331,9 +158,9 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
       first = (str(e).strip().splitlines() or [type(e).__name__])[0]
       implementation, reason = XLA, f"{reason}, cuDNN refused: {first}"
     else:
-      _note(implementation, reason)
+      note(implementation, reason)
       return out
-  _note(implementation, reason)
+  note(implementation, reason)
   return xla_attention(q, k, v, bias=bias, mask=mask, is_causal=is_causal,
                        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                        logit_cap=logit_cap, scale=scale,
@@ -516,7 +343,7 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Arra
   t = rows // b * q_len
   q = q.reshape(b, t, n, h)
   platform = lowering_platform()  # a CPU's choice is always "cpu", as dot_product_attention's
-  _note(XLA, platform if platform != "cuda" else
+  note(XLA, platform if platform != "cuda" else
         f"{platform}, {np.dtype(q.dtype).name}, a decode step over the KV cache")
   if scale != 1.0:
     q = q * jnp.asarray(scale, q.dtype)
@@ -585,23 +412,6 @@ def _full_query_axis(x: jax.Array, q_len: int, kv_len: int) -> jax.Array:
   """x broadcastable to [b, n, t, s] as 4-D with t and s spelled out (cuDNN's requirement)."""
   x = x.reshape((1,) * (4 - x.ndim) + x.shape)
   return jnp.broadcast_to(x, (x.shape[0], x.shape[1], q_len, kv_len))
-
-
-def set_key_mask_fold(on: bool) -> None:
-  """Whether the cuDNN path folds a key-only mask into the head dim (fold_key_mask).
-
-  Off by default: it is exact (tests/attention_test.py, tests/key_mask_fold_test.py),
-  but whether it is faster on a GPU is measured, not assumed (`python -m
-  benchmarks.key_mask_fold`, benchmarks/gpu_check.sh's flan_t5_key_mask_fold).
-  Read as programs are traced, like the policy; run_env.json's "attention" says
-  so when it is on.
-  """
-  _global["key_mask_fold"] = bool(on)
-
-
-def key_mask_fold() -> bool:
-  """Whether the key-mask fold is on (set_key_mask_fold)."""
-  return _global.get("key_mask_fold", False)
 
 
 def folds_key_mask(q: jax.Array, mask: jax.Array | None, q_segment_ids: jax.Array | None
