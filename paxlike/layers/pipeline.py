@@ -229,14 +229,15 @@ def _select_repeat(leaf: jax.Array, rep: jax.Array) -> jax.Array:
 def run(stage_fn: Any, weights: Any, x: jax.Array, *, num_stages: int, num_microbatches: int,
         circular_repeat: int, policy: Any, remat: bool, stream_io: bool,
         segment_ids: jax.Array | None = None, positions: jax.Array | None = None,
-        rng: jax.Array | None = None) -> tuple[jax.Array, Any]:
+        rng: jax.Array | None = None, empty_record: Any = None) -> tuple[jax.Array, Any]:
   """Runs x [B, T, D] through the pipeline; returns ([B, T, D], the records' mean).
 
   stage_fn(weights_s, h [mb, T, D], segment_ids_s, positions_s, rng_s) -> (h, record):
-  one stage's layers, and a tree of float scalars (the mixture-of-experts layers' routing
-  record; {} for none); weights: a tree of [R, S, ...] leaves. The records of the
-  iterations that carry a microbatch (not the bubble's) are summed and divided by M: per
-  layer, the mean over the microbatches, as one unpipelined call over the batch gives it.
+  one stage's layers, and a tree of float scalars shaped like empty_record (the
+  mixture-of-experts layers' routing record; None: {}, no record); weights: a tree of
+  [R, S, ...] leaves. The records of the iterations that carry a microbatch (not the
+  bubble's) are summed and divided by M: per layer, the mean over the microbatches, as one
+  unpipelined call over the batch gives it.
   """
   s_count, m, r_count = num_stages, num_microbatches, circular_repeat
   xs = split(x, m)  # [M, mb, T, D]
@@ -285,8 +286,7 @@ def run(stage_fn: Any, weights: Any, x: jax.Array, *, num_stages: int, num_micro
     return (jnp.roll(out, 1, axis=0), io, total), None  # stage s + 1 takes what s made
 
   state = jnp.zeros((s_count, *xs.shape[1:]), xs.dtype)
-  shapes = jax.eval_shape(compute, state, jnp.zeros((), jnp.int32))[1]
-  total = jax.tree.map(lambda r: jnp.zeros(r.shape[1:], r.dtype), shapes)
+  total = jax.tree.map(jnp.zeros_like, {} if empty_record is None else empty_record)
   (_, io, total), _ = jax.lax.scan(body, (state, io, total),
                                    jnp.arange(iterations(s_count, m, r_count)))
   return merge(io), jax.tree.map(lambda a: a / m, total)
@@ -303,8 +303,8 @@ def stacked(module: nn.Module, layout: Layout, x: jax.Array, *, init_stage: Any,
   init_stage(rng, sample [1, T, D]) -> one stage's params tree (boxed, with its
   logical names); apply_stage(weights, h, segment_ids, positions, rng) -> (h, record):
   one stage's layers (run's stage_fn). The parameter stacks R x S stage inits on
-  [circular_repeat, stage] axes. empty_record: what initialising returns for the
-  record ({} when None).
+  [circular_repeat, stage] axes. empty_record: the record's zeros (None: {}), what
+  initialising returns and what run sums into.
   """
   s, r = layout.num_stages, layout.circular_repeat
 
@@ -331,7 +331,7 @@ def stacked(module: nn.Module, layout: Layout, x: jax.Array, *, init_stage: Any,
   check_batch(x.shape[0], s, m, None, r)
   return run(apply_stage, weights, x, num_stages=s, num_microbatches=m, circular_repeat=r,
              policy=policy, remat=remat, stream_io=stream_io, segment_ids=segment_ids,
-             positions=positions, rng=rng)
+             positions=positions, rng=rng, empty_record=empty_record)
 
 
 # --------------------------------------------------------- layout changes
