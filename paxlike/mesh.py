@@ -68,9 +68,11 @@ TRAINING_OPTIMIZED_RULES = tuple(
 
 # The expert-parallel mesh's changes (praxis's set_sharding_params_with_expert_parallelism):
 # the batch and the weights' embed dims over data x data_expert; the experts over data_expert,
-# their embed dim over data, and their dispatched inputs' groups over replica x data.
+# their embed dim over data, and their dispatched inputs' groups over replica x data; a
+# pipeline's embedding and softmax over every core.
 _EXPERT_PARALLEL = {
     "batch": EXPERT_BATCH_AXES,
+    "pipeline_batch": ("stage", *EXPERT_BATCH_AXES),
     "embed": ("data", "data_expert"),
     "table_embed": ("data", "data_expert"),
     "expert": "data_expert",
@@ -85,8 +87,7 @@ def logical_axis_rules(training_optimized: bool = False,
   names (the expert-parallel ones where it has 'data_expert')."""
   rules = TRAINING_OPTIMIZED_RULES if training_optimized else LOGICAL_AXIS_RULES
   if "data_expert" in axes:
-    changes = {**_EXPERT_PARALLEL, "pipeline_batch": ("stage", *EXPERT_BATCH_AXES)}
-    rules = tuple((name, changes.get(name, mesh_axes)) for name, mesh_axes in rules)
+    rules = tuple((name, _EXPERT_PARALLEL.get(name, mesh_axes)) for name, mesh_axes in rules)
   return rules
 
 
