@@ -91,9 +91,13 @@ def user_set(exp: Any, name: str) -> bool:
 
 
 def candidates(exp: Any) -> list[Candidate]:
-  """The layouts to try: both stacks x every policy, for the knobs the user left free."""
-  layouts = [None] if user_set(exp, "USE_REPEATED_LAYER") else [True, False]
-  policies = [None] if user_set(exp, "CHECKPOINT_POLICY") else list(POLICIES)
+  """The layouts to try: both stacks x every policy, for the knobs the user left free (and
+  the model has: the MLP classifier has neither, and is tried as configured)."""
+  def free(name: str) -> bool:
+    return hasattr(type(exp), name) and not user_set(exp, name)
+
+  layouts = [True, False] if free("USE_REPEATED_LAYER") else [None]
+  policies = list(POLICIES) if free("CHECKPOINT_POLICY") else [None]
   out = []
   for repeated in layouts:
     for policy in policies:

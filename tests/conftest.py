@@ -253,8 +253,11 @@ def parse_model_analysis(text: str) -> tuple[dict[str, dict[str, str]], int]:
 
 
 def train_in_process(exp_name: str, overrides: list[str], job_log_dir: Path,
-                     num_devices: int = 1, **option_kwargs):
+                     num_devices: int = 1, main_rules: bool = False, **option_kwargs):
   """What main.run does for a train job, in this process, on the first num_devices devices.
+
+  main_rules: shard by the experiment's own rules (paxlike.mesh.rules_for), as main
+  does, instead of the mesh's plain ones.
 
   Returns:
     (TrainResult, experiment, partitioner).
@@ -267,7 +270,7 @@ def train_in_process(exp_name: str, overrides: list[str], job_log_dir: Path,
   exp = experiment.instantiate(registry.get(exp_name), overrides)
   device_mesh = mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE,
                            devices=jax.devices()[:num_devices], names=mesh.axis_names(exp))
-  partitioner = SpmdPartitioner(device_mesh)
+  partitioner = SpmdPartitioner(device_mesh, rules=mesh.rules_for(exp) if main_rules else None)
   task = config.build(exp.task())
   inputs = [config.build(c) for c in exp.datasets()]
   for inp in inputs:

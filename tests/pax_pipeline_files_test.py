@@ -290,6 +290,32 @@ def test_pipelined_class_has_paxs_parameter_count_and_schedule(pax_modules, monk
   assert _count(model) == pax_param_count(p)
 
 
+def mlp_param_count(layers: int, dims: int, hidden: int) -> int:
+  """praxis's ClassificationMLPModel: MLPBlock's biased layers and the shared softmax."""
+  widths = [dims] + [hidden] * (layers - 1) + [dims]
+  return sum(a * b + b for a, b in zip(widths, widths[1:], strict=False)) + dims * dims + dims
+
+
+@pytest.mark.parametrize(("name", "dims", "hidden"), [("SmallMlp", 1024, 1024),
+                                                      ("LargeMlp", 4096, 7168)])
+def test_lm_clouds_mlp_benchmarks_have_paxs_count(pax_modules, monkeypatch, name, dims, hidden):
+  _on_devices(monkeypatch, 8)
+  exp, model, rows = _model_of(registry.get(f"pax_lm_cloud.{name}"))
+  assert (exp.ICI_MESH_SHAPE, rows) == ([8, 1, 1], 16 * 8)
+  assert _count(model) == mlp_param_count(8, dims, hidden)
+
+
+def test_lm_clouds_small_mlp_trains_as_written_forward_only(pax_modules, tmp_path):
+  """SmallMlp, its batch and length cut down, trains its 10 steps on its 8 devices: praxis's
+  loss for it is the accuracy, which has no gradient."""
+  result, _, _ = train_in_process("pax_lm_cloud.SmallMlp",
+                                  ["PERCORE_BATCH_SIZE=1", "MAX_SEQ_LEN=64"], tmp_path / "job",
+                                  num_devices=8, main_rules=True)
+  assert [h["step"] for h in result.history][-1] == 10
+  for h in result.history:
+    assert h["loss"] == h["accuracy"] and h["grad_norm"] == 0.0, h
+
+
 def test_c4s_misspelled_microbatch_size_is_refused_by_name(pax_modules):
   """C4SpmdPipelineGpt3AdamOrgHPBS1p5k768Replicas sets MICROBATCH_SIAZE = 8 (Pax silently
   keeps its parent's MICROBATCH_SIZE = 2)."""

@@ -204,8 +204,7 @@ def test_pipelined_template_ported_by_its_imports_dry_runs(tmp_path):
   assert "Traceback" not in proc.stderr
 
 
-REFUSED_TEMPLATES = {  # Pax's templates of models paxlike does not run: lm_cloud.py's, bert.py's
-    "ClassificationModelAdam": "an MLP classification model (praxis' ClassificationMLPModel)",
+REFUSED_TEMPLATES = {  # Pax's templates of models paxlike does not run: bert.py's
     "TransformerBertPmapAdam": "a BERT masked language model (Pax's TransformerBertPmapAdam)",
     "TransformerBertSpmdAdafactor":
         "a BERT masked language model (Pax's TransformerBertSpmdAdafactor)",

@@ -10,6 +10,7 @@ exponential decay to 0.1 at step 300k); heads are MODEL_DIMS / 128. The
 import jax.numpy as jnp
 
 from paxlike import experiment_registry
+from paxlike.classifier_experiments import ClassificationModelAdam
 from paxlike.layers.activations import GELU, ReLU
 from paxlike.lm_experiments import (
     SyntheticDataset,
@@ -294,3 +295,33 @@ class LmCloudTransformerAdamTiny(LmCloudTransformer):
   CHECKPOINT_EVERY_N_STEPS = 100
   SUMMARY_INTERVAL_STEPS = 25
   EVAL_INTERVAL_STEPS = 0
+
+
+# Pax's MLP benchmarks: praxis's ClassificationMLPModel, whose loss (the accuracy) has no
+# gradient, so a step is the forward pass and Adam's weight decay (paxlike.models.classifier).
+
+
+@experiment_registry.register
+class LargeMlp(ClassificationModelAdam, SyntheticDataset):
+  """An 8-layer MLP with large hidden dims, data parallel over 8 devices."""
+
+  NUM_LAYER = 8
+  INPUT_DIM = 4096
+  OUTPUT_DIM = 4096
+  HIDDEN_DIM = 7168
+  MESH_SHAPE = [8, 1, 1]
+  MLP_WEIGHT_SHARDING = [-1, -1]
+  SOFTMAX_WEIGHT_SHARDING = [-1, -1]
+
+
+@experiment_registry.register
+class SmallMlp(ClassificationModelAdam, SyntheticDataset):
+  """An 8-layer MLP with small hidden dims, data parallel over 8 devices."""
+
+  NUM_LAYER = 8
+  INPUT_DIM = 1024
+  OUTPUT_DIM = 1024
+  HIDDEN_DIM = 1024
+  MESH_SHAPE = [8, 1, 1]
+  MLP_WEIGHT_SHARDING = [-1, -1]
+  SOFTMAX_WEIGHT_SHARDING = [-1, -1]

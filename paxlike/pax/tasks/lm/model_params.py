@@ -5,9 +5,9 @@ The templates are paxlike's (paxlike.lm_experiments), with Pax's defaults.
 to the praxis optimizer configs Pax's set (paxlike.pax.optimizers, run by
 paxlike's learner), so later edits of `lp.optimizer.*` work as in Pax. The
 pipelined templates (TransformerLmSpmdPipelineAdafactor / Adam) run paxlike's
-pipeline (paxlike.layers.pipeline). ClassificationModelAdam and the BERT
-templates exist so Pax's files (lm_cloud.py's MLPs, bert.py) import and
-register; running them is refused, as is maybe_setup_moe_params with experts.
+pipeline (paxlike.layers.pipeline); ClassificationModelAdam, lm_cloud.py's
+MLP classifier, paxlike.classifier_experiments's. The BERT templates exist so
+bert.py imports and registers; running them is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 import fiddle as fdl
 
+from paxlike.classifier_experiments import ClassificationModelAdam
 from paxlike.errors import UserError
 from paxlike.experiment import BaseExperiment
 from paxlike.lm_experiments import (
@@ -107,25 +108,6 @@ class NotRunnable:
   def validate(self) -> None:
     raise UserError(f"{type(self).__name__} is {self.WHY}, which paxlike does not run yet; "
                     f"{self.INSTEAD}.")
-
-
-class ClassificationModelAdam(NotRunnable, BaseExperiment):
-  """Pax's MLP classifier template (importable; running it is refused)."""
-
-  WHY = "an MLP classification model (praxis' ClassificationMLPModel)"
-  NUM_LAYER = 8
-  INPUT_DIM = 4096
-  HIDDEN_DIM = 7168
-  OUTPUT_DIM = 4096
-  LEARNING_RATE = 1e-3
-  WEIGHT_DECAY = 1e-3
-  CHECKPOINT_EVERY_N_STEPS = 5
-  SUMMARY_INTERVAL_STEPS = 5
-  NUM_TRAIN_STEPS = 10
-  MLP_WEIGHT_SHARDING = None
-  SOFTMAX_WEIGHT_SHARDING = None
-  MESH_SHAPE = None
-  TRAINING_OPTIMIZED_SHARDING = True
 
 
 class TransformerBertPmapAdam(NotRunnable, BaseExperiment):
