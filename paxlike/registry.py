@@ -19,7 +19,7 @@ Keys are `module.Class`. How `get` (and so `--exp`) resolves a name:
    imported already (`LmCloudSpmdTiny`, `lm_cloud.LmCloudSpmdTiny`); a
    `params` segment may be dropped, as in Pax.
 
-Pax's `--fdl_config=M.Class` (main.pax_fiddle_flags passes it as
+Pax's `--fdl_config=M.Class` (command_line.pax_fiddle_flags passes it as
 `--exp=fdl_config:M.Class`) resolves the same way, except that M's class
 need not be registered: Pax's Fiddle flag builds any class by its import
 path, as Pax's GPU run scripts do for configs.py's unregistered GLaM classes.

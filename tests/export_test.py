@@ -476,9 +476,9 @@ def test_publish_replaces_only_with_overwrite_and_cleans_up(tmp_path):
 
 
 def test_cli_formats_match_the_registry():
-  from paxlike import export, main
+  from paxlike import command_line, export
 
-  assert set(main.EXPORT_FORMATS) == set(export.EXPORTERS)
+  assert set(command_line.EXPORT_FORMATS) == set(export.EXPORTERS)
 
 
 def test_warmup_varint():

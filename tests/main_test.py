@@ -138,7 +138,7 @@ def test_script_form_runs(tmp_path):
 def test_a_pax_run_scripts_fiddle_flags_run_as_exp_and_set(tmp_path):
   """Pax's GPU scripts pass --fdl_config=CLASS and --fdl.KNOB=VALUE (strings quoted, as the
   shell leaves them): they are --exp and --set, values and all."""
-  from paxlike.main import pax_fiddle_flags
+  from paxlike.command_line import pax_fiddle_flags
 
   assert pax_fiddle_flags(["--fdl_config", "a.B", '--fdl.LR_SCHEDULE="constant"',
                            "--fdl_set=X=[1, 2]", "--mode=eval"]) == [
@@ -156,19 +156,19 @@ def test_a_pax_run_scripts_fiddle_flags_run_as_exp_and_set(tmp_path):
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_help_exits_0_and_lists_every_flag_in_its_group(tmp_path, flag):
-  from paxlike import main
+  from paxlike import command_line as cl
 
   proc = run_cli([flag], tmp_path)
   assert proc.returncode == 0, describe(proc)
   assert proc.stdout.startswith("usage: python -m paxlike.main --exp=NAME --job_log_dir=DIR")
   listed = re.findall(r"^  --(?:\[no\])?(\w+)", proc.stdout, re.M)
-  grouped = [n for _, names in main.HELP_GROUPS for n in names]
+  grouped = [n for _, names in cl.HELP_GROUPS for n in names]
   assert listed == grouped  # each once, in its group, none left under "Other"
-  defined = {f.name for f in main.FLAGS.get_flags_for_module(main)} - set(main.PAX_ALIASES)
+  defined = {f.name for f in cl.FLAGS.get_flags_for_module(cl)} - set(cl.PAX_ALIASES)
   assert set(grouped) == defined
-  for title, _ in main.HELP_GROUPS:
+  for title, _ in cl.HELP_GROUPS:
     assert f"\n{title}:\n" in proc.stdout
-  modes = "|".join(main.FLAGS["mode"].parser.enum_values)
+  modes = "|".join(cl.FLAGS["mode"].parser.enum_values)
   assert {"train", "eval", "decode", "infer", "export", "dry_run", "tune"} <= set(modes.split("|"))
   assert f"--mode (one of {modes}; default train)" in proc.stdout
   assert "--coordinator_address (Pax's --server_addr)" in proc.stdout
