@@ -66,11 +66,10 @@ def test_pax_shardings_split_the_weights_and_a_step_runs_forward_only(tmp_path):
   """SmallMlp on [2, 2, 2] with the layers' weights over data x mdl and the softmax's input
   dim over mdl: each device holds its quarter or half; every step's loss is the accuracy
   with a zero gradient, and checkpoints come at Pax's cadence (5, 10)."""
-  result, _, _ = train_in_process(
-      "lm_cloud.SmallMlp", [*SMALL, "MESH_SHAPE=[2, 2, 2]",
-                            "MLP_WEIGHT_SHARDING=['data', 'mdl']",
-                            "SOFTMAX_WEIGHT_SHARDING=['mdl', -1]", "SUMMARY_INTERVAL_STEPS=1"],
-      tmp_path / "job", num_devices=8, main_rules=True)
+  overrides = [*SMALL, "MESH_SHAPE=[2, 2, 2]", "MLP_WEIGHT_SHARDING=['data', 'mdl']",
+               "SOFTMAX_WEIGHT_SHARDING=['mdl', -1]", "SUMMARY_INTERVAL_STEPS=1"]
+  result, _, _ = train_in_process("lm_cloud.SmallMlp", overrides, tmp_path / "job",
+                                  num_devices=8, main_rules=True)
   params = result.state.params
   hidden = params["mlp_layers_0"]["mlp_layers_1"]["linear"]["w"]
   table = params["softmax"]["logits_ffn"]["linear"]["w"]
@@ -82,6 +81,15 @@ def test_pax_shardings_split_the_weights_and_a_step_runs_forward_only(tmp_path):
     assert h["loss"] == h["accuracy"] and h["grad_norm"] == 0.0, h
   assert sorted(p.name for p in (tmp_path / "job" / "checkpoints").iterdir()) == [
       "checkpoint_00000005", "checkpoint_00000010"]
+  # It has no decoder: exporting the trained job is one sentence, and writes nothing.
+  before = sorted(p.name for p in (tmp_path / "job").iterdir())
+  proc = run_cli(["--exp=lm_cloud.SmallMlp", f"--job_log_dir={tmp_path / 'job'}",
+                  "--mode=export", "--export_format=stablehlo",
+                  *(f"--set={o}" for o in overrides)], cwd=tmp_path, devices=8)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, describe(proc)
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      "error: an MLP classifier (ClassificationMLP) has no decoder"), describe(proc)
+  assert sorted(p.name for p in (tmp_path / "job").iterdir()) == before
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

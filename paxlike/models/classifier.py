@@ -132,10 +132,13 @@ class ClassificationMLP(BaseModel):
     return accuracy, metrics
 
   def prefill(self, batch: Any, settings: Any) -> Any:
-    raise UserError("an MLP classifier (ClassificationMLP) has no decoder; run it with "
-                    "--mode=train or --mode=eval.")
+    raise UserError("an MLP classifier (ClassificationMLP) has no decoder to decode, infer "
+                    "or export with; run it with --mode=train, eval, dry_run or tune.")
 
   def extend(self, tokens: jax.Array, index: jax.Array) -> jax.Array:
+    return self.prefill(None, None)
+
+  def prompt_and_target(self, host_batch: dict[str, np.ndarray]) -> Any:
     return self.prefill(None, None)
 
   def input_features(self) -> tuple[str, ...]:
