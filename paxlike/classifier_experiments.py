@@ -54,7 +54,7 @@ class ClassificationModelAdam(AdamTraining):
   MLP_WEIGHT_SHARDING: list[Any] | None = None
   SOFTMAX_WEIGHT_SHARDING: list[Any] | None = None
   MESH_SHAPE: list[int] | None = None  # sub-classes give a mesh to run SPMD
-  TRAINING_OPTIMIZED_SHARDING = True  # Pax's: nothing of this model reads it
+  TRAINING_OPTIMIZED_SHARDING = True  # Pax's value; nothing of this model reads it
   # set_default_adam's: AdamTraining's Adam and ramp-up numbers, with these two.
   CLIP_GRADIENT_NORM_TO_VALUE = 5.0
   LR_SCHEDULE = "linear_rampup_exponential_decay"
@@ -82,6 +82,11 @@ class ClassificationModelAdam(AdamTraining):
 
   def model(self) -> fdl.Config[ClassificationMLP]:
     self.weight_axis_rules()  # the split-dims mappings are read (and checked) with the model
+    self.not_used("USE_CUDNN_FLASH_ATTENTION", "USE_FLASH_ATTENTION",
+                  reason="the MLP classifier has no attention")
+    self.not_used("TRAINING_OPTIMIZED_SHARDING", reason="the MLP classifier's activations "
+                  "follow its weights, which MLP_WEIGHT_SHARDING and SOFTMAX_WEIGHT_SHARDING "
+                  "place")
     return fdl.Config(ClassificationMLP, num_layers=self.NUM_LAYER, input_dims=self.INPUT_DIM,
                       hidden_dims=self.HIDDEN_DIM, output_dims=self.OUTPUT_DIM,
                       num_classes=self.INPUT_DIM)

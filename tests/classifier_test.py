@@ -119,3 +119,14 @@ def test_the_refusal_is_exit_2_and_writes_nothing(tmp_path):
   assert "Traceback" not in proc.stderr and not job.exists(), describe(proc)
   assert proc.stderr.strip().splitlines()[-1].startswith(
       "error: MLP_WEIGHT_SHARDING=['replica', 'nope']: each entry"), describe(proc)
+
+
+@pytest.mark.parametrize(("override", "reason"), [
+    ("USE_CUDNN_FLASH_ATTENTION=True", "the MLP classifier has no attention."),
+    ("TRAINING_OPTIMIZED_SHARDING=False", "the MLP classifier's activations follow its weights"),
+])
+def test_a_set_of_a_knob_the_mlp_does_not_have_is_refused(override, reason):
+  exp = experiment.instantiate(registry.get("lm_cloud.SmallMlp"), [override])
+  with pytest.raises(UserError) as err:
+    experiment.build_checked(exp)
+  assert str(err.value).startswith(f"--set {override}: nothing reads it; {reason}"), err.value
