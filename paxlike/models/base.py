@@ -171,7 +171,8 @@ class BaseModel(nn.Module):
     raise NotImplementedError
 
   def padding_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    raise NotImplementedError
+    """The batch with its loss weights 0: `weights`, a decoder-only family's (T5's differ)."""
+    return {**host_batch, "weights": np.zeros_like(host_batch["weights"])}
 
   def hf_config(self) -> dict[str, Any]:
     """The Hugging Face config (config.json as a dict) of this model, for interop.hf."""

@@ -27,7 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from paxlike.errors import UserError
+from paxlike.layers.linear import project
 from paxlike.models.base import BaseModel
+from paxlike.models.language_model import weighted_loss
 
 # Logical names of the weights' dims; the experiment maps them to mesh axes
 # (MLP_WEIGHT_SHARDING, SOFTMAX_WEIGHT_SHARDING; paxlike.classifier_experiments).
@@ -47,7 +49,7 @@ class _Dense(nn.Module):
     self.bias = _Bias(self.features, tuple(self.axes[1:]))
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    y = x @ self.linear.w(x.shape[-1]) + self.bias.b()
+    y = project(x, self.linear.w(x.shape[-1])) + self.bias.b()
     return jax.nn.relu(y) if self.activation else y
 
 
@@ -97,11 +99,7 @@ class ClassificationMLP(BaseModel):
   num_classes: int = 4096
 
   def setup(self) -> None:
-    if self.num_layers < 1:
-      raise UserError(f"the MLP needs at least one layer (NUM_LAYER={self.num_layers}).")
-    if self.output_dims != self.input_dims:
-      raise UserError(f"OUTPUT_DIM={self.output_dims} must equal INPUT_DIM={self.input_dims}: "
-                      "the MLP's output is classified by the table its input is looked up in.")
+    # ClassificationModelAdam.validate checks the dims (at least a layer, output = input).
     self.mlp_layers_0 = _Mlp(self.num_layers, self.hidden_dims, self.output_dims)
     self.softmax = _Softmax(self.num_classes, self.input_dims)
 
@@ -115,21 +113,10 @@ class ClassificationMLP(BaseModel):
     return self.softmax(self.mlp_layers_0(self.softmax.lookup(ids)))
 
   def fprop(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
-    logits = self.logits(batch["ids"])
-    labels, weights = batch["labels"], batch["weights"].astype(jnp.float32)
-    total = jnp.maximum(jnp.sum(weights), 1.0)
-    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-    accuracy = jnp.sum(correct * weights) / total
-    logz = jax.nn.logsumexp(logits, axis=-1)
-    xent = logz - jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
-    metrics = {
-        "loss": accuracy,  # praxis's total_loss for this model
-        "accuracy": accuracy,
-        "log_pplx": jnp.sum(xent * weights) / total,
-        "num_tokens": jnp.sum(weights),
-        "num_examples": jnp.sum(jnp.any(weights > 0, axis=-1).astype(jnp.float32)),
-    }
-    return accuracy, metrics
+    """(the accuracy, the LM's metrics): praxis's total_loss for this model is the accuracy."""
+    _, metrics = weighted_loss(self.logits(batch["ids"]), batch["labels"], batch["weights"])
+    metrics["loss"] = metrics["accuracy"]
+    return metrics["accuracy"], metrics
 
   def prefill(self, batch: Any, settings: Any) -> Any:
     raise UserError("an MLP classifier (ClassificationMLP) has no decoder to decode, infer "
@@ -162,9 +149,6 @@ class ClassificationMLP(BaseModel):
 
   def compute_dtype(self) -> str:
     return "float32"
-
-  def padding_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {**host_batch, "weights": np.zeros_like(host_batch["weights"])}
 
 
 class _Softmax(nn.Module):

@@ -563,5 +563,3 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
     targets = [labels[r, s:][weights[r, s:] > 0] for r, s in enumerate(starts)]
     return prompts, targets, weights.any(axis=-1)
 
-  def padding_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {**host_batch, "weights": np.zeros_like(host_batch["weights"])}

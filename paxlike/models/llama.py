@@ -235,9 +235,6 @@ class LlamaModel(pipeline.PipelinedModel, BaseModel):
                         ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
     return LanguageModel.prompt_and_target(self, host_batch)
 
-  def padding_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {**host_batch, "weights": np.zeros_like(host_batch["weights"])}
-
   def hf_config(self) -> dict[str, Any]:
     """The transformers config (config.json) of this model: Llama, or Qwen2 with QKV_BIAS."""
     from paxlike.interop import hf_llama
