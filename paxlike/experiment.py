@@ -381,6 +381,14 @@ PAX_UNMODELED = {
     "EVAL_MIXTURE": "a SeqIO eval mixture name",
 }
 
+# Knobs Pax's own LM files set where nothing reads them, in Pax either: what does the job.
+PAX_UNREAD = {
+    "NUM_GPUS": "Pax does not read it either; the device count is ICI_MESH_SHAPE x "
+                "DCN_MESH_SHAPE (a class body that computes a mesh shape from it reads it)",
+    "ENABLE_BFLOAT16": "in Pax only the BERT templates read it; an LM's activations take "
+                       "FPROP_DTYPE (jnp.bfloat16 for bfloat16), in Pax too",
+}
+
 
 def _is_paxlike_class(klass: type) -> bool:
   module = klass.__module__ or ""
@@ -446,6 +454,8 @@ def _describe_unread(name: str, known: list[str]) -> str:
     return f"paxlike calls it {PAX_RENAMED[name]} (Pax's name)"
   if name in PAX_UNMODELED:
     return f"paxlike does not model it yet (Pax uses it for {PAX_UNMODELED[name]})"
+  if name in PAX_UNREAD:
+    return PAX_UNREAD[name]
   if name in PAX_TASK_KNOBS:
     what, where = PAX_TASK_KNOBS[name]
     return (f"no template reads it, in Pax either: for {what}, task() sets {where}, as "
@@ -511,8 +521,8 @@ def unread_hparams(exp: BaseExperiment) -> list[str]:
 
 def _inactive_reason(exp: BaseExperiment, name: str) -> str | None:
   """Where the experiment's source reads `name` on a branch this run did not take, or None."""
-  if name in PAX_RENAMED or name in PAX_UNMODELED or name in PAX_PIPELINE or (
-      name in PAX_TASK_KNOBS):
+  if any(name in known for known in (PAX_RENAMED, PAX_UNMODELED, PAX_UNREAD, PAX_PIPELINE,
+                                      PAX_TASK_KNOBS)):
     return None
   classes = [k for k in type(exp).__mro__ if k is not object]
   return knob_branches.inactive_reason(name, classes, lambda n: _untracked_get(exp, n))

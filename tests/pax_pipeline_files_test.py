@@ -199,7 +199,7 @@ PAX = {
                                       **NVIDIA),
     "pax_nvidia.NVIDIA175BProxy": Pax(24, 12288, 96, stages=4, microbatches=96, devices=16,
                                       **NVIDIA),
-    # ENABLE_BFLOAT16: read by Pax's pmap template only.
+    # ENABLE_BFLOAT16: read by Pax's BERT templates only.
     "pax_nvidia.NVIDIA175B": Pax(96, 12288, 96, stages=6, microbatches=6, devices=96,
                                  unread=("ENABLE_BFLOAT16",), **NVIDIA),
     "pax_nvidia.TestSmallConfig": Pax(16, 4096, 32, stages=2, microbatches=16, devices=16,
@@ -321,6 +321,19 @@ def test_c4s_misspelled_microbatch_size_is_refused_by_name(pax_modules):
   keeps its parent's MICROBATCH_SIZE = 2)."""
   with pytest.raises(UserError, match=r"^MICROBATCH_SIAZE = 8 .*did you mean MICROBATCH_SIZE"):
     _model_of(registry.get("pax_c4.C4SpmdPipelineGpt3AdamOrgHPBS1p5k768Replicas"))
+
+
+def test_knobs_pax_sets_and_never_reads_are_refused_saying_what_does_the_job(pax_modules,
+                                                                             monkeypatch):
+  _on_devices(monkeypatch, 96)  # NVIDIA175B's batch: 1/16 of a row per device
+  with pytest.raises(UserError, match=r"^NUM_GPUS = 64 on Grok_Proxy: nothing reads it; Pax "
+                     r"does not read it either; the device count is ICI_MESH_SHAPE x "
+                     r"DCN_MESH_SHAPE"):
+    _model_of(registry.get("pax_nvidia.Grok_Proxy"))
+  with pytest.raises(UserError, match=r"^ENABLE_BFLOAT16 = True on NVIDIA175B: nothing reads "
+                     r"it; in Pax only the BERT templates read it; an LM's activations take "
+                     r"FPROP_DTYPE"):
+    _model_of(registry.get("pax_nvidia.NVIDIA175B"))
 
 
 @pytest.mark.parametrize(("name", "layers"), [("Grok_Proxy_PP", 16), ("Grok_PP", 64)])
