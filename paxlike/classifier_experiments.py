@@ -91,9 +91,13 @@ class ClassificationModelAdam(AdamTraining):
                       hidden_dims=self.HIDDEN_DIM, output_dims=self.OUTPUT_DIM,
                       num_classes=self.INPUT_DIM)
 
+  def axis_rules(self, rules: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    """weight_axis_rules() before the mesh's rules."""
+    return self.weight_axis_rules() + tuple(super().axis_rules(rules))
+
   def weight_axis_rules(self) -> tuple[tuple[str, Any], ...]:
     """The weights' logical dims -> the mesh axes MLP_WEIGHT_SHARDING and
-    SOFTMAX_WEIGHT_SHARDING name (paxlike.mesh.rules_for puts them first).
+    SOFTMAX_WEIGHT_SHARDING name.
 
     Raises:
       UserError: a mapping that is not one entry of mesh axes per weight dim, that splits

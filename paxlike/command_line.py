@@ -224,7 +224,7 @@ def parse_flags(argv: list[str], doc: str) -> list[str]:
     name = name[2:] if name.startswith("no") and name[2:] in PAX_FLAGS_NOT_HERE else name
     if name in PAX_FLAGS_NOT_HERE:
       fail(f"--{name} is a Pax flag paxlike does not take: {PAX_FLAGS_NOT_HERE[name]}; "
-            "drop it (docs/flags.md lists the Pax flags paxlike takes).")
+           "drop it (docs/flags.md lists the Pax flags paxlike takes).")
   jax_flags.define_if_named(args, FLAGS)  # --jax_*: JAX's own options, as in Pax's main.py
   try:
     return FLAGS(argv)

@@ -155,6 +155,12 @@ class BaseExperiment:
       return mesh_lib.PIPELINE_MESH_AXES
     return mesh_lib.axes_for(shape or (), pipelined=False)
 
+  def axis_rules(self, rules: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    """The logical-axis rules this experiment shards by, given its mesh's
+    (paxlike.mesh.rules_for): those, here; a template that places some dims itself
+    (a pipeline's EMB_W_DATA_DIMS, the MLP classifier's weight mappings) changes them."""
+    return rules
+
   @property
   def overrides(self) -> dict[str, Any]:
     return dict(self._overrides)

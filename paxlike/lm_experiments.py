@@ -338,9 +338,15 @@ class TransformerLmSpmdPipelineAdafactor(PipelineHParams, TransformerLmSpmdAdafa
     dims = self.EMB_W_DATA_DIMS
     return tuple(dims) if isinstance(dims, list | tuple) else dims
 
+  def axis_rules(self, rules: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    """EMB_W_DATA_DIMS on the tables' embed dim."""
+    emb = self.emb_w_data_dims()
+    return tuple((name, emb if name == "table_embed" else axes)
+                 for name, axes in super().axis_rules(rules))
+
   def model(self) -> fdl.Config[LanguageModel]:
     cfg = super().model()
-    self.emb_w_data_dims()  # read with the model: mesh.rules_for applies it after the read check
+    self.emb_w_data_dims()  # read with the model: axis_rules applies it after the read check
     for name, value in self.pipeline_fields().items():
       setattr(cfg, name, value)
     return cfg

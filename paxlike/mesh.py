@@ -98,16 +98,12 @@ def axis_names(exp: object) -> tuple[str, ...]:
 
 
 def rules_for(exp: object):
-  """The experiment's rules: TRAINING_OPTIMIZED_SHARDING's on its mesh, with a pipelined
-  experiment's EMB_W_DATA_DIMS on the tables' embed dim, after the rules of its own
-  weights' dims where it has some (`weight_axis_rules()`, the MLP classifier's)."""
-  own = getattr(exp, "weight_axis_rules", None)
-  rules = (tuple(own()) if own else ()) + logical_axis_rules(
-      bool(getattr(exp, "TRAINING_OPTIMIZED_SHARDING", False)), axis_names(exp))
-  emb = getattr(exp, "emb_w_data_dims", None)
-  if emb is None:
-    return rules
-  return tuple((name, emb() if name == "table_embed" else axes) for name, axes in rules)
+  """The experiment's rules: TRAINING_OPTIMIZED_SHARDING's on its mesh, as the experiment's
+  `axis_rules` changes them (a pipeline's EMB_W_DATA_DIMS, the MLP classifier's weights)."""
+  rules = logical_axis_rules(bool(getattr(exp, "TRAINING_OPTIMIZED_SHARDING", False)),
+                             axis_names(exp))
+  own = getattr(exp, "axis_rules", None)
+  return tuple(own(rules)) if callable(own) else rules
 
 
 def axes_for(shape: Sequence[int], pipelined: bool = True) -> tuple[str, ...]:
