@@ -21,22 +21,9 @@ import fiddle as fdl
 
 from paxlike import mesh as mesh_lib
 from paxlike.errors import UserError
+from paxlike.experiment import pax_alias
 from paxlike.models.classifier import MLP_AXES, SOFTMAX_AXES, ClassificationMLP
 from paxlike.training_experiment import AdamTraining
-
-
-def _alias(name: str, pax_name: str) -> property:
-  """A hyperparameter paxlike reads under its own name that this template takes from Pax's
-  (ICI_MESH_SHAPE is MESH_SHAPE): reading gives Pax's value, a --set names Pax's."""
-
-  def get(self: Any) -> Any:
-    return getattr(self, pax_name)
-
-  def refuse(self: Any, value: Any) -> None:
-    raise UserError(f"{type(self).__name__}'s {name} is Pax's {pax_name}; write "
-                    f"--set {pax_name}={value!r}.")
-
-  return property(get, refuse)
 
 
 class ClassificationModelAdam(AdamTraining):
@@ -60,8 +47,8 @@ class ClassificationModelAdam(AdamTraining):
   LR_SCHEDULE = "linear_rampup_exponential_decay"
   EVAL_INTERVAL_STEPS = 100  # Pax's task default
 
-  ICI_MESH_SHAPE = _alias("ICI_MESH_SHAPE", "MESH_SHAPE")
-  VOCAB_SIZE = _alias("VOCAB_SIZE", "INPUT_DIM")  # the classes: the table's INPUT_DIM rows
+  ICI_MESH_SHAPE = pax_alias("ICI_MESH_SHAPE", "MESH_SHAPE")
+  VOCAB_SIZE = pax_alias("VOCAB_SIZE", "INPUT_DIM")  # the classes: the table's INPUT_DIM rows
 
   def validate(self) -> None:
     shape = self.MESH_SHAPE

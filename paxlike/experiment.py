@@ -166,6 +166,24 @@ class BaseExperiment:
     return dict(self._overrides)
 
 
+def pax_alias(name: str, pax_name: str, convert: Callable[[Any], Any] | None = None
+              ) -> property:
+  """A hyperparameter paxlike reads under its own name that a template takes from Pax's
+  (the MLP classifier's ICI_MESH_SHAPE is Pax's MESH_SHAPE; BERT's FPROP_DTYPE follows
+  ENABLE_BFLOAT16): reading gives Pax's value (through convert, if given); a --set of it
+  is refused, naming Pax's."""
+
+  def get(self: Any) -> Any:
+    value = getattr(self, pax_name)
+    return value if convert is None else convert(value)
+
+  def refuse(self: Any, value: Any) -> None:
+    fix = f"write --set {pax_name}={value!r}" if convert is None else f"set {pax_name}"
+    raise UserError(f"{type(self).__name__}'s {name} is Pax's {pax_name}; {fix}.")
+
+  return property(get, refuse)
+
+
 def is_hparam(name: str) -> bool:
   return name.isupper() and not name.startswith("_")
 

@@ -203,32 +203,3 @@ def test_pipelined_template_ported_by_its_imports_dry_runs(tmp_path):
   assert proc.returncode == 0, describe(proc)
   assert "Traceback" not in proc.stderr
 
-
-REFUSED_TEMPLATES = {  # Pax's templates of models paxlike does not run: bert.py's
-    "TransformerBertPmapAdam": "a BERT masked language model (Pax's TransformerBertPmapAdam)",
-    "TransformerBertSpmdAdafactor":
-        "a BERT masked language model (Pax's TransformerBertSpmdAdafactor)",
-}
-
-
-def test_pax_templates_of_models_paxlike_does_not_run_register_and_are_refused_by_name(
-    tmp_path):
-  """A Pax file that subclasses them imports and lists its classes; running one is one line,
-  exit 2, before anything is written."""
-  classes = "\n".join(f"@experiment_registry.register\nclass My{name}(model_params.{name}):\n"
-                      "  NUM_LAYERS = 4\n\n" for name in REFUSED_TEMPLATES)
-  (tmp_path / "pax_refused.py").write_text(f"{HEADER}\n{classes}")
-  listed = run_cli(["--list_experiments", "--exp=pax_refused"], cwd=tmp_path,
-                   pythonpath=[tmp_path])
-  assert listed.returncode == 0, describe(listed)
-  assert all(f"pax_refused.My{name}" in listed.stdout for name in REFUSED_TEMPLATES), describe(
-      listed)
-  for name, what in REFUSED_TEMPLATES.items():
-    job = tmp_path / f"job_{name}"
-    proc = run_cli([f"--exp=pax_refused.My{name}", f"--job_log_dir={job}"], cwd=tmp_path,
-                   pythonpath=[tmp_path])
-    assert proc.returncode == 2, describe(proc)
-    assert proc.stderr.strip().splitlines()[-1] == (
-        f"error: My{name} is {what}, which paxlike does not run yet; use a "
-        "TransformerLmSpmdAdafactor / TransformerLmSpmdAdam experiment."), describe(proc)
-    assert not job.exists()

@@ -508,7 +508,9 @@ def rope_inv_timescales(head_dim: int, min_timescale: float, max_timescale: floa
 
 
 class DotProductAttention(nn.Module):
-  """Multi-head causal self-attention; combine_qkv fuses the three projections.
+  """Multi-head self-attention, causal unless causal=False (BERT's bidirectional
+  encoder, praxis's LanguageModelType.BIDIRECTIONAL); combine_qkv fuses the three
+  projections.
 
   per_dim_scale (Pax's default, praxis's internal_enable_per_dim_scale) scales
   the query by a learned [dim_per_head] vector (see scale_query_per_dim); off, by
@@ -552,6 +554,7 @@ class DotProductAttention(nn.Module):
   # praxis's relative_bias_tpl (GLaM): this layer's own causal T5-style bias,
   # (num_buckets, max_distance), on every logit; None: none.
   relative_bias: tuple[int, int] | None = None
+  causal: bool = True
 
   def _relative_bias(self, query_pos: jax.Array, key_pos: jax.Array) -> jax.Array | None:
     if self.relative_bias is None:
@@ -599,7 +602,7 @@ class DotProductAttention(nn.Module):
                                  jnp.arange(k.shape[2])[None])
       context = cached_attention(q, k, v, bias=bias, mask=mask, logit_cap=self.logit_cap,
                                  scale=scale, extra_logit=self.extra_logit)
-    else:  # training, eval and prefill: causal over aligned positions
+    else:  # training, eval and prefill: over aligned positions
       if self.relative_bias is not None:
         pos = positions
         if pos is None:
@@ -615,7 +618,7 @@ class DotProductAttention(nn.Module):
       rng = None
       if self.dropout_rate > 0.0 and self.has_rng("dropout"):
         rng = self.make_rng("dropout")
-      context = dot_product_attention(q, k, v, bias=bias, is_causal=True,
+      context = dot_product_attention(q, k, v, bias=bias, is_causal=self.causal,
                                       q_segment_ids=segment_ids, kv_segment_ids=segment_ids,
                                       logit_cap=self.logit_cap, scale=scale,
                                       dropout_rate=self.dropout_rate, dropout_rng=rng,

@@ -123,6 +123,7 @@ class TransformerLayer(nn.Module):
   query_scale: bool = True
   attention_extra_logit: float | None = None
   relative_bias: tuple[int, int] | None = None
+  causal: bool = True  # False: every token attends to every token of its segment (BERT)
 
   def _residual(self, x: jax.Array, sublayer: Any, name: str) -> jax.Array:
     """x + sublayer(x) with this layer's norm policy; norms named pre_/post_<name>_norm."""
@@ -155,7 +156,7 @@ class TransformerLayer(nn.Module):
         per_dim_scale=self.per_dim_scale, num_kv_heads=self.num_kv_heads,
         rope_timescales=self.rope_timescales, lora_rank=atten_rank,
         query_scale=self.query_scale, extra_logit=self.attention_extra_logit,
-        relative_bias=self.relative_bias, name="attention")
+        relative_bias=self.relative_bias, causal=self.causal, name="attention")
     x = nn.Dropout(self.input_dropout_rate)(
         x, deterministic=not dropout_active(self, self.input_dropout_rate))
     x = self._residual(x, lambda h: attention(h, index, segment_ids, positions), "attn")

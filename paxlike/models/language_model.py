@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import flax
 import flax.linen as nn
@@ -266,6 +266,9 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
   z_loss_weight: float = 0.0
   loss_over_labels_size: bool = False
 
+  # Whether a token attends only to the tokens before it (the LM); BERT's model is not.
+  causal: ClassVar[bool] = True
+
   def _moe(self) -> tuple[tuple[int, ...], tuple[tuple[str, Any], ...]]:
     """(the MoE layers, MoeFeedForward's settings), after checking them."""
     layers = tuple(int(i) for i in (self.moe_layers or ()))
@@ -328,7 +331,8 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
                     ("lora_rank", self.lora_rank), ("lora_target_layers", self.lora_target_layers),
                     ("query_scale", self.query_scale),
                     ("attention_extra_logit", self.attention_extra_logit),
-                    ("relative_bias", _int_pair(self.relative_bias)))
+                    ("relative_bias", _int_pair(self.relative_bias)),
+                    ("causal", self.causal))
     self.transformer = StackedTransformer(
         num_layers=self.num_layers, num_heads=self.num_heads, dim_per_head=self.dim_per_head,
         hidden_dims=self.hidden_dims, activation=self.activation,

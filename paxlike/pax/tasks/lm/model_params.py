@@ -6,8 +6,8 @@ to the praxis optimizer configs Pax's set (paxlike.pax.optimizers, run by
 paxlike's learner), so later edits of `lp.optimizer.*` work as in Pax. The
 pipelined templates (TransformerLmSpmdPipelineAdafactor / Adam) run paxlike's
 pipeline (paxlike.layers.pipeline); ClassificationModelAdam, lm_cloud.py's
-MLP classifier, paxlike.classifier_experiments's. The BERT templates exist so
-bert.py imports and registers; running them is refused.
+MLP classifier, paxlike.classifier_experiments's; the BERT templates
+(TransformerBertPmapAdam / TransformerBertSpmdAdafactor), paxlike.bert_experiments's.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from typing import Any
 
 import fiddle as fdl
 
+from paxlike.bert_experiments import TransformerBertPmapAdam, TransformerBertSpmdAdafactor
 from paxlike.classifier_experiments import ClassificationModelAdam
-from paxlike.errors import UserError
-from paxlike.experiment import BaseExperiment
 from paxlike.lm_experiments import (
   TransformerLmPmapAdam,
   TransformerLmSpmdAdafactor,
@@ -96,30 +95,6 @@ def maybe_setup_moe_params(model_p: Any) -> None:
   moe_p.residual_dropout_prob = ff_p.residual_dropout_prob
   moe_p.add_skip_connection = ff_p.add_skip_connection
   moe_p.norm_policy = ff_p.norm_policy
-
-
-class NotRunnable:
-  """Refuses the run in validate(), before anything is built or written: what the class is
-  (WHY) and what paxlike runs instead (INSTEAD)."""
-
-  WHY = ""
-  INSTEAD = "use a TransformerLmSpmdAdafactor / TransformerLmSpmdAdam experiment"
-
-  def validate(self) -> None:
-    raise UserError(f"{type(self).__name__} is {self.WHY}, which paxlike does not run yet; "
-                    f"{self.INSTEAD}.")
-
-
-class TransformerBertPmapAdam(NotRunnable, BaseExperiment):
-  """Pax's BERT template on pmap (importable; running it is refused)."""
-
-  WHY = "a BERT masked language model (Pax's TransformerBertPmapAdam)"
-
-
-class TransformerBertSpmdAdafactor(NotRunnable, BaseExperiment):
-  """Pax's BERT template on a mesh (importable; running it is refused)."""
-
-  WHY = "a BERT masked language model (Pax's TransformerBertSpmdAdafactor)"
 
 
 __all__ = [
