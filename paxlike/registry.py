@@ -170,8 +170,8 @@ def _try_import(module_name: str) -> bool:
 
 def _pax_gap(module_name: str, e: ImportError | AttributeError) -> str | None:
   """One line for a Pax module or name the port of module_name asks of paxlike.pax and
-  paxlike.pax does not have (input_generator.TFRecordBertInput, Pax's GPU scripts'
-  saxml_layers), naming the line of the user's file; None otherwise."""
+  paxlike.pax does not have (Pax's GPU scripts' saxml_layers), naming the line of the
+  user's file; None otherwise."""
   if isinstance(e, ModuleNotFoundError):
     wanted = e.name or ""
   elif isinstance(e, AttributeError):

@@ -81,14 +81,15 @@ def test_missing_dependency_inside_a_user_module_is_not_reported_as_a_wrong_name
 
 
 # A Pax file's port asking paxlike.pax for what it does not have, three ways (Pax's GPU LLaMA
-# template imports SAX's layers; TFRecordBertInput and TextInput are Pax's BERT and text inputs).
+# template imports SAX's layers; TextInput is Pax's text input, make_masked_ml_data_augmenter
+# its lingvo BERT masking's params).
 PAX_GAPS = {
     "from paxlike.pax.contrib.gpu.scripts_gpu import saxml_layers":
         "contrib.gpu.scripts_gpu.saxml_layers",
-    "from paxlike.pax.tasks.lm.input_generator import TFRecordBertInput":
-        "tasks.lm.input_generator.TFRecordBertInput",
-    "from paxlike.pax.tasks.lm import input_generator\nX = input_generator.TextInput":
+    "from paxlike.pax.tasks.lm.input_generator import TextInput":
         "tasks.lm.input_generator.TextInput",
+    "from paxlike.pax.tasks.lm import input_generator\nX = input_generator."
+    "make_masked_ml_data_augmenter": "tasks.lm.input_generator.make_masked_ml_data_augmenter",
 }
 
 

@@ -27,22 +27,14 @@ RandInt = Callable[[tuple[int, ...], int], Any]
 
 @dataclasses.dataclass
 class MlmMasking:
-  """praxis's MaskedLmDataAugmenter fields; `Set(**kw)` edits them as lingvo's Params did
-  (Pax's `p.mlm_augmenter.Set(mask_token_id=103, vocab_size=30522)`)."""
+  """praxis's MaskedLmDataAugmenter fields (Pax's bert.py edits them on the input's config:
+  `p.mlm_augmenter.Set(mask_token_id=103, vocab_size=30522)`)."""
 
   vocab_size: int = 0
   mask_token_id: int = -1
   mask_prob: float = 0.12
   random_prob: float = 0.015
   same_prob: float = 0.015
-
-  def Set(self, **fields: Any) -> MlmMasking:  # noqa: N802  (Pax's name)
-    for key, value in fields.items():
-      if not hasattr(self, key):
-        raise UserError(f"mlm_augmenter has no field {key!r}; it has "
-                        f"{[f.name for f in dataclasses.fields(self)]}.")
-      setattr(self, key, value)
-    return self
 
   def check(self, where: str) -> None:
     """One line for settings praxis asserts on."""

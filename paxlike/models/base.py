@@ -223,3 +223,21 @@ class BaseModel(nn.Module):
                             gather_cache=self.gather_cache, expand_cache=self.expand_cache,
                             reorder_cache=self.reorder_cache)
     return self.finish_decode(batch, start, out, settings)
+
+
+class NoDecoder:
+  """Mixed in before BaseModel by a family that generates nothing (the MLP classifier,
+  BERT): decode, infer and export stop in one sentence, NO_DECODER."""
+
+  NO_DECODER = "this model has no decoder"
+
+  def prefill(self, batch: Any, settings: Any) -> Any:
+    from paxlike.errors import UserError
+
+    raise UserError(f"{self.NO_DECODER}; run it with --mode=train, eval, dry_run or tune.")
+
+  def extend(self, tokens: jax.Array, index: jax.Array) -> jax.Array:
+    return self.prefill(None, None)
+
+  def prompt_and_target(self, host_batch: dict[str, np.ndarray]) -> Any:
+    return self.prefill(None, None)

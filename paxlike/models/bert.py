@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paxlike.errors import UserError
 from paxlike.layers.masking import MlmMasking, jax_samplers
+from paxlike.models.base import NoDecoder
 from paxlike.models.language_model import LanguageModel, weighted_loss
 
 EVAL_MASK_SEED = 0  # the key of the corruption when the caller passes no RNG (eval)
@@ -43,7 +43,7 @@ def smoothed_cross_entropy(logits: jax.Array, labels: jax.Array, smoothing: floa
   return -(1.0 - smoothing) * label - smoothing / (logits.shape[-1] - 1) * others
 
 
-class BertModel(LanguageModel):
+class BertModel(NoDecoder, LanguageModel):
   """praxis's BertModel: a bidirectional LM trained to restore corrupted tokens.
 
   mask_token_id: the id a masked token becomes (praxis's mask_token_id);
@@ -53,6 +53,7 @@ class BertModel(LanguageModel):
   """
 
   causal: ClassVar[bool] = False
+  NO_DECODER = "a BERT masked language model (BertModel) does not generate text"
   mask_token_id: int = 0
   mask_prob: float = 0.12
   random_prob: float = 0.015
@@ -96,16 +97,6 @@ class BertModel(LanguageModel):
     if "weights" in batch:
       return 1 - (batch["weights"] > 0).astype(jnp.float32)
     return jnp.zeros(batch["labels"].shape, jnp.float32)
-
-  def prefill(self, batch: Any, settings: Any) -> Any:
-    raise UserError("a BERT masked language model (BertModel) does not generate text; run it "
-                    "with --mode=train, eval, dry_run or tune.")
-
-  def extend(self, tokens: jax.Array, index: jax.Array) -> jax.Array:
-    return self.prefill(None, None)
-
-  def prompt_and_target(self, host_batch: dict[str, np.ndarray]) -> Any:
-    return self.prefill(None, None)
 
   def input_features(self) -> tuple[str, ...]:
     return ("labels",)

@@ -19,16 +19,14 @@ softmax's cross-entropy beside it, which praxis computes and does not show.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paxlike.errors import UserError
 from paxlike.layers.linear import project
-from paxlike.models.base import BaseModel
+from paxlike.models.base import BaseModel, NoDecoder
 from paxlike.models.language_model import weighted_loss
 
 # Logical names of the weights' dims; the experiment maps them to mesh axes
@@ -89,8 +87,11 @@ class _Mlp(nn.Module):
     return x
 
 
-class ClassificationMLP(BaseModel):
+class ClassificationMLP(NoDecoder, BaseModel):
   """praxis's ClassificationMLPModel; see the module docstring."""
+
+  NO_DECODER = ("an MLP classifier (ClassificationMLP) has no decoder to decode, infer or "
+                "export with")
 
   num_layers: int = 8
   input_dims: int = 4096
@@ -117,16 +118,6 @@ class ClassificationMLP(BaseModel):
     _, metrics = weighted_loss(self.logits(batch["ids"]), batch["labels"], batch["weights"])
     metrics["loss"] = metrics["accuracy"]
     return metrics["accuracy"], metrics
-
-  def prefill(self, batch: Any, settings: Any) -> Any:
-    raise UserError("an MLP classifier (ClassificationMLP) has no decoder to decode, infer "
-                    "or export with; run it with --mode=train, eval, dry_run or tune.")
-
-  def extend(self, tokens: jax.Array, index: jax.Array) -> jax.Array:
-    return self.prefill(None, None)
-
-  def prompt_and_target(self, host_batch: dict[str, np.ndarray]) -> Any:
-    return self.prefill(None, None)
 
   def input_features(self) -> tuple[str, ...]:
     return ("ids", "labels", "weights")

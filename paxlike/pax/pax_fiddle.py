@@ -19,7 +19,7 @@ from paxlike.errors import UserError
 
 
 class Config(fdl.Config):
-  """fdl.Config with praxis's `.cls` and `copy_fields_from`.
+  """fdl.Config with praxis's `.cls`, `copy_fields_from`, `set` / `Set` and `clone`.
 
   A target with praxis's sub-templates (`sub_templates()`: field -> class, as
   praxis's template fields) gets a fresh Config of each one it was not given,
@@ -36,6 +36,17 @@ class Config(fdl.Config):
   @property
   def cls(self) -> Any:
     return fdl.get_callable(self)
+
+  def set(self, **fields: Any) -> Config:
+    """Sets each field; returns the config (praxis's `p.set(...)`, lingvo's `p.Set(...)`)."""
+    for name, value in fields.items():
+      setattr(self, name, value)
+    return self
+
+  Set = set
+
+  def clone(self) -> Config:
+    return copy.deepcopy(self)
 
   def copy_fields_from(self, source: fdl.Buildable,
                        missing_fields_in_self: tuple[str, ...] | list[str] = ()) -> None:
