@@ -166,8 +166,14 @@ class BaseExperiment:
     return dict(self._overrides)
 
 
+class PaxAlias(property):
+  """pax_alias's property; pax_name is the Pax hyperparameter it reads."""
+
+  pax_name = ""
+
+
 def pax_alias(name: str, pax_name: str, convert: Callable[[Any], Any] | None = None
-              ) -> property:
+              ) -> PaxAlias:
   """A hyperparameter paxlike reads under its own name that a template takes from Pax's
   (the MLP classifier's ICI_MESH_SHAPE is Pax's MESH_SHAPE; BERT's FPROP_DTYPE follows
   ENABLE_BFLOAT16): reading gives Pax's value (through convert, if given); a --set of it
@@ -181,7 +187,16 @@ def pax_alias(name: str, pax_name: str, convert: Callable[[Any], Any] | None = N
     fix = f"write --set {pax_name}={value!r}" if convert is None else f"set {pax_name}"
     raise UserError(f"{type(self).__name__}'s {name} is Pax's {pax_name}; {fix}.")
 
-  return property(get, refuse)
+  alias = PaxAlias(get, refuse)
+  alias.pax_name = pax_name
+  return alias
+
+
+def user_name(exp: Any, name: str) -> str:
+  """The name a user sets hyperparameter `name` by on exp's class: Pax's, where a template
+  reads it through pax_alias (MESH_SHAPE for ICI_MESH_SHAPE), else name itself."""
+  found = inspect.getattr_static(type(exp), name, None)
+  return found.pax_name if isinstance(found, PaxAlias) else name
 
 
 def is_hparam(name: str) -> bool:

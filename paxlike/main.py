@@ -325,12 +325,13 @@ def _partitioner(exp: Any) -> tuple[Any, dict[str, int]]:
   """The pmap partitioner (no ICI_MESH_SHAPE, as in Pax) or SPMD on the named mesh."""
   import jax
 
-  from paxlike import mesh
+  from paxlike import experiment, mesh
   from paxlike.partitioning import PmapPartitioner, SpmdPartitioner
 
   if exp.ICI_MESH_SHAPE is None:
     return PmapPartitioner(), {"pmap": jax.local_device_count(), "processes": jax.process_count()}
-  device_mesh = mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE, names=mesh.axis_names(exp))
+  device_mesh = mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE, names=mesh.axis_names(exp),
+                           ici_name=experiment.user_name(exp, "ICI_MESH_SHAPE"))
   partitioner = SpmdPartitioner(
       device_mesh, rules=mesh.rules_for(exp))
   return partitioner, dict(device_mesh.shape)

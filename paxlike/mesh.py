@@ -127,7 +127,7 @@ def _product(shape: Sequence[int] | None) -> int:
 
 def build(ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int] | None = None,
           devices: Sequence[jax.Device] | None = None,
-          names: Sequence[str] | None = None) -> Mesh:
+          names: Sequence[str] | None = None, ici_name: str = "ICI_MESH_SHAPE") -> Mesh:
   """Builds the ('replica', 'data', 'mdl') mesh, or ('stage', ...) for four axes.
 
   Args:
@@ -135,6 +135,8 @@ def build(ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int] | None = 
     dcn_mesh_shape: mesh across slices or processes; None or all ones for one.
     devices: defaults to jax.devices().
     names: the axis names (the experiment's mesh_axis_names()); None: axes_for's.
+    ici_name: the experiment's name for the ICI shape, for the errors (Pax's MESH_SHAPE
+      on its MLP and BERT templates).
 
   Raises:
     UserError: the mesh size and the device or process count disagree.
@@ -148,12 +150,12 @@ def build(ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int] | None = 
   dcn = list(dcn_mesh_shape) if dcn_mesh_shape else [1] * len(ici)
   axes = tuple(names) if names is not None else axes_for(ici)
   if len(ici) != len(axes) or len(dcn) != len(axes):
-    raise UserError(f"ICI_MESH_SHAPE and DCN_MESH_SHAPE need {len(axes)} entries "
+    raise UserError(f"{ici_name} and DCN_MESH_SHAPE need {len(axes)} entries "
                     f"{axes}, got {ici} and {dcn}.")
   want = _product(ici) * _product(dcn)
   if want != len(devices):
     raise UserError(
-        f"the mesh ICI_MESH_SHAPE={ici} x DCN_MESH_SHAPE={dcn} needs {want} devices but "
+        f"the mesh {ici_name}={ici} x DCN_MESH_SHAPE={dcn} needs {want} devices but "
         f"{len(devices)} are available; change the mesh shape or the device count.")
   if _product(dcn) > 1:
     num_processes = len({d.process_index for d in devices})

@@ -145,3 +145,13 @@ def test_bert_tiny_learns_to_restore_masked_tokens_on_the_pmap_loop(tmp_path):
   assert proc.stderr.strip().splitlines()[-1].startswith(
       "error: a BERT masked language model (BertModel) does not generate text"), describe(proc)
   assert sorted(p.name for p in (tmp_path / "job").iterdir()) == before
+
+
+def test_a_mesh_the_devices_do_not_fill_is_named_by_paxs_mesh_shape(tmp_path):
+  job = tmp_path / "job"
+  proc = run_cli(["--exp=BertSpmdL4H128", f"--job_log_dir={job}"], cwd=tmp_path)
+  assert proc.returncode == 2, describe(proc)
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "error: the mesh MESH_SHAPE=[1, 4, 2] x DCN_MESH_SHAPE=[1, 1, 1] needs 8 devices but 1 "
+      "are available; change the mesh shape or the device count."), describe(proc)
+  assert not job.exists()
