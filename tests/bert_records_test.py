@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -218,3 +220,34 @@ def test_the_pax_module_imports_no_tensorflow():
   code = ("import sys, paxlike.pax.tasks.lm.input_generator; "
           "assert 'tensorflow' not in sys.modules")
   subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT)
+
+
+# Pax's own test file of ten MLPerf records (paxml/tasks/lm/testdata/tfrecords at b397693),
+# kept outside the repository with Pax's other files; its expected values are those of
+# Pax's input_generator_test.py: each row's first id after [CLS] and its token count.
+PAX_RECORDS = Path(os.environ.get("PAXLIKE_PAXREF", "/work/paxref")) / "bert_test.tfrecords"
+PAX_FIRST_IDS = [2003, 1996, 1996, 2049, 3748, 1007, 4862, 1996, 2004, 2002]
+PAX_LENGTHS = [35, 239, 55, 56, 511, 511, 161, 43, 416, 511]
+
+
+@pytest.mark.skipif(not PAX_RECORDS.is_file(), reason=f"{PAX_RECORDS} is absent")
+def test_paxs_own_records_read_as_paxs_test_expects_whole_and_split_over_four_hosts():
+  whole = TFRecordBertInput(input_file=str(PAX_RECORDS), batch_size=10, is_training=False)
+  batch = whole.get_next()
+  assert batch["labels"][:, 1].tolist() == PAX_FIRST_IDS
+  assert batch["segment_ids"].sum(axis=1).tolist() == PAX_LENGTHS
+  # Four hosts of 4 rows: three batches and one of padding, batch k on host k.
+  ids, lengths = PAX_FIRST_IDS + [0] * 6, PAX_LENGTHS + [0] * 6
+  for host in (1, 3, 2, 0):
+    inp = TFRecordBertInput(input_file=str(PAX_RECORDS), batch_size=4, is_training=False,
+                            num_infeed_hosts=4, infeed_host_index=host)
+    batch = inp.get_next()
+    assert batch["labels"][:, 1].tolist() == ids[4 * host:4 * host + 4]
+    assert batch["segment_ids"].sum(axis=1).tolist() == lengths[4 * host:4 * host + 4]
+    with pytest.raises(StopIteration):
+      inp.get_next()
+  remasked = TFRecordBertInput(input_file=str(PAX_RECORDS), batch_size=10, remask=True,
+                               file_buffer_size=20,
+                               mlm_augmenter=MlmMasking(vocab_size=8000, mask_token_id=103))
+  batch = remasked.get_next()
+  assert batch["labels"].shape == (10, 512) and batch["masked_pos"].sum() > 0
