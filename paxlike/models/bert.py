@@ -8,12 +8,13 @@ original ids.
 
 Batches carry Pax's BERT features: int `labels` [batch, length] (the
 original ids) and `paddings` (1 on padding), or paxlike's LM features, whose
-`weights` mark the tokens (paddings = 1 - weights; neither: no padding); `segment_ids` /
-`segment_pos` of packed rows are honoured. Rows an input has corrupted
-already carry `masked_ids` and `masked_pos` (TFRecordBertInput's MLPerf
-records); the model corrupts the others itself, with the step's RNG while
-training and a fixed key in eval (every eval masks the same positions), or
-always with force_mask_generation.
+`weights` mark the tokens (paddings = 1 - weights; neither: no padding);
+`segment_ids` / `segment_pos` of packed rows are honoured. Rows an input has
+corrupted already carry `masked_ids` and `masked_pos` (TFRecordBertInput's
+MLPerf records); the model corrupts the others itself (all of them with
+force_mask_generation): with the step's RNG while training, and in eval
+with a key drawn from the batch's ids, so an eval masks a batch the same
+way every time.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from paxlike.layers.masking import MlmMasking, jax_samplers
 from paxlike.models.base import NoDecoder
 from paxlike.models.language_model import LanguageModel, weighted_loss
 
-EVAL_MASK_SEED = 0  # the key of the corruption when the caller passes no RNG (eval)
+EVAL_MASK_SEED = 0  # the corruption's seed when the caller passes no RNG (eval)
 
 
 def smoothed_cross_entropy(logits: jax.Array, labels: jax.Array, smoothing: float
@@ -72,8 +73,11 @@ class BertModel(NoDecoder, LanguageModel):
     if "masked_ids" in batch and not self.force_mask_generation:
       inputs, picked = batch["masked_ids"].astype(jnp.int32), batch["masked_pos"]
     else:
-      key = (self.make_rng("dropout") if self.has_rng("dropout")
-             else jax.random.PRNGKey(EVAL_MASK_SEED))
+      if self.has_rng("dropout"):
+        key = self.make_rng("dropout")
+      else:  # eval: the same batch is masked the same way, each batch its own way
+        key = jax.random.fold_in(jax.random.PRNGKey(EVAL_MASK_SEED),
+                                 jnp.sum(labels, dtype=jnp.uint32))
       inputs, picked = self.masking().apply(labels, paddings, *jax_samplers(key))
     segment_ids, segment_pos = batch.get("segment_ids"), batch.get("segment_pos")
     if not self.packed_input or segment_ids is None:
