@@ -413,7 +413,6 @@ PAX_RENAMED = {
 
 # Pax hyperparameters paxlike does not model yet, with what Pax uses them for.
 PAX_UNMODELED = {
-    "USE_FP8": "FP8 matmuls",
     "USE_TRITON_LAYER_NORM": "a Triton layer-norm kernel on GPU",
     "PROFILER_MIN_DURATION_SEC": "the shortest profile Pax's profiler captures",
     "TRAIN_MIXTURE": "a SeqIO training mixture name",

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 
 from paxlike.errors import UserError
+from paxlike.layers.linear import FP8_META
 
 SCHEDULES = ("constant", "linear_rampup_cosine_decay", "linear_rampup_exponential_decay")
 OPTIMIZERS = ("adam", "adafactor", "sgd")
@@ -143,6 +144,8 @@ class Learner:
 
     def keep(path: Any, leaf: Any) -> Any:
       name = _param_name(path)
+      if re.fullmatch(FP8_META, name):  # written by the step, whatever is frozen
+        return leaf
       if include and not any(re.fullmatch(p, name) for p in include):
         return None
       return None if any(re.fullmatch(p, name) for p in exclude) else leaf

@@ -99,6 +99,9 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
   # Pax's switch to the expert-parallel mesh [replica, data, data_expert, mdl]: 4-axis
   # ICI/DCN shapes; the experts go over data_expert (paxlike.mesh).
   USE_EXPERT_PARALLEL = False
+  # Pax's USE_FP8: every layer's attention and feed-forward projections in FP8 with
+  # delayed scaling (paxlike.layers.linear.fp8_project); FP8 matmuls on GPUs that have them.
+  USE_FP8 = False
 
   def validate(self) -> None:
     super().validate()
@@ -209,6 +212,7 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
         embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
         vocab_pad_multiple=self.mesh_axis_size("mdl"), softmax_has_bias=self.SOFTMAX_HAS_BIAS,
         per_dim_scale=self.PER_DIM_SCALE, relative_bias=(32, 128) if self.RELATIVE_BIAS else None,
+        use_fp8=self.USE_FP8,
         expert_shards=self.mesh_axis_size(self.expert_axis()),
         **self.lora_fields()).set_mesh(*self._pax_mesh())
 

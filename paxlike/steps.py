@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
 from paxlike.errors import UserError
+from paxlike.layers.linear import FP8_META
 from paxlike.learners import FrozenTransformation, apply_updates
 from paxlike.train_state import TrainState
 
@@ -100,6 +103,20 @@ def _accumulated_grads(grad_fn: Callable, params: Any, batch: dict[str, jax.Arra
   return (metrics["loss"], metrics), grads
 
 
+def fp8_meta(grads: Any) -> dict[str, jax.Array]:
+  """The FP8 scales and amax histories among the gradients (by their names, FP8_META): each
+  one's "gradient" is its next value (paxlike.layers.linear.fp8_project)."""
+  flat = flax.traverse_util.flatten_dict(grads, sep="/") if isinstance(grads, dict) else {}
+  return {k: v for k, v in flat.items() if v is not None and re.fullmatch(FP8_META, k)}
+
+
+def with_leaves(tree: dict[str, Any], leaves: dict[str, Any]) -> dict[str, Any]:
+  """tree with the leaves at the given '/'-joined paths replaced."""
+  flat = flax.traverse_util.flatten_dict(tree, sep="/")
+  flat.update(leaves)
+  return flax.traverse_util.unflatten_dict(flat, sep="/")
+
+
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     schedule: optax.Schedule,
                     reduce: Callable[[Any], Any] = lambda t: t,
@@ -137,8 +154,15 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     else:
       (loss, metrics), grads = grad_fn(state.params, batch, step_key)
     grads, metrics, loss = reduce((grads, metrics, loss))
+    # FP8 scales and histories are written over, not optimised: zero gradients for the
+    # optimizer (no clipping share, no update but weight decay's, which the write undoes).
+    meta = fp8_meta(grads)
+    if meta:
+      grads = with_leaves(grads, {k: jnp.zeros_like(v) for k, v in meta.items()})
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = apply_updates(state.params, updates)
+    if meta:
+      params = with_leaves(params, meta)
     metrics = dict(metrics)
     metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)

@@ -37,7 +37,7 @@ from paxlike.layers.attention_policy import (
   key_mask_fold,
   note,
 )
-from paxlike.layers.linear import Linear, lora_output, project
+from paxlike.layers.linear import Linear, fp8_project, lora_output, project
 from paxlike.layers.platform import lowering_platform
 from paxlike.layers.relative_position import RelativePositionBias
 
@@ -555,6 +555,7 @@ class DotProductAttention(nn.Module):
   # (num_buckets, max_distance), on every logit; None: none.
   relative_bias: tuple[int, int] | None = None
   causal: bool = True
+  fp8: bool = False  # Pax's USE_FP8: the q/k/v and output projections in FP8 (linear.fp8_project)
 
   def _relative_bias(self, query_pos: jax.Array, key_pos: jax.Array) -> jax.Array | None:
     if self.relative_bias is None:
@@ -575,15 +576,16 @@ class DotProductAttention(nn.Module):
       if kv != n:
         raise UserError("combined q/k/v projections need as many key/value heads as query "
                         f"heads ({kv} != {n}); set COMBINE_QKV=False.")
-      qkv = Linear((3, n, h), ("embed", "qkv", "heads", "kv"), self.dtype, b, r, name="qkv")(x)
+      qkv = Linear((3, n, h), ("embed", "qkv", "heads", "kv"), self.dtype, b, r, self.fp8,
+                   name="qkv")(x)
       qkv = checkpoint_name(qkv, "combined_qkv_proj")
       q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     else:
-      q = checkpoint_name(Linear((n, h), ("embed", "heads", "kv"), self.dtype, b, r,
+      q = checkpoint_name(Linear((n, h), ("embed", "heads", "kv"), self.dtype, b, r, self.fp8,
                                  name="query")(x), "query_proj")
-      k = checkpoint_name(Linear((kv, h), ("embed", "heads", "kv"), self.dtype, b, r,
+      k = checkpoint_name(Linear((kv, h), ("embed", "heads", "kv"), self.dtype, b, r, self.fp8,
                                  name="key")(x), "key_proj")
-      v = checkpoint_name(Linear((kv, h), ("embed", "heads", "kv"), self.dtype, b, r,
+      v = checkpoint_name(Linear((kv, h), ("embed", "heads", "kv"), self.dtype, b, r, self.fp8,
                                  name="value")(x), "value_proj")
     if self.rope_timescales is not None:
       if positions is None:
@@ -629,7 +631,10 @@ class DotProductAttention(nn.Module):
         nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
                                          in_axis=(0, 1), out_axis=2),
         ("heads", "kv", "embed")), (n, h, x.shape[-1]), jnp.float32)
-    out = project(context, post.astype(self.dtype), 2)
+    if self.fp8:
+      out = fp8_project(self, context, post.astype(self.dtype), 2, name="post_fp8")
+    else:
+      out = project(context, post.astype(self.dtype), 2)
     adapted = lora_output(self, context, post.shape, 2, r, self.dtype, "post_")
     if adapted is not None:
       out = out + adapted

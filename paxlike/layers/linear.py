@@ -84,6 +84,44 @@ def _project_cpu_bwd(in_dims: int, res: tuple[jax.Array, jax.Array], g: jax.Arra
 _project_cpu.defvjp(_project_cpu_fwd, _project_cpu_bwd)
 
 
+# Pax's USE_FP8 (praxis's Fp8EinsumOp): each projection's input and kernel quantised to
+# float8_e4m3 and its output's gradient to float8_e5m2, each scaled by the largest
+# magnitude it had over the last AMAX_HISTORY steps (delayed scaling, flax's fp8_ops).
+# The scales and histories are parameters under the projection's `fp8` scope whose
+# "gradient" is their next value: the train step writes it over them (FP8_META), the
+# optimizer never sees them. XLA fuses the quantise-dequantise pairs into FP8 matmuls on
+# GPUs that have them (H100); elsewhere the step computes in x's dtype on the quantised
+# values.
+AMAX_HISTORY = 1024
+FP8_META = r"(.*/)?(post_)?fp8/(input|kernel|output_grad)_(scale|amax_history)"
+
+
+class Fp8Meta(nn.Module):
+  """One projection's delayed-scaling state: a scale and an amax history for each of its
+  input, its kernel and its output's gradient."""
+
+  @nn.compact
+  def __call__(self) -> dict[str, tuple[jax.Array, jax.Array]]:
+    def param(name: str, init: Any, size: int) -> jax.Array:
+      return self.param(name, nn.with_logical_partitioning(init, (None,)), (size,), jnp.float32)
+
+    return {which: (param(f"{which}_scale", nn.initializers.ones, 1),
+                    param(f"{which}_amax_history", nn.initializers.zeros, AMAX_HISTORY))
+            for which in ("input", "kernel", "output_grad")}
+
+
+def fp8_project(module: nn.Module, x: jax.Array, w: jax.Array, in_dims: int = 1,
+                name: str = "fp8") -> jax.Array:
+  """project(x, w, in_dims) through FP8, with module's Fp8Meta `name` (see FP8_META)."""
+  from flax.linen import fp8_ops
+
+  meta = Fp8Meta(name=name, parent=module)()
+  dtype = x.dtype
+  xq = fp8_ops.in_qdq(dtype, jnp.float8_e4m3fn, x, *meta["input"])
+  wq = fp8_ops.in_qdq(dtype, jnp.float8_e4m3fn, w, *meta["kernel"])
+  return fp8_ops.out_qdq(dtype, jnp.float8_e5m2, _dot(xq, wq, in_dims), *meta["output_grad"])
+
+
 LORA_TARGETS = ("all", "attention", "mlp")
 LORA_PARAM = r"(post_)?lora_[ab]"  # the last part of a LoRA adapter's parameter name
 LORA_NAMES = r"(.*/)?" + LORA_PARAM  # the whole name (learner.bprop_variable_inclusion)
@@ -156,6 +194,7 @@ class Linear(nn.Module):
   dtype: Dtype = jnp.float32
   use_bias: bool = False
   lora_rank: int = 0
+  fp8: bool = False  # Pax's USE_FP8: the product in FP8 (fp8_project)
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -164,7 +203,10 @@ class Linear(nn.Module):
         nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
                                          in_axis=0, out_axis=tuple(range(1, 1 + len(features)))),
         tuple(self.axes)), (x.shape[-1], *features), jnp.float32)
-    y = project(x.astype(self.dtype), w.astype(self.dtype))
+    if self.fp8:
+      y = fp8_project(self, x.astype(self.dtype), w.astype(self.dtype))
+    else:
+      y = project(x.astype(self.dtype), w.astype(self.dtype))
     adapted = lora_output(self, x, w.shape, 1, self.lora_rank, self.dtype)
     if adapted is not None:
       y = y + adapted
@@ -215,21 +257,23 @@ class FeedForward(nn.Module):
   dropout_rate: float = 0.0
   has_bias: bool = True  # praxis's TransformerFeedForward.has_bias
   lora_rank: int = 0  # each projection's LoRA adapter (lora_output)
+  fp8: bool = False  # each projection in FP8 (Linear.fp8)
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     d = x.shape[-1]
-    bias, r = self.has_bias, self.lora_rank
+    bias, r, f = self.has_bias, self.lora_rank, self.fp8
     h = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, use_bias=bias, lora_rank=r,
-               name="ffn1")(x)
+               fp8=f, name="ffn1")(x)
     if self.use_gated_activation:
       gate = Linear((self.hidden_dims,), ("embed", "mlp"), self.dtype, use_bias=bias,
-                    lora_rank=r, name="ffn1_gate")(x)
+                    lora_rank=r, fp8=f, name="ffn1_gate")(x)
       h = ACTIVATIONS[self.activation](gate) * h
     else:
       h = ACTIVATIONS[self.activation](h)
     h = nn.Dropout(self.dropout_rate)(h, deterministic=not dropout_active(self, self.dropout_rate))
     h = nn.with_logical_constraint(h, ("batch", "length", "activation_mlp"))
     h = checkpoint_name(h, "ffn1")
-    y = Linear((d,), ("mlp", "embed"), self.dtype, use_bias=bias, lora_rank=r, name="ffn2")(h)
+    y = Linear((d,), ("mlp", "embed"), self.dtype, use_bias=bias, lora_rank=r, fp8=f,
+               name="ffn2")(h)
     return checkpoint_name(y, "ffn2")

@@ -259,6 +259,9 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
   # z_loss_weight x the weighted mean of logsumexp(logits)^2 to the loss (metric z_loss);
   # loss_over_labels_size divides the loss's cross-entropy by the labels' count instead
   # of the weights' sum (praxis's use_tgt_labels_size_as_loss_denominator).
+  # Pax's USE_FP8: every layer's attention and feed-forward projections in FP8 with
+  # delayed scaling (paxlike.layers.linear.fp8_project); the softmax stays in fprop_dtype.
+  use_fp8: bool = False
   query_scale: bool = True
   attention_extra_logit: float | None = None
   relative_bias: tuple[int, int] | None = None
@@ -332,7 +335,7 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
                     ("query_scale", self.query_scale),
                     ("attention_extra_logit", self.attention_extra_logit),
                     ("relative_bias", _int_pair(self.relative_bias)),
-                    ("causal", self.causal))
+                    ("causal", self.causal), ("fp8", self.use_fp8))
     self.transformer = StackedTransformer(
         num_layers=self.num_layers, num_heads=self.num_heads, dim_per_head=self.dim_per_head,
         hidden_dims=self.hidden_dims, activation=self.activation,

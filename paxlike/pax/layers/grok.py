@@ -18,7 +18,7 @@ returns (paxlike.pax.config_tree reads it onto paxlike's LM):
 
 num_pipeline_stages > 1 builds praxis's pipelined Grok (nvidia.py's Grok_PP and
 Grok_Proxy_PP), every layer of every stage with experts. use_fp8 (praxis's FP8
-einsums) is refused in one line.
+einsums, here on the experts' too) is refused in one line.
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ def GrokStackedTransformerHParams(  # noqa: N802  (praxis's name)
   del atten_logit_cap, attention_extra_logit, relative_attention_num_buckets
   del relative_attention_max_distance, combine_qkv, bidirectional
   if use_fp8:
-    raise UserError("grok.GrokUniTransformerLmHParams(use_fp8=True): paxlike does not run "
-                    "praxis's FP8 einsums; set USE_FP8 = False.")
+    raise UserError("grok.GrokUniTransformerLmHParams(use_fp8=True): paxlike runs USE_FP8 on "
+                    "the LM templates' dense projections, not yet on Grok's experts; set "
+                    "USE_FP8 = False.")
   attention = Config(pl.MultiQueryDotProductAttention, num_kv_heads=attention_num_groups,
                      combine_qkv=False)
   attention.proj_tpl.use_bias = True

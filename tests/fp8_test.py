@@ -1,0 +1,79 @@
+"""Pax's USE_FP8: projections through FP8 with delayed scaling, whose scales and amax
+histories the train step writes over (never optimises), and an LM that learns with them."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import TINY_KEY, train_in_process
+
+from paxlike.layers.linear import Linear
+from paxlike.steps import fp8_meta
+
+
+def test_an_fp8_projection_is_the_product_of_the_quantised_operands():
+  x = jax.random.normal(jax.random.key(0), (4, 16, 64))
+  layer = Linear((32,), ("embed", "mlp"), fp8=True)
+  params = nn_unbox(layer.init(jax.random.key(1), x)["params"])
+  assert sorted(params["fp8"]) == sorted(f"{w}_{m}" for w in ("input", "kernel", "output_grad")
+                                          for m in ("scale", "amax_history"))
+  y = layer.apply({"params": params}, x)
+  exact = x @ params["w"]
+  error = float(jnp.linalg.norm(y - exact) / jnp.linalg.norm(exact))
+  assert 0.0 < error < 0.1, error  # float8_e4m3 operands: about 3 bits of mantissa
+  # The gradient of the scales and histories is their next value: the kernel's history
+  # now starts with the kernel's largest magnitude.
+  grads = jax.grad(lambda p: jnp.sum(layer.apply({"params": p}, x)))(params)
+  new = grads["fp8"]["kernel_amax_history"]
+  assert float(new[0]) == pytest.approx(float(jnp.max(jnp.abs(params["w"]))), rel=1e-6)
+  assert float(grads["fp8"]["output_grad_amax_history"][0]) == 1.0  # d sum / d y
+
+
+def nn_unbox(tree):
+  import flax.linen as nn
+
+  return nn.unbox(tree)
+
+
+def test_an_fp8_lm_learns_and_its_scales_follow_its_weights(tmp_path):
+  result, _, _ = train_in_process(TINY_KEY, ["USE_FP8=True", "NUM_TRAIN_STEPS=30",
+                                             "SUMMARY_INTERVAL_STEPS=10"], tmp_path / "job")
+  losses = [h["loss"] for h in result.history]
+  assert losses[-1] < losses[0] - 1.0, losses
+  params = jax.device_get(result.state.params)
+  meta = fp8_meta(params)
+  # Every attention and feed-forward projection has its state; the softmax has none.
+  assert meta and not any(k.startswith("softmax") for k in meta)
+  assert any("/attention/" in k and "post_fp8" in k for k in meta)
+  for path in (k for k in meta if k.endswith("ffn1/fp8/kernel_amax_history")):
+    kernel = params_at(params, path.replace("fp8/kernel_amax_history", "w"))
+    history = np.asarray(meta[path])
+    # Written by the step: the newest entry (first) is the kernel's largest magnitude one
+    # update ago (Adam moves it by about the learning rate), and each of the 30 steps
+    # added one entry (the history rolls: the older ones sit at its end).
+    lead = history.reshape(-1, history.shape[-1]) if history.ndim > 1 else history[None]
+    top = np.abs(kernel).reshape(lead.shape[0], -1).max(axis=1)
+    np.testing.assert_allclose(lead[:, 0], top, rtol=0.05)
+    assert ((lead > 0).sum(axis=1) == 30).all() and (lead[:, -29:] > 0).all()
+    scale = np.asarray(meta[path.replace("kernel_amax_history", "kernel_scale")])
+    assert (scale != 1.0).all()
+
+
+def params_at(tree, path):
+  for key in path.split("/"):
+    tree = tree[key]
+  return np.asarray(tree)
+
+
+def test_freezing_weights_leaves_the_fp8_state_to_the_step():
+  """USE_LORA trains the adapters only; the scales and histories are still written."""
+  from paxlike.layers.linear import LORA_NAMES
+  from paxlike.learners import Learner
+
+  tree = {"ffn1": {"w": 1.0, "lora_a": 2.0, "fp8": {"kernel_scale": 3.0}},
+          "attention": {"post": 4.0, "post_fp8": {"input_amax_history": 5.0}}}
+  kept = Learner(bprop_variable_inclusion=[LORA_NAMES]).trainable(tree)
+  assert kept == {"ffn1": {"w": None, "lora_a": 2.0, "fp8": {"kernel_scale": 3.0}},
+                  "attention": {"post": None, "post_fp8": {"input_amax_history": 5.0}}}
