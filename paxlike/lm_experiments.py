@@ -296,6 +296,10 @@ class PipelineHParams:
       raise UserError(f"MESH_AXIS_NAMES={list(self.MESH_AXIS_NAMES)}: this pipeline's mesh "
                       f"of {len(self.mesh_axis_names())} axes is "
                       f"{list(self.mesh_axis_names())}; set those names.")
+    if getattr(self, "USE_FP8", False):
+      raise UserError("USE_FP8=True on a pipelined experiment: a stage's FP8 scales are used "
+                      "once per microbatch, and their next values would add up instead of "
+                      "being written; drop USE_FP8 or the pipeline.")
     if self.PIPELINE_BROADCAST_INPUTS:
       raise UserError("PIPELINE_BROADCAST_INPUTS=True: paxlike feeds the microbatches to the "
                       "first stage only (praxis's default); drop it.")

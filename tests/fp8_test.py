@@ -77,3 +77,12 @@ def test_freezing_weights_leaves_the_fp8_state_to_the_step():
   kept = Learner(bprop_variable_inclusion=[LORA_NAMES]).trainable(tree)
   assert kept == {"ffn1": {"w": None, "lora_a": 2.0, "fp8": {"kernel_scale": 3.0}},
                   "attention": {"post": None, "post_fp8": {"input_amax_history": 5.0}}}
+
+
+def test_fp8_on_a_pipeline_is_refused_in_one_line():
+  from paxlike import experiment, registry
+  from paxlike.errors import UserError
+
+  with pytest.raises(UserError, match=r"^USE_FP8=True on a pipelined experiment: .*; drop "
+                     r"USE_FP8 or the pipeline\.$"):
+    experiment.instantiate(registry.get("LmCloudSpmdPipelineTiny"), ["USE_FP8=True"]).validate()
