@@ -43,12 +43,29 @@ TARGETS: dict[str, dict[str, Any]] = {
     "h200": {"bytes": 143771 * MIB, "usable": 0.85, "name": "H200 141GB"},
 }
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
+
+
+def _jaxlib_before(*version: int) -> bool:
+  from importlib import metadata
+
+  installed = tuple(int(p) for p in metadata.version("jaxlib").split(".")[:2])
+  return installed < version
+
+
 # XLA's CPU compiler has no native bf16 matmul: it converts a scanned layer
 # stack's saved bf16 activations to f32 and hoists that convert out of the
 # loop, a whole f32 copy of every layer's activations that no TPU/GPU compile
 # makes (+27 GiB per device on C4Spmd16BAdam32Replicas). Loop-invariant code
 # motion is off for the dry run's compile.
-CPU_COMPILE_FLAGS = ("--xla_disable_hlo_passes=while-loop-invariant-code-motion",)
+# Under jaxlib 0.10 and 0.11 XLA's CPU scheduler favours concurrency over memory: in an
+# unrolled stack it starts every layer's weight all-gather (the weights split over 'data')
+# at once and keeps them all live, which no memory-aware TPU/GPU scheduler does (+2.2 GiB
+# per layer on bert.py's BertSpmdL33H12kBiggerBatch: a 198 GiB peak per device instead of
+# 77). The dry run compiles with the memory-minimising scheduler there; jaxlib 0.12's
+# default does not do it (a scanned stack was never affected).
+CPU_COMPILE_FLAGS = ("--xla_disable_hlo_passes=while-loop-invariant-code-motion",
+                     *(("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
+                       if _jaxlib_before(0, 12) else ()))
 REEXEC_MARK = "PAXLIKE_DRY_RUN_REEXEC"
 
 
