@@ -450,7 +450,8 @@ def test_paxs_helper_modules():
   grok_dims = dict(vocab_size=8, model_dim=8, ff_dim=8, attention_num_heads=2,
                    attention_num_groups=1, attention_key_value_dim=4, num_transformer_layers=2,
                    moe=True, e_dim=4)
-  with pytest.raises(UserError, match="FP8 einsums"):
+  with pytest.raises(UserError, match=r"use_fp8=True\): paxlike runs USE_FP8 on the LM "
+                     r"templates' dense projections, not yet on Grok's experts"):
     grok.GrokUniTransformerLmHParams(**grok_dims, use_fp8=True)
   # Pipelined, as praxis's builders: each stage's template holds its share of the layers.
   stage = grok.GrokUniTransformerLmHParams(
