@@ -43,6 +43,9 @@
 #                 as one [16384, 2304] GEMM, then slices it into three copies
 #                 (and concatenates their gradients), ~2.5 ms of the 72 ms profile
 #   lm_1b_no_dot_merger  only when named: the same for the tuned 1B LM
+#   fp8_1b        only when named: the tuned 1B LM's step in bf16 and with USE_FP8=True
+#                 (FP8 projections, delayed scaling), alternating in one process
+#                 (benchmarks.settings_pair), with the float8 instructions each compiled
 #   profile_t5    3 profiled FlanT5Base steps (--profile_steps, CUDA graphs off so
 #                 the ops have names): where its non-GEMM time goes, to
 #                 $OUT/profile_t5.json, with the trace and the step's HLO
@@ -134,6 +137,9 @@ step flan_t5_no_dot_merger 90 $PY -m benchmarks.compiler_options --exp=FlanT5Bas
 step lm_1b_no_dot_merger 150 $PY -m benchmarks.compiler_options --exp=C4Spmd1BAdam4Replicas \
   --steps=10 "${ONE_GPU_1B[@]}" --set=USE_REPEATED_LAYER=False \
   --set=CHECKPOINT_POLICY=SAVE_EVERYTHING --option xla_gpu_dot_merger_threshold_mb=0
+step fp8_1b 200 $PY -m benchmarks.settings_pair --exp=C4Spmd1BAdam4Replicas --steps=10 \
+  --set "${ONE_GPU_1B[@]/#--set=/}" USE_REPEATED_LAYER=False CHECKPOINT_POLICY=SAVE_EVERYTHING \
+  --other USE_FP8=True
 step profile_t5 120 $PY -m paxlike.main --exp=FlanT5Base --mode=train --job_log_dir=/tmp/prof_t5 \
   "${T5_BASE[@]/#/--set=}" --set=NUM_TRAIN_STEPS=8 --profile_steps=3 --enable_checkpoint_saving=false
 if wanted profile_t5 && [[ -f /tmp/prof_t5/profile/summary.json ]]; then
