@@ -14,7 +14,7 @@ measures paxlike.models.llama.LlamaModel against. The same math:
   float32;
 - a SwiGLU MLP, a final RMSNorm, weighted cross-entropy in float32;
 - remat with the same policy, `lax.scan` over stacked layers when repeated;
-- clip by global norm + adamw with Pax's schedules (reference_lm's).
+- clip by global norm + adamw or adafactor with Pax's schedules (reference_lm's).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ class LlamaRefConfig:
   beta1: float = 0.9
   beta2: float = 0.99
   epsilon: float = 1e-6
+  optimizer: str = "adam"  # "adam" (optax.adamw) or "adafactor" (optax.adafactor)
   weight_decay: float = 0.0
   clip_gradient_norm_to_value: float = 0.0
   mesh: Any = None

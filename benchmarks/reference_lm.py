@@ -16,7 +16,7 @@ it does the same math as paxlike.models.language_model.LanguageModel:
   model has it), weighted cross-entropy in float32;
 - Pax's tanh caps on the attention and output logits when the model has them;
 - remat with the same policy, `lax.scan` over stacked layers when repeated;
-- clip by global norm + adamw with Pax's learning-rate schedules.
+- clip by global norm + adamw (or optax's adafactor) with Pax's learning-rate schedules.
 
 On a device mesh the caller places parameters and batch; `activation_specs`
 pins the activations' shardings with `jax.lax.with_sharding_constraint` at
@@ -74,7 +74,7 @@ class RefConfig:
   # Pax's defaults: a [vocab] bias on the logits; a learned [dim] query scale per layer.
   softmax_bias: bool = True
   per_dim_scale: bool = True
-  # Optimizer: clip by global norm (0 = off), then adamw.
+  # Optimizer: clip by global norm (0 = off), then adamw or adafactor.
   learning_rate: float = 1e-3
   schedule: str = "constant"
   warmup_steps: int = 0
@@ -84,6 +84,7 @@ class RefConfig:
   beta1: float = 0.9
   beta2: float = 0.99
   epsilon: float = 1e-6
+  optimizer: str = "adam"  # "adam" (optax.adamw) or "adafactor" (optax.adafactor)
   weight_decay: float = 0.0
   clip_gradient_norm_to_value: float = 0.0
   # SPMD: a jax.sharding.Mesh and PartitionSpecs of the activations, by kind:
@@ -291,8 +292,13 @@ def lr_schedule(cfg: RefConfig) -> optax.Schedule:
 
 
 def optimizer(cfg: RefConfig) -> optax.GradientTransformation:
-  opt = optax.adamw(lr_schedule(cfg), b1=cfg.beta1, b2=cfg.beta2, eps=cfg.epsilon,
-                    weight_decay=cfg.weight_decay)
+  if cfg.optimizer == "adafactor":  # optax's factored Adafactor, as T5X and paxlike run it
+    opt = optax.adafactor(lr_schedule(cfg), weight_decay_rate=cfg.weight_decay or None)
+  elif cfg.optimizer == "adam":
+    opt = optax.adamw(lr_schedule(cfg), b1=cfg.beta1, b2=cfg.beta2, eps=cfg.epsilon,
+                      weight_decay=cfg.weight_decay)
+  else:
+    raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
   if cfg.clip_gradient_norm_to_value > 0:
     return optax.chain(optax.clip_by_global_norm(cfg.clip_gradient_norm_to_value), opt)
   return opt

@@ -19,7 +19,7 @@ measures paxlike's T5 against, so it does the math transformers' T5 does:
   tied ones (decoder output * embed**-0.5 @ embedding.T);
 - weighted cross-entropy in float32;
 - remat with the same policies and `lax.scan` over stacked layers when
-  repeated, clip by global norm + adamw with Pax's schedules (both shared
+  repeated, clip by global norm + adamw or adafactor with Pax's schedules (both shared
   with benchmarks.reference_lm).
 
 On a device mesh the caller places parameters and batch; `activation_specs`
@@ -69,7 +69,7 @@ class T5RefConfig:
   dtype: Any = jnp.float32
   use_repeated_layer: bool = True
   checkpoint_policy: str = "SAVE_NOTHING"
-  # Optimizer: clip by global norm (0 = off), then adamw (reference_lm's fields and meaning).
+  # Optimizer: clip by global norm (0 = off), then adamw or adafactor (reference_lm's fields).
   learning_rate: float = 1e-3
   schedule: str = "constant"
   warmup_steps: int = 0
@@ -79,6 +79,7 @@ class T5RefConfig:
   beta1: float = 0.9
   beta2: float = 0.99
   epsilon: float = 1e-6
+  optimizer: str = "adam"  # "adam" (optax.adamw) or "adafactor" (optax.adafactor)
   weight_decay: float = 0.0
   clip_gradient_norm_to_value: float = 0.0
   # SPMD: a jax.sharding.Mesh and PartitionSpecs of the activations, by kind:

@@ -98,15 +98,14 @@ def build(exp_name: str, overrides: Sequence[str], skip_nonfinite: bool = False)
 
 
 def optimizer_fields(learner: Any) -> dict[str, Any]:
-  """The learner's settings both references take (clip + adamw, Pax's schedules)."""
-  if learner.optimizer != "adam":
-    raise UserError(f"the reference implements adamw, not OPTIMIZER={learner.optimizer!r}; "
-                    "pass --no-reference.")
-  return dict(learning_rate=learner.learning_rate, schedule=learner.schedule,
-              warmup_steps=learner.warmup_steps, decay_start=learner.decay_start,
-              decay_end=learner.decay_end, min_ratio=learner.min_ratio, beta1=learner.beta1,
-              beta2=learner.beta2, epsilon=learner.epsilon, weight_decay=learner.weight_decay,
-              clip_gradient_norm_to_value=learner.clip_gradient_norm_to_value)
+  """The learner's settings the references take (clip + adamw or adafactor, Pax's schedules)."""
+  if learner.optimizer not in ("adam", "adafactor"):
+    raise UserError(f"the reference implements adam and adafactor, not "
+                    f"OPTIMIZER={learner.optimizer!r}; pass --no-reference.")
+  fields = ("optimizer", "learning_rate", "schedule", "warmup_steps", "decay_start",
+            "decay_end", "min_ratio", "beta1", "beta2", "epsilon", "weight_decay",
+            "clip_gradient_norm_to_value")
+  return {f: getattr(learner, f) for f in fields}
 
 
 def lm_ref_config(model: Any, learner: Any, layout: dict[str, Any]) -> Any:

@@ -93,6 +93,14 @@ def test_h100_runs_the_one_gpu_sizes(monkeypatch):
   assert base.PERCORE_BATCH_SIZE == 32 and base.DROPOUT_PROB == 0.0 == large.DROPOUT_PROB
   assert large.ATTEN_LOGIT_CAP == -1.0
   assert not any(o.startswith("ATTEN_LOGIT_CAP") for o in entries[1]["overrides"])
+  # Each size runs beside its hand-written reference: T5X's Adafactor included (the suite
+  # stopped at FlanT5Base on an H200 when the references knew only adamw).
+  from benchmarks import train_step
+  from paxlike import config
+
+  for e in exps:
+    module, cfg = train_step.reference_for(config.build(e.task()))
+    assert cfg.optimizer == e.OPTIMIZER, module.__name__
 
 
 def test_list_prints_the_plan_and_runs_nothing():
