@@ -14,8 +14,8 @@ from paxlike import config, experiment, registry
 from paxlike import train_state as ts
 from paxlike.errors import UserError
 from paxlike.layers.masking import MlmMasking, jax_samplers, numpy_samplers
-from paxlike.models.bert import BertModel, smoothed_cross_entropy
-from paxlike.models.language_model import LanguageModel
+from paxlike.models.bert import BertModel
+from paxlike.models.language_model import LanguageModel, softmax_cross_entropy
 
 DIMS = {"vocab_size": 64, "model_dims": 32, "num_layers": 2, "num_heads": 4, "dim_per_head": 8,
         "hidden_dims": 64, "use_repeated_layer": False, "packed_input": True}
@@ -80,21 +80,40 @@ def test_the_corruption_picks_15_percent_of_the_tokens_80_10_10_and_never_paddin
   assert 0.07 < kept.sum() / n < 0.13
 
 
-def test_label_smoothing_is_praxis_s_targets():
+@pytest.mark.parametrize("classes, scale", [(7, 1.0), (32000, 30.0)])
+def test_label_smoothing_is_praxis_s_targets(classes, scale):
+  """Against float64 numpy, from a small vocabulary to BERT's with logits near its cap of 30."""
   rng = np.random.default_rng(4)
-  logits = rng.standard_normal((3, 5, 7)).astype(np.float32)
-  labels = rng.integers(7, size=(3, 5))
+  logits = (scale * np.tanh(rng.standard_normal((3, 5, classes)))).astype(np.float32)
+  labels = rng.integers(classes, size=(3, 5))
   p = 0.1
-  targets = np.full(logits.shape, p / 6)
+  targets = np.full(logits.shape, p / (classes - 1))
   np.put_along_axis(targets, labels[..., None], 1 - p, axis=-1)
-  log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-  want = -(targets * log_probs).sum(-1)
-  got = smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(labels), p)
-  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)
-  plain = smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(labels), 0.0)
-  np.testing.assert_allclose(np.asarray(plain),
-                             -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0],
-                             rtol=1e-5)
+  x = logits.astype(np.float64)
+  log_probs = x - x.max(-1, keepdims=True)
+  log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+  plain, smoothed = softmax_cross_entropy(jnp.asarray(logits), jnp.asarray(labels), p)
+  np.testing.assert_allclose(np.asarray(smoothed), -(targets * log_probs).sum(-1), rtol=1e-5)
+  want_plain = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+  np.testing.assert_allclose(np.asarray(plain), want_plain, rtol=1e-5)
+  unsmoothed = softmax_cross_entropy(jnp.asarray(logits), jnp.asarray(labels))
+  for got in unsmoothed:
+    np.testing.assert_allclose(np.asarray(got), want_plain, rtol=1e-5)
+
+
+def test_bert_s_loss_is_smoothed_and_its_log_pplx_is_not():
+  rng = np.random.default_rng(5)
+  labels = jnp.asarray(rng.integers(1, 64, (2, 10)), jnp.int32)
+  masked_pos = jnp.zeros((2, 10)).at[:, 2:5].set(1.0)
+  batch = {"labels": labels, "masked_ids": jnp.where(masked_pos > 0, 5, labels),
+           "masked_pos": masked_pos, "paddings": jnp.zeros((2, 10))}
+  plain, smoothed = BertModel(**DIMS), BertModel(**DIMS, label_smoothing_prob=0.1)
+  params = _params(plain, batch)
+  (loss0, m0), (loss1, m1) = (m.apply({"params": params}, batch, method="fprop")
+                              for m in (plain, smoothed))
+  assert float(m1["log_pplx"]) == pytest.approx(float(m0["log_pplx"]), rel=1e-6)
+  assert float(loss0) == pytest.approx(float(m0["log_pplx"]), rel=1e-6)
+  assert abs(float(loss1) - float(loss0)) > 1e-3
 
 
 def test_pax_bert_templates_keep_paxs_values_under_paxs_names():

@@ -292,17 +292,23 @@ class TFRecordBertInput(BaseInput):
     return (dict(zip(keys, rows, strict=True)) for rows in ds.prefetch(1).as_numpy_iterator())
 
   def _eval_batches(self, tf: Any) -> Iterator[dict[str, np.ndarray]]:
-    """This host's eval batches: split batches k = host (mod hosts), then padding ones."""
+    """This host's eval batches: split batches k = host (mod hosts), then padding ones.
+
+    Only this host's batches are parsed; the others are counted as they pass.
+    """
     num_hosts, host = self.hosts
-    ds = tf.data.TFRecordDataset(self._files(tf)).batch(self.batch_size)
-    ds = ds.map(self._parse(tf)).prefetch(tf.data.AUTOTUNE)
-    total = 0
-    for k, raw in enumerate(ds.as_numpy_iterator()):
-      total = k + 1
-      if k % num_hosts == host:
-        yield self._pad(records_to_rows(raw, self.eos_token_id))
-    mine = len(range(host, total, num_hosts))
-    for _ in range(-(-total // num_hosts) - mine):
+    ds = tf.data.TFRecordDataset(self._files(tf)).batch(self.batch_size).enumerate()
+    parse, total = self._parse(tf), [0]
+
+    def mine(k: Any, raw: Any) -> Any:
+      total[0] = max(total[0], int(k) + 1)
+      return int(k) % num_hosts == host
+
+    own = ds.filter(lambda k, raw: tf.py_function(mine, [k, raw], tf.bool))
+    for _, raw in own.map(lambda k, raw: (k, parse(raw))).as_numpy_iterator():
+      yield self._pad(records_to_rows(raw, self.eos_token_id))
+    served = len(range(host, total[0], num_hosts))
+    for _ in range(-(-total[0] // num_hosts) - served):
       yield empty_batch(self.batch_size, self.max_sequence_length)
 
   def _pad(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -328,17 +334,13 @@ class TFRecordBertInput(BaseInput):
 
   # ------------------------------------------------------------------ batches
 
-  @property
-  def packed(self) -> bool:
-    return self.enable_packing and self.is_training
-
   def get_next(self) -> dict[str, np.ndarray]:
     """The next [batch_size, max_sequence_length] batch; StopIteration ends an eval pass."""
     if self._it is None:
       self._open()
     if not self.is_training:
       batch = next(self._it)
-    elif self.packed:
+    elif self.enable_packing:
       batch = self._next_packed()
     else:
       batch = records_to_rows(next(self._it), self.eos_token_id)
@@ -379,7 +381,7 @@ class TFRecordBertInput(BaseInput):
 
   def get_state(self) -> dict[str, Any]:
     state = {"batches": self._served}
-    if self.packed:
+    if self.enable_packing:
       state.update(chunk=self._chunk, row=self._offset)
     return state
 

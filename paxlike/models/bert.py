@@ -32,18 +32,6 @@ from paxlike.models.language_model import LanguageModel, weighted_loss
 EVAL_MASK_SEED = 0  # the corruption's seed when the caller passes no RNG (eval)
 
 
-def smoothed_cross_entropy(logits: jax.Array, labels: jax.Array, smoothing: float
-                           ) -> jax.Array:
-  """Per-token cross-entropy against praxis's smoothed targets: 1 - p on the label,
-  p / (classes - 1) on each other class."""
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  label = jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
-  if not smoothing:
-    return -label
-  others = jnp.sum(log_probs, axis=-1) - label
-  return -(1.0 - smoothing) * label - smoothing / (logits.shape[-1] - 1) * others
-
-
 class BertModel(NoDecoder, LanguageModel):
   """praxis's BertModel: a bidirectional LM trained to restore corrupted tokens.
 
@@ -85,11 +73,8 @@ class BertModel(NoDecoder, LanguageModel):
     logits, routing = self.forward(inputs, segment_ids=segment_ids.astype(jnp.int32),
                                    segment_pos=segment_pos)
     weights = picked.astype(jnp.float32) * (1.0 - paddings.astype(jnp.float32))
-    loss, metrics = weighted_loss(logits, labels, weights)
-    if self.label_smoothing_prob:
-      xent = smoothed_cross_entropy(logits, labels, self.label_smoothing_prob)
-      loss = jnp.sum(xent * weights) / jnp.maximum(jnp.sum(weights), 1e-8)
-      metrics["loss"] = loss
+    loss, metrics = weighted_loss(logits, labels, weights,
+                                  label_smoothing=self.label_smoothing_prob or 0.0)
     metrics["num_real_tokens"] = jnp.sum(1.0 - paddings.astype(jnp.float32))
     return self._total_loss(loss, metrics, logits, weights, routing)
 

@@ -89,17 +89,29 @@ def _pair(value: Any) -> tuple[float, float] | None:
   return None if value is None else (float(value[0]), float(value[1]))
 
 
-def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """Per-token cross-entropy in float32."""
+def softmax_cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0
+                          ) -> tuple[jax.Array, jax.Array]:
+  """Per-token (cross-entropy, smoothed cross-entropy) in float32, from one logsumexp.
+
+  The smoothed one is against praxis's smoothed targets, 1 - p on the label and
+  p / (classes - 1) on each other class (p = label_smoothing); with p = 0 it is
+  the plain one.
+  """
   logits = logits.astype(jnp.float32)
   logz = jax.nn.logsumexp(logits, axis=-1)
-  label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
-  return logz - label_logit
+  label_logp = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0] - logz
+  if not label_smoothing:
+    return -label_logp, -label_logp
+  # The other classes' log-probabilities, summed: sum(logits) - classes * logz - label's.
+  others_logp = jnp.sum(logits, axis=-1) - logits.shape[-1] * logz - label_logp
+  smoothed = (-(1.0 - label_smoothing) * label_logp
+              - label_smoothing / (logits.shape[-1] - 1) * others_logp)
+  return -label_logp, smoothed
 
 
 def weighted_loss(logits: jax.Array, labels: jax.Array, weights: jax.Array,
-                  strict: bool = False, yes_no: tuple[int, int] | None = None
-                  ) -> tuple[jax.Array, dict[str, jax.Array]]:
+                  strict: bool = False, yes_no: tuple[int, int] | None = None,
+                  label_smoothing: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array]]:
   """fprop's (loss, metrics) of every family: weighted mean cross-entropy and counts.
 
   Metrics: loss, log_pplx, accuracy (weighted argmax match), num_tokens (the
@@ -108,15 +120,18 @@ def weighted_loss(logits: jax.Array, labels: jax.Array, weights: jax.Array,
   weight whose every weighted token's argmax is its label (praxis's acc_strict).
   yes_no: also yes_no_correct, the weighted positions whose label, one of the
   two ids, has a higher logit than the other one (praxis's BoolQ accuracy).
+  label_smoothing: the loss is against praxis's smoothed targets
+  (softmax_cross_entropy); log_pplx stays the plain cross-entropy.
   """
   weights = weights.astype(jnp.float32)
-  xent = softmax_cross_entropy(logits, labels)
+  xent, smoothed = softmax_cross_entropy(logits, labels, label_smoothing)
   total = jnp.maximum(jnp.sum(weights), 1e-8)
-  loss = jnp.sum(xent * weights) / total
+  log_pplx = jnp.sum(xent * weights) / total
+  loss = jnp.sum(smoothed * weights) / total if label_smoothing else log_pplx
   correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
   metrics = {
       "loss": loss,
-      "log_pplx": loss,
+      "log_pplx": log_pplx,
       "accuracy": jnp.sum(correct * weights) / total,
       "num_tokens": jnp.sum(weights),
       "num_examples": jnp.sum(jnp.any(weights > 0, axis=-1).astype(jnp.float32)),
