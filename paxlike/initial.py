@@ -9,6 +9,9 @@ rules (the flag --init_from overrides the source):
     INIT_FROM = "hf:/path/to/flan-t5-base"     # a Hugging Face save_pretrained directory
     INIT_FROM = "t5x:gs_copy/flan_t5_base"     # a T5X checkpoint_<step> folder or model_dir
                                                #   (@STEP as for paxlike; paxlike.interop.t5x)
+    INIT_FROM = "pax:pax_job/checkpoints"      # a Pax checkpoint of Pax's LLaMA (@STEP too;
+                                               #   paxlike.interop.pax); Pax's own
+                                               #   CHECKPOINT_RESTORE_PATH names the same
     INIT_FROM_RULES = [                        # target name regex -> source name, or None
         (r"decoder/logits_dense/.*", None),    #   None: keep this one freshly initialised
         (r"(.*)", r"\\1"),                      #   the rest under the same names
@@ -46,9 +49,9 @@ from typing import Any
 
 from paxlike.errors import UserError
 
-KINDS = ("hf", "paxlike", "t5x")
-STEPPED = ("paxlike", "t5x")  # kinds that take DIR@STEP
-STREAMED = ("hf", "t5x")  # kinds read tensor by tensor onto the devices (start_state)
+KINDS = ("hf", "paxlike", "t5x", "pax")
+STEPPED = ("paxlike", "t5x", "pax")  # kinds that take DIR@STEP
+STREAMED = ("hf", "t5x", "pax")  # kinds read tensor by tensor onto the devices (start_state)
 IDENTITY = ((r"(.*)", r"\1"),)
 
 
@@ -65,6 +68,17 @@ class InitFrom:
   def of(cls, exp: Any, flag: str | None) -> InitFrom | None:
     """The experiment's INIT_FROM* hyperparameters, the source overridden by --init_from."""
     spec = flag or exp.INIT_FROM
+    restore = getattr(exp, "CHECKPOINT_RESTORE_PATH", None)  # Pax's GPU CheckpointRestoreMixin
+    if restore:
+      if exp.INIT_FROM:
+        raise UserError(f"both INIT_FROM={exp.INIT_FROM!r} and CHECKPOINT_RESTORE_PATH="
+                        f"{restore!r} name initial weights; keep one.")
+      if getattr(exp, "CHECKPOINT_IGNORE_RULES", None):
+        raise UserError("CHECKPOINT_IGNORE_RULES names Pax variables to leave fresh; paxlike "
+                        "keeps parameters fresh with INIT_FROM_RULES on its own names, e.g. "
+                        "[(r'lm_head/.*', None), (r'(.*)', r'\\1')] (model_analysis.txt lists "
+                        "them).")
+      spec = flag or f"pax:{restore}"
     if not spec:
       return None
     rules = exp.INIT_FROM_RULES
@@ -78,7 +92,8 @@ class InitFrom:
     kind, sep, rest = self.spec.partition(":")
     if not sep or kind not in KINDS or not rest:
       raise UserError(f"INIT_FROM / --init_from {self.spec!r} is not one of hf:DIR, "
-                      "paxlike:DIR[@STEP] or t5x:DIR[@STEP]; e.g. hf:/path/to/flan-t5-base.")
+                      "paxlike:DIR[@STEP], t5x:DIR[@STEP] or pax:DIR[@STEP]; e.g. "
+                      "hf:/path/to/flan-t5-base.")
     if re.match(r"^[a-z][a-z0-9+.-]*://", rest):
       raise UserError(f"INIT_FROM / --init_from {self.spec!r}: remote paths are not read; copy "
                       f"the checkpoint to a local folder (e.g. gsutil -m cp -r {rest} .) or "
@@ -91,7 +106,7 @@ class InitFrom:
       step = int(step_text)
     if kind != "paxlike" and self.optimizer:
       raise UserError("INIT_FROM_OPTIMIZER=True needs a paxlike source; a Hugging Face "
-                      "directory holds no optimizer state, and a T5X one's is not read.")
+                      "directory holds no optimizer state, and a T5X or Pax one's is not read.")
     return kind, os.path.abspath(os.path.expanduser(rest)), step
 
   def vocabulary_dir(self) -> str | None:
@@ -101,7 +116,7 @@ class InitFrom:
     from paxlike.inputs.vocabulary import JOB_DIR
 
     kind, path, _ = self.source()
-    if kind == "t5x":
+    if kind in ("t5x", "pax"):
       return None
     if kind == "hf":
       return path
@@ -210,7 +225,7 @@ def _source_metadata(init: InitFrom, model: Any, abstract: Any) -> tuple[dict[st
   from paxlike.interop import hf
 
   kind, path, step = init.source()
-  if kind == "t5x":
+  if kind in ("t5x", "pax"):
     return flat_names(_lazy_source(init, model)), None
   if kind == "hf":
     model.hf_config()  # a family with no Hugging Face layout says so first
@@ -227,11 +242,13 @@ def _source_metadata(init: InitFrom, model: Any, abstract: Any) -> tuple[dict[st
 
 def _lazy_source(init: InitFrom, model: Any) -> dict[str, Any]:
   """A Hugging Face or T5X source as the model's tree of LazyParams (checked, unread)."""
-  from paxlike.interop import hf, t5x
+  from paxlike.interop import hf, pax, t5x
 
   kind, path, step = init.source()
   if kind == "t5x":
     return t5x.lazy_params(path, step, model)
+  if kind == "pax":
+    return pax.lazy_params(path, step, model)
   return hf.lazy_params(path, model)
 
 
@@ -318,8 +335,8 @@ def start_state(init: InitFrom, model: Any, abstract: Any, partitioner: Any,
                 fresh: Any) -> tuple[Any, Plan]:
   """The step-0 state in the partitioner's layout, from INIT_FROM and a fresh state.
 
-  A Hugging Face or T5X source streams: each parameter is read from the
-  safetensors files (T5X: its TensorStore arrays) and placed on its devices
+  A Hugging Face, T5X or Pax source streams: each parameter is read from the
+  safetensors files (T5X, Pax: its TensorStore arrays) and placed on its devices
   on its own (block by block, in its sharding), and the fresh parameter it
   replaces is freed at once,
   so the host never holds the model, only one tensor and one block. A

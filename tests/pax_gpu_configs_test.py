@@ -156,9 +156,6 @@ def test_the_gpu_idiom_with_use_lora_trains_adapters_alone(gpu_idiom):
 @pytest.mark.parametrize("knobs,expected", [
     ({"USE_LORA": True, "LORA_TARGET_LAYERS": "ffn"},
      r"^LORA_TARGET_LAYERS='ffn' is not one of \['all', 'attention', 'mlp'\]"),
-    ({"CHECKPOINT_RESTORE_PATH": "/ckpt/checkpoint_00000000"},
-     r"^CHECKPOINT_RESTORE_PATH='/ckpt/checkpoint_00000000' restores a Pax checkpoint, which "
-     r"paxlike does not read; INIT_FROM"),
     ({"MODEL_CLASS": dict}, r"^MODEL_CLASS='dict': this template builds paxlike's LanguageModel"),
 ])
 def test_what_the_gpu_idiom_cannot_run_is_refused_by_name(gpu_idiom, knobs, expected):

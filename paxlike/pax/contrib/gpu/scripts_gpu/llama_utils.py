@@ -6,9 +6,10 @@ feed-forward, no biases, separate input and output tables, and multi-query
 (grouped) attention with NUM_KV_HEADS when USE_MQA. That is paxlike's Llama
 family model, so BaseLLaMA is a Llama family template with Pax's knobs and
 defaults (CustomMetricsLlama as its model: the eval_task metrics of Pax's
-CustomMetricsLM). Its weights come from INIT_FROM (a Hugging Face Llama
-directory, `hf:DIR`) or a paxlike job; CHECKPOINT_RESTORE_PATH, a Pax
-checkpoint, is refused (checkpoint_utils).
+CustomMetricsLM). Its weights come from CHECKPOINT_RESTORE_PATH (a Pax
+LLaMA checkpoint, as saxml's converter writes it; checkpoint_utils,
+paxlike.interop.pax) or INIT_FROM (a Hugging Face Llama directory,
+`hf:DIR`, a paxlike job, or `pax:DIR`).
 
 MAX_STEPS is the number of training steps (0, Pax's default: the class only
 evaluates) and RMS_NORM_EPSILON the norms' epsilon; setting the Llama
