@@ -68,8 +68,8 @@ flags.DEFINE_string("init_from", None, "With no checkpoint in job_log_dir, start
                     "weights (overrides the experiment's INIT_FROM; its INIT_FROM_RULES apply): "
                     "hf:DIR (a Hugging Face save_pretrained directory), paxlike:DIR[@STEP] "
                     "(a paxlike job_log_dir or checkpoints/ folder), t5x:DIR[@STEP] (a T5X "
-                    "checkpoint folder or model_dir) or pax:DIR[@STEP] (a Pax LLaMA "
-                    "checkpoint, its checkpoint_<step> or checkpoints/ folder).")
+                    "checkpoint folder or model_dir) or pax:DIR[@STEP] (a Pax LM or "
+                    "LLaMA checkpoint: its checkpoint_<step> or checkpoints/ folder).")
 flags.DEFINE_enum("export_format", "hf", EXPORT_FORMATS, "--mode=export: what to write (hf: a "
                   "Hugging Face directory that from_pretrained loads; stablehlo: the decode "
                   "(--decode_* flags) as jax.export StableHLO + weights + run.py; savedmodel: a "

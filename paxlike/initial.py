@@ -9,7 +9,7 @@ rules (the flag --init_from overrides the source):
     INIT_FROM = "hf:/path/to/flan-t5-base"     # a Hugging Face save_pretrained directory
     INIT_FROM = "t5x:gs_copy/flan_t5_base"     # a T5X checkpoint_<step> folder or model_dir
                                                #   (@STEP as for paxlike; paxlike.interop.t5x)
-    INIT_FROM = "pax:pax_job/checkpoints"      # a Pax checkpoint of Pax's LLaMA (@STEP too;
+    INIT_FROM = "pax:pax_job/checkpoints"      # a Pax checkpoint of Pax's LM or LLaMA (@STEP;
                                                #   paxlike.interop.pax); Pax's own
                                                #   CHECKPOINT_RESTORE_PATH names the same
     INIT_FROM_RULES = [                        # target name regex -> source name, or None
@@ -226,7 +226,7 @@ def _source_metadata(init: InitFrom, model: Any, abstract: Any) -> tuple[dict[st
 
   kind, path, step = init.source()
   if kind in ("t5x", "pax"):
-    return flat_names(_lazy_source(init, model)), None
+    return flat_names(_lazy_source(init, model, abstract)), None
   if kind == "hf":
     model.hf_config()  # a family with no Hugging Face layout says so first
     hf.check_config(hf.read_config(path), model)
@@ -240,15 +240,15 @@ def _source_metadata(init: InitFrom, model: Any, abstract: Any) -> tuple[dict[st
   return flat_names(_field(stored, "params")), _field(stored, "opt_state")
 
 
-def _lazy_source(init: InitFrom, model: Any) -> dict[str, Any]:
-  """A Hugging Face or T5X source as the model's tree of LazyParams (checked, unread)."""
+def _lazy_source(init: InitFrom, model: Any, abstract: Any) -> dict[str, Any]:
+  """A Hugging Face, T5X or Pax source as the model's tree of LazyParams (checked, unread)."""
   from paxlike.interop import hf, pax, t5x
 
   kind, path, step = init.source()
   if kind == "t5x":
     return t5x.lazy_params(path, step, model)
   if kind == "pax":
-    return pax.lazy_params(path, step, model)
+    return pax.lazy_params(path, step, model, flat_names(abstract.params))
   return hf.lazy_params(path, model)
 
 
@@ -359,7 +359,7 @@ def start_state(init: InitFrom, model: Any, abstract: Any, partitioner: Any,
     return partitioner.shard_state(state), out
   # The lazy source is checked against the model as it is made (names, shapes): the plan
   # needs nothing else, so the checkpoint's metadata is read once here, not again by check().
-  source = flat_names(_lazy_source(init, model))
+  source = flat_names(_lazy_source(init, model, abstract))
   target = flat_names(abstract.params)
   out = plan(init, target, source)
   names = list(target)

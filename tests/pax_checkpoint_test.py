@@ -165,7 +165,7 @@ def test_a_checkpoint_of_another_shape_or_family_is_named(tmp_path):
   pytest.importorskip("transformers")
   from paxlike.errors import UserError
   from paxlike.interop import pax
-  from paxlike.models.language_model import LanguageModel
+  from paxlike.models.t5 import T5Model
 
   write_pax_checkpoint(str(tmp_path), 0, pax_params(_hf_model(4, 2), False, False), False)
   wider = _paxlike_model(4, 2, True).clone(hidden_dims=2 * FF)
@@ -177,10 +177,127 @@ def test_a_checkpoint_of_another_shape_or_family_is_named(tmp_path):
   with pytest.raises(UserError, match=r"has no variable mdl_vars\.params\.lm\.transformer\."
                                       r"x_layers_2\.layer_norm\.scale"):
     pax.lazy_params(str(tmp_path), None, deeper)
-  lm = LanguageModel(vocab_size=VOCAB, model_dims=D, num_layers=LAYERS, num_heads=4,
-                     dim_per_head=HEAD_DIM, hidden_dims=FF)
-  with pytest.raises(UserError, match="read into Llama-family experiments"):
-    pax.lazy_params(str(tmp_path), None, lm)
+  t5 = T5Model(vocab_size=VOCAB, model_dims=D, num_encoder_layers=1, num_decoder_layers=1,
+               num_heads=4, dim_per_head=HEAD_DIM, hidden_dims=FF)
+  with pytest.raises(UserError, match="this experiment's model is a T5Model"):
+    pax.lazy_params(str(tmp_path), None, t5)
+  moe = _lm(scanned=True, combined=False).clone(num_experts=4, moe_layers=(1,))
+  with pytest.raises(UserError, match="this experiment has mixture-of-experts layers"):
+    pax.lazy_params(str(tmp_path), None, moe, {})
+
+
+# ------------------------------------------------------------------ Pax's own LM
+
+def _lm(scanned: bool, combined: bool):
+  from paxlike.models.language_model import LanguageModel
+
+  return LanguageModel(vocab_size=VOCAB, model_dims=D, num_layers=LAYERS, num_heads=4,
+                       dim_per_head=HEAD_DIM, hidden_dims=FF, activation="relu",
+                       combine_qkv=combined, use_repeated_layer=scanned, use_bias=True,
+                       atten_logit_cap=50.0, softmax_cap_logits=30.0)
+
+
+def praxis_lm_params(rng, combined: bool, repeated: bool) -> dict:
+  """Random variables of praxis's TransformerLm (pre-LayerNorm, ReLU, biases, per-dim scale,
+  shared softmax), under praxis's names and shapes; LayerNorm scales stored as scale - 1."""
+  n, h = 4, HEAD_DIM
+
+  def w(*shape, scale=0.3):
+    return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+  def norm():
+    return {"scale": w(D, scale=0.2), "bias": w(D, scale=0.2)}
+
+  layers = []
+  for _ in range(LAYERS):
+    attention = {"per_dim_scale": {"per_dim_scale": w(h)},
+                 "post": {"w": w(D, n, h), "b": w(D)}}
+    if combined:
+      attention["combined_qkv"] = {"w": w(3, D, n, h), "b": w(3, n, h)}
+    else:
+      attention.update({p: {"w": w(D, n, h), "b": w(n, h)} for p in ("query", "key", "value")})
+    layers.append({"layer_norm": norm(), "self_attention": attention,
+                   "ff_layer": {"layer_norm": norm(),
+                                "ffn_layer1": {"linear": {"w": w(D, FF)}, "bias": {"b": w(FF)}},
+                                "ffn_layer2": {"linear": {"w": w(FF, D)}, "bias": {"b": w(D)}}}})
+  transformer = ({"repeat": {"sub": {"x_layers_0": jax.tree.map(lambda *x: np.stack(x), *layers)}}}
+                 if repeated else {f"x_layers_{i}": layer for i, layer in enumerate(layers)})
+  return {"lm": {"softmax": {"logits_ffn": {"linear": {"w": w(D, VOCAB)},
+                                            "bias": {"b": w(VOCAB)}}},
+                 "final_ln": norm(), "transformer": transformer}}
+
+
+def praxis_lm_logits(tree: dict, ids: np.ndarray) -> np.ndarray:
+  """praxis's TransformerLm forward, written out in float64 numpy from praxis's layers:
+  shared-softmax lookup x sqrt(D), sinusoidal positions, pre-LayerNorm layers with
+  (1 + scale), per-dim-scaled queries, logits capped at 50, causal softmax, ReLU
+  feed-forward, final LayerNorm, logits (+ bias) capped at 30."""
+  lm = jax.tree.map(lambda x: np.asarray(x, np.float64), tree["lm"])
+  t = ids.shape[1]
+
+  def ln(x, p):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + 1e-6) * (1.0 + p["scale"]) + p["bias"]
+
+  table = lm["softmax"]["logits_ffn"]["linear"]["w"]
+  x = table.T[ids] * np.sqrt(D)
+  inv = np.exp(np.arange(D // 2) * -(np.log(1.0e4) / (D // 2 - 1)))
+  scaled = np.arange(t)[:, None] * inv[None]
+  x = x + np.concatenate([np.sin(scaled), np.cos(scaled)], axis=1)[None]
+  stack = lm["transformer"]
+  layers = ([jax.tree.map(lambda a, i=i: a[i], stack["repeat"]["sub"]["x_layers_0"])
+             for i in range(LAYERS)] if "repeat" in stack
+            else [stack[f"x_layers_{i}"] for i in range(LAYERS)])
+  causal = np.tril(np.ones((t, t), bool))
+  for p in layers:
+    a = p["self_attention"]
+    y = ln(x, p["layer_norm"])
+    if "combined_qkv" in a:
+      q, k, v = (np.einsum("btd,dnh->btnh", y, a["combined_qkv"]["w"][j])
+                 + a["combined_qkv"]["b"][j] for j in range(3))
+    else:
+      q, k, v = (np.einsum("btd,dnh->btnh", y, a[n]["w"]) + a[n]["b"]
+                 for n in ("query", "key", "value"))
+    softplus = np.log1p(np.exp(a["per_dim_scale"]["per_dim_scale"]))
+    q = q * (1.442695041 / np.sqrt(HEAD_DIM)) * softplus
+    logits = np.einsum("btnh,bsnh->bnts", q, k)
+    logits = 50.0 * np.tanh(logits / 50.0)
+    logits = np.where(causal, logits, -1e30)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    context = np.einsum("bnts,bsnh->btnh", probs, v)
+    x = x + np.einsum("btnh,dnh->btd", context, a["post"]["w"]) + a["post"]["b"]
+    f = p["ff_layer"]
+    hidden = np.maximum(ln(x, f["layer_norm"]) @ f["ffn_layer1"]["linear"]["w"]
+                        + f["ffn_layer1"]["bias"]["b"], 0.0)
+    x = x + hidden @ f["ffn_layer2"]["linear"]["w"] + f["ffn_layer2"]["bias"]["b"]
+  logits = ln(x, lm["final_ln"]) @ table + lm["softmax"]["logits_ffn"]["bias"]["b"]
+  return 30.0 * np.tanh(logits / 30.0)
+
+
+@pytest.mark.parametrize("ocdbt, repeated, combined, scanned", [
+    (False, False, False, True),
+    (True, True, True, False),
+])
+def test_a_pax_lm_checkpoint_gives_praxis_s_logits(tmp_path, ocdbt, repeated, combined, scanned):
+  from flax import linen as nn
+
+  from paxlike.initial import flat_names
+  from paxlike.interop import hf_files, pax
+
+  tree = praxis_lm_params(np.random.default_rng(3), combined, repeated)
+  write_pax_checkpoint(str(tmp_path / "checkpoints"), 0, tree, ocdbt)
+  model = _lm(scanned, combined)
+  ids = np.random.default_rng(4).integers(0, VOCAB, (2, 7)).astype(np.int32)
+  abstract = nn.meta.unbox(jax.eval_shape(
+      lambda: model.init(jax.random.key(0), jnp.asarray(ids)))["params"])
+  params = hf_files.materialize(pax.lazy_params(str(tmp_path), None, model,
+                                                flat_names(abstract)))
+  assert jax.tree.structure(params) == jax.tree.structure(abstract)
+  ours = np.asarray(jax.jit(model.apply)({"params": params}, jnp.asarray(ids)))
+  gap = float(np.abs(ours - praxis_lm_logits(tree, ids)).max())
+  assert gap < 1e-3, f"logits differ from praxis's forward by {gap}"
 
 
 def test_pax_s_checkpoint_restore_path_starts_the_run_as_the_same_weights_from_hugging_face(
@@ -232,4 +349,26 @@ def test_pax_s_checkpoint_restore_path_starts_the_run_as_the_same_weights_from_h
   assert proc.stderr.strip().splitlines()[-1] == (
       f"error: pax:{tmp_path / 'nowhere'}: no such folder; give a Pax job's checkpoints/ folder "
       "or one of its checkpoint_<step> folders."), describe(proc)
+  assert not job.exists()
+
+
+def test_pax_s_lm_starts_a_run_and_a_checkpoint_of_other_layers_writes_nothing(tmp_path):
+  write_pax_checkpoint(str(tmp_path / "src" / "checkpoints"), 500,
+                       praxis_lm_params(np.random.default_rng(3), False, True), ocdbt=False)
+  shape = ["--set", f"MODEL_DIMS={D}", "--set", f"DIMS_PER_HEAD={HEAD_DIM}", "--set",
+           f"HIDDEN_DIMS={FF}", "--set", f"VOCAB_SIZE={VOCAB}", "--set", "ATTEN_LOGIT_CAP=50",
+           "--set", "SOFTMAX_CAP_LOGITS=30", "--set", "NUM_TRAIN_STEPS=2",
+           f"--init_from=pax:{tmp_path / 'src'}"]
+  proc = run_cli(["--exp=LmCloudSpmdTiny", f"--job_log_dir={tmp_path / 'job'}", *shape, "--set",
+                  "USE_BIAS=True"], tmp_path)
+  assert proc.returncode == 0, describe(proc)
+  assert ("starting from the parameters of pax:" in proc.stderr
+          and "(21 parameters taken, 0 of them renamed, 0 freshly initialised)" in proc.stderr), \
+      describe(proc)
+  job = tmp_path / "no_bias"
+  proc = run_cli(["--exp=LmCloudSpmdTiny", f"--job_log_dir={job}", *shape], tmp_path)
+  assert proc.returncode == 2, describe(proc)
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      "error: the Pax checkpoint in ") and "has variables this model has no place for (lm." \
+      "transformer.repeat.sub.x_layers_0.self_attention.key.b" in proc.stderr, describe(proc)
   assert not job.exists()

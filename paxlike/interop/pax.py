@@ -12,14 +12,32 @@ Only `mdl_vars.params.*` is read; Pax's optimizer slots have no paxlike
 layout, and a run from a Pax checkpoint starts a fresh optimizer, as Pax's
 own `init_from_checkpoint_rules` do.
 
-The variables are those of Pax's LLaMA (paxml's GPU `BaseLLaMA`, praxis's
-TransformerLm with RMSNorm, gated SiLU feed-forward and rotary positions;
-saxml's converter writes the same names), read into paxlike's Llama family:
+Two families are read. Pax's LM (praxis's TransformerLm, the LM templates'
+LanguageModel), by the names paxlike's parameters mirror:
+
+  lm.softmax.logits_ffn.linear.w [D, V] / .bias.b -> softmax/embedding [V, D] / softmax/bias
+  lm.embedding_lookup.emb_var, lm.position_emb.emb_var -> embedding/..., position_emb/...
+  lm.final_ln.scale / .bias                  -> final_norm/scale / bias
+  lm.transformer.x_layers_<i>. ...           (or .repeat.sub.x_layers_0. ..., stacked [L, ...])
+    layer_norm, ff_layer.layer_norm          -> pre_attn_norm, pre_ffn_norm
+    self_attention.query/key/value.w, .b     -> attention/query/... (same [D, N, H])
+    self_attention.combined_qkv.w [3, D, N, H] -> attention/qkv/w [D, 3, N, H]
+    self_attention.per_dim_scale.per_dim_scale -> attention/per_dim_scale
+    self_attention.post.w [D, N, H] / .b     -> attention/post [N, H, D] / post_bias
+    ff_layer.ffn_layer1(_gate)/ffn_layer2 .linear.w, .bias.b -> ffn/ffn1(_gate)/ffn2 w, b
+
+praxis's LayerNorm keeps `scale - 1` (direct_scale=False), so 1 is added;
+its RmsNorm keeps the scale itself. Pre-norm dense stacks are read;
+experts, relative position biases, other norm policies and pipelined stacks
+are refused in one line.
+
+And Pax's LLaMA (paxml's GPU `BaseLLaMA`; saxml's converter writes the same
+names), into paxlike's Llama family:
 
   lm.embedding_lookup.emb_var [V, D]          -> embed_tokens
   lm.softmax.logits_ffn.linear.w [D, V]       -> lm_head/w (the table, tied)
   lm.final_ln.scale                           -> norm/scale
-  lm.transformer.x_layers_<i>. ...            (or .repeat.sub.x_layers_0. ..., stacked [L, ...])
+  lm.transformer.x_layers_<i>. ... (or repeat.sub.x_layers_0. ...)
     layer_norm.scale                          -> input_layernorm/scale
     self_attention.query.w [D, N, H]          -> self_attn/q_proj/w
     self_attention.key.w / value.w [D, K, H]  -> self_attn/k_proj/w, v_proj/w
@@ -34,13 +52,18 @@ Pax's LLaMA rotates query and key dims in adjacent pairs (saxml's
 LLaMARotaryEmbedding, Meta's layout); paxlike's Llama, as Hugging Face's,
 rotates dim i with dim i + H/2. Each head's query and key columns are
 reordered (even dims first, then odd) as they are read, which gives the
-same attention. Every name and shape is checked from the arrays' metadata
-before anything is read; each array is read when its parameter is placed
-(a stacked one a layer at a time).
+same attention.
+
+Every name and shape is checked from the arrays' metadata before anything
+is read, and a variable the model has no place for is an error; each array
+is read when its parameter is placed (a stacked one a layer at a time).
+Parameters Pax's model lacks (LoRA adapters, FP8 scales) are left to
+INIT_FROM_RULES.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -58,7 +81,7 @@ _ARRAY_FILES = (".zarray", "zarr.json")  # zarr (v2), zarr3
 _OCDBT = "manifest.ocdbt"
 
 # kinds: how a Pax array becomes a paxlike one (_convert).
-COPY, ROPE, POST = "copy", "rope", "post"
+COPY, ROPE, POST, TABLE_T, QKV, SCALE_PLUS_1 = "copy", "rope", "post", "table_t", "qkv", "+1"
 
 
 def _holds_arrays(folder: str) -> bool:
@@ -168,9 +191,24 @@ def _convert(kind: str, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     x = x[..., rope_order(x.shape[-1])]
   elif kind == POST:  # [D, N, H] -> [N, H, D]
     x = np.transpose(x, (1, 2, 0))
-  elif kind == "table_t":  # a tied model's table from the softmax's [D, V]
+  elif kind == TABLE_T:  # the softmax's [D, V] -> the table [V, D]
     x = x.T
+  elif kind == QKV:  # [3, D, N, H] -> [D, 3, N, H]
+    x = np.transpose(x, (1, 0, 2, 3))
+  elif kind == SCALE_PLUS_1:  # praxis's LayerNorm keeps scale - 1 (direct_scale=False)
+    x = x + 1.0
   return np.ascontiguousarray(x.reshape(shape))
+
+
+def _pax_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+  """The Pax shape of (one layer of) a paxlike parameter of `shape`."""
+  if kind == POST:
+    return (shape[2], shape[0], shape[1])
+  if kind == TABLE_T:
+    return shape[::-1]
+  if kind == QKV:
+    return (shape[1], shape[0], *shape[2:])
+  return shape
 
 
 def _read(spec: dict[str, Any], index: tuple[int, ...], kind: str, shape: tuple[int, ...]
@@ -181,22 +219,42 @@ def _read(spec: dict[str, Any], index: tuple[int, ...], kind: str, shape: tuple[
   return _convert(kind, x, shape)
 
 
-def llama_name_map(model: Any, repeated: bool, combined: bool
-                   ) -> list[tuple[str, tuple[int, ...], tuple[str, ...], int | None, str,
-                                   tuple[int, ...]]]:
-  """Every Pax LLaMA variable: (Pax name, index into it, paxlike path, layer or None, kind,
-  paxlike shape of one layer). repeated: Pax's stacked layers (repeat.sub); combined: one
-  combined_qkv array, whose entries are the same Pax name at 0, 1, 2."""
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """Where one paxlike parameter (of one layer) comes from in a Pax checkpoint."""
+
+  pax: str  # the variable's name, after mdl_vars.params.
+  index: tuple[int, ...]  # into the variable: its layer in a repeated stack, its q/k/v
+  ours: tuple[str, ...]  # the paxlike parameter's path
+  layer: int | None  # its layer, when paxlike stacks the layers (a scanned model)
+  kind: str  # how the array becomes paxlike's (_convert)
+  shape: tuple[int, ...]  # paxlike's shape of it (one layer's when stacked)
+  pax_shape: tuple[int, ...]  # the whole Pax variable's shape
+
+
+def _layer_name(i: int, sub: str, repeated: bool, num_layers: int, one: tuple[int, ...]
+                ) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+  """(Pax name, index, whole shape) of layer i's variable `sub` (shape `one` per layer)."""
+  if repeated:  # praxis's StackedTransformerRepeated: one stacked layer, [L, ...]
+    return f"lm.transformer.repeat.sub.x_layers_0.{sub}", (i,), (num_layers, *one)
+  return f"lm.transformer.x_layers_{i}.{sub}", (), one
+
+
+def llama_entries(model: Any, repeated: bool, combined: bool) -> list[Entry]:
+  """Every Pax LLaMA variable (saxml's names) as paxlike's Llama parameters. repeated: Pax's
+  stacked layers (repeat.sub); combined: one combined_qkv array, read at 0, 1, 2."""
   d, f, n, kv, h, v = (model.model_dims, model.hidden_dims, model.num_heads, model.num_kv_heads,
                        model.head_dim, model.vocab_size)
   out = []
   if model.tie_embeddings:
-    out.append(("lm.softmax.logits_ffn.linear.w", (), ("embed_tokens",), None, "table_t",
-                (v, d)))
+    out.append(Entry("lm.softmax.logits_ffn.linear.w", (), ("embed_tokens",), None, TABLE_T,
+                     (v, d), (d, v)))
   else:
-    out += [("lm.embedding_lookup.emb_var", (), ("embed_tokens",), None, COPY, (v, d)),
-            ("lm.softmax.logits_ffn.linear.w", (), ("lm_head", "w"), None, COPY, (d, v))]
-  out.append(("lm.final_ln.scale", (), ("norm", "scale"), None, COPY, (d,)))
+    out += [Entry("lm.embedding_lookup.emb_var", (), ("embed_tokens",), None, COPY, (v, d),
+                  (v, d)),
+            Entry("lm.softmax.logits_ffn.linear.w", (), ("lm_head", "w"), None, COPY, (d, v),
+                  (d, v))]
+  out.append(Entry("lm.final_ln.scale", (), ("norm", "scale"), None, COPY, (d,), (d,)))
   per_layer: list[tuple[str, tuple[int, ...], str, str, tuple[int, ...]]] = [
       ("layer_norm.scale", (), "input_layernorm/scale", COPY, (d,))]
   if combined:
@@ -215,71 +273,147 @@ def llama_name_map(model: Any, repeated: bool, combined: bool
   ]
   for i in range(model.num_layers):
     layer = "layers" if model.use_repeated_layer else f"layers_{i}"
-    for pax, index, path, kind, shape in per_layer:
-      name = (f"lm.transformer.repeat.sub.x_layers_0.{pax}" if repeated
-              else f"lm.transformer.x_layers_{i}.{pax}")
-      out.append((name, ((i,) if repeated else ()) + index, (layer, *path.split("/")), i,
-                  kind, shape))
+    for sub, index, path, kind, shape in per_layer:
+      one = _pax_shape(kind, shape)
+      if index:  # combined_qkv: [3, D, N, H]
+        one = (3, *one)
+      name, at, whole = _layer_name(i, sub, repeated, model.num_layers, one)
+      out.append(Entry(name, at + index, (layer, *path.split("/")), i, kind, shape, whole))
   return out
 
 
-def _pax_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-  """The Pax shape of (one layer of) a paxlike parameter of `shape`."""
-  if kind == POST:
-    return (shape[2], shape[0], shape[1])
-  if kind == "table_t":
-    return shape[::-1]
-  return shape
+# Pax's TransformerLm: paxlike LanguageModel path -> (praxis variable under lm., kind); the
+# layers' (under transformer/x_layers_<i>/ or transformer/repeat/) in _LM_LAYER.
+_LM_TOP = {
+    "softmax/embedding": ("softmax.logits_ffn.linear.w", TABLE_T),
+    "softmax/bias": ("softmax.logits_ffn.bias.b", COPY),
+    "embedding/embedding": ("embedding_lookup.emb_var", COPY),
+    "position_emb/embedding": ("position_emb.emb_var", COPY),
+    "final_norm/scale": ("final_ln.scale", SCALE_PLUS_1),
+    "final_norm/bias": ("final_ln.bias", COPY),
+}
+_LM_LAYER = {
+    "pre_attn_norm/scale": ("layer_norm.scale", SCALE_PLUS_1),
+    "pre_attn_norm/bias": ("layer_norm.bias", COPY),
+    "attention/qkv/w": ("self_attention.combined_qkv.w", QKV),
+    "attention/qkv/b": ("self_attention.combined_qkv.b", COPY),
+    "attention/per_dim_scale": ("self_attention.per_dim_scale.per_dim_scale", COPY),
+    "attention/post": ("self_attention.post.w", POST),
+    "attention/post_bias": ("self_attention.post.b", COPY),
+    "pre_ffn_norm/scale": ("ff_layer.layer_norm.scale", SCALE_PLUS_1),
+    "pre_ffn_norm/bias": ("ff_layer.layer_norm.bias", COPY),
+    **{f"attention/{p}/{w}": (f"self_attention.{p}.{w}", COPY)
+       for p in ("query", "key", "value") for w in ("w", "b")},
+    **{f"ffn/{p}/w": (f"ff_layer.{q}.linear.w", COPY)
+       for p, q in (("ffn1", "ffn_layer1"), ("ffn1_gate", "ffn_layer1_gate"),
+                    ("ffn2", "ffn_layer2"))},
+    **{f"ffn/{p}/b": (f"ff_layer.{q}.bias.b", COPY)
+       for p, q in (("ffn1", "ffn_layer1"), ("ffn1_gate", "ffn_layer1_gate"),
+                    ("ffn2", "ffn_layer2"))},
+}
 
 
-def lazy_params(path: str, step: int | None, model: Any) -> dict[str, Any]:
+def lm_entries(model: Any, target: dict[str, Any], repeated: bool) -> list[Entry]:
+  """Pax's TransformerLm variables as the LanguageModel's parameters `target` (name -> leaf
+  with .shape). Parameters praxis's model has no variable for (LoRA adapters, FP8 scales)
+  are left out: INIT_FROM_RULES decide them."""
+  rms = model.norm_type == "rmsnorm"  # praxis's RmsNorm keeps its scale direct
+  out = []
+  for name, leaf in target.items():
+    parts, shape = tuple(name.split("/")), tuple(leaf.shape)
+    if parts[0] != "transformer":
+      if name in _LM_TOP:
+        pax, kind = _LM_TOP[name]
+        kind = COPY if kind == SCALE_PLUS_1 and rms else kind
+        out.append(Entry(f"lm.{pax}", (), parts, None, kind, shape, _pax_shape(kind, shape)))
+      continue
+    stacked = parts[1] == "repeat"
+    sub = "/".join(parts[2:])
+    if sub not in _LM_LAYER or not (stacked or parts[1].startswith("x_layers_")):
+      continue
+    pax, kind = _LM_LAYER[sub]
+    kind = COPY if kind == SCALE_PLUS_1 and rms else kind
+    one = shape[1:] if stacked else shape
+    layers = range(shape[0]) if stacked else [int(parts[1][len("x_layers_"):])]
+    for i in layers:
+      pax_name, index, whole = _layer_name(i, pax, repeated, model.num_layers,
+                                           _pax_shape(kind, one))
+      out.append(Entry(pax_name, index, parts, i if stacked else None, kind, one, whole))
+  return out
+
+
+def lazy_params(path: str, step: int | None, model: Any, target: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
   """The model's params tree of LazyParams, checked now against the Pax checkpoint.
 
+  target: the model's parameters (name -> leaf with .shape, paxlike.initial.flat_names of
+  its abstract params); Pax's LM needs them, the Llama family does not.
+
   Raises:
-    UserError: not a Llama-family model, not a Pax checkpoint, a missing
+    UserError: a model of another family, not a Pax checkpoint, a missing
       variable, a shape that differs, or variables the model has no place for.
   """
+  from paxlike.models.language_model import LanguageModel
   from paxlike.models.llama import LlamaModel
 
-  if not isinstance(model, LlamaModel):
-    raise UserError(f"pax:{path}: Pax checkpoints are read into Llama-family experiments (Pax's "
-                    f"LLaMA, e.g. BaseLLaMA); this experiment's model is a "
+  if isinstance(model, LlamaModel):
+    if model.qkv_bias:
+      raise UserError(f"pax:{path}: Pax's LLaMA has no query/key/value biases; this experiment "
+                      "has QKV_BIAS set.")
+  elif isinstance(model, LanguageModel):
+    for unread, why in ((model.num_experts, "mixture-of-experts layers"),
+                        (model.relative_bias, "a relative position bias"),
+                        (model.norm_policy != "pre", f"NORM_POLICY={model.norm_policy!r}"),
+                        (model.num_stages, "pipeline stages")):
+      if unread:
+        raise UserError(f"pax:{path}: Pax checkpoints are read into LMs with pre-norm dense "
+                        f"layers; this experiment has {why}.")
+  else:
+    raise UserError(f"pax:{path}: Pax checkpoints are read into Pax's LM (LanguageModel) and "
+                    f"Pax's LLaMA (the Llama family); this experiment's model is a "
                     f"{type(model).__name__}.")
-  if model.qkv_bias:
-    raise UserError(f"pax:{path}: Pax's LLaMA has no query/key/value biases; this experiment "
-                    "has QKV_BIAS set.")
   where = find(path, step)
   source = read_params(where)
   if not source:
     raise UserError(f"the Pax checkpoint in {where} holds no {PARAMS}* arrays.")
   repeated = any(n.startswith("lm.transformer.repeat.") for n in source)
-  combined = any(n.endswith("self_attention.combined_qkv.w") for n in source)
-  if combined and model.num_kv_heads != model.num_heads:
-    raise UserError(f"the Pax checkpoint in {where} has combined q/k/v projections (one key and "
-                    f"value head per query head) but this experiment has NUM_KV_HEADS="
-                    f"{model.num_kv_heads} for {model.num_heads} heads.")
-  entries, used, checked = [], set(), set()
-  for name, index, ours, layer, kind, shape in llama_name_map(model, repeated, combined):
-    if name not in source:
-      raise UserError(f"the Pax checkpoint in {where} has no variable {PARAMS}{name}; it is not "
-                      "a checkpoint of this experiment's LLaMA (layers, heads, tied table).")
-    if name not in checked:
-      want = _pax_shape(kind, shape)
-      if repeated and layer is not None:
-        want = (model.num_layers, *want)
-      if name.endswith("combined_qkv.w"):
-        want = (want[0], 3, *want[1:]) if repeated else (3, *want)
-      got = _shape(source[name])
-      if got != want:
-        raise UserError(f"the Pax checkpoint in {where} has {name} of shape {list(got)} but this "
-                        f"model needs {list(want)}; use a checkpoint of the experiment's shape.")
-      checked.add(name)
-    used.add(name)
-    reader = functools.partial(_read, source[name], index, kind, shape)
-    entries.append((ours, layer if model.use_repeated_layer else None, reader, shape))
-  unknown = sorted(set(source) - used)
+  if isinstance(model, LlamaModel):
+    combined = any(n.endswith("self_attention.combined_qkv.w") for n in source)
+    if combined and model.num_kv_heads != model.num_heads:
+      raise UserError(f"the Pax checkpoint in {where} has combined q/k/v projections (one key "
+                      f"and value head per query head) but this experiment has NUM_KV_HEADS="
+                      f"{model.num_kv_heads} for {model.num_heads} heads.")
+    entries = llama_entries(model, repeated, combined)
+  else:
+    if target is None:
+      raise ValueError("lazy_params needs the LanguageModel's target parameters.")
+    entries = lm_entries(model, target, repeated)
+  return _lazy_tree(entries, source, where, model.use_repeated_layer)
+
+
+def _lazy_tree(entries: list[Entry], source: dict[str, Any], where: str, stacked: bool
+               ) -> dict[str, Any]:
+  """LazyParams of `entries`, each variable's name and shape checked first; a variable of
+  the checkpoint that no entry reads is an error."""
+  checked: set[str] = set()
+  lazy = []
+  for e in entries:
+    if e.pax not in source:
+      raise UserError(f"the Pax checkpoint in {where} has no variable {PARAMS}{e.pax}; it is "
+                      "not a checkpoint of this experiment's model (layers, heads, biases, "
+                      "tied table).")
+    if e.pax not in checked:
+      got = _shape(source[e.pax])
+      if got != e.pax_shape:
+        raise UserError(f"the Pax checkpoint in {where} has {e.pax} of shape {list(got)} but "
+                        f"this model needs {list(e.pax_shape)}; use a checkpoint of the "
+                        "experiment's shape.")
+      checked.add(e.pax)
+    reader = functools.partial(_read, source[e.pax], e.index, e.kind, e.shape)
+    lazy.append((e.ours, e.layer if stacked else None, reader, e.shape))
+  unknown = sorted(set(source) - checked)
   if unknown:
     raise UserError(f"the Pax checkpoint in {where} has variables this model has no place for "
                     f"({', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}); use a "
                     "checkpoint of the experiment's shape.")
-  return lazy_tree(entries)
+  return lazy_tree(lazy)
