@@ -123,6 +123,19 @@ def test_bert_py_as_written_names_its_placeholder_path(pax_bert):
       "input_file to the MLPerf BERT records."), describe(proc)
 
 
+def test_a_vocabulary_smaller_than_remask_draws_is_refused_by_name(pax_bert):
+  root, _, _ = pax_bert
+  job = root / "job_small_vocab"
+  proc = run_cli(["--exp=pax_bert.BertAdamL4H128", f"--job_log_dir={job}", "--set",
+                  "VOCAB_SIZE=30000"], cwd=root, pythonpath=[root])
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, describe(proc)
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "error: input 'train': remask draws ids below 30522 and masks with id 103 "
+      "(mlm_augmenter), but the model's VOCAB_SIZE is 30000; raise VOCAB_SIZE or set "
+      "mlm_augmenter.vocab_size."), describe(proc)
+  assert not job.exists()
+
+
 def test_bert_py_trains_and_evaluates_on_mlperf_records(pax_bert):
   """BertAdamL4H128 on the pmap loop: packed, remasked training rows and the eval split."""
   root, _, _ = pax_bert

@@ -225,6 +225,17 @@ class TFRecordBertInput(BaseInput):
       if getattr(self, field) <= 0:
         raise UserError(f"{where}: {field} must be positive, got {getattr(self, field)}.")
 
+  def check_model(self, model: Any) -> None:
+    """The ids remask draws must be rows of the model's table: one line if not."""
+    vocab = getattr(model, "vocab_size", None)
+    if not self.remask or vocab is None:
+      return
+    m = self.mlm_augmenter
+    if m.vocab_size > vocab or m.mask_token_id >= vocab:
+      raise UserError(f"input {self.name!r}: remask draws ids below {m.vocab_size} and masks "
+                      f"with id {m.mask_token_id} (mlm_augmenter), but the model's VOCAB_SIZE "
+                      f"is {vocab}; raise VOCAB_SIZE or set mlm_augmenter.vocab_size.")
+
   # ------------------------------------------------------------------ files
 
   def _patterns(self) -> list[str]:
