@@ -159,6 +159,15 @@ def test_a_pax_source_is_found_from_its_job_checkpoints_step_or_state_folder(tmp
     pax.find(ckpts, 300)
   with pytest.raises(UserError, match="no Pax checkpoint arrays"):
     pax.find(str(tmp_path), None)
+  # A paxlike job's checkpoint (an OCDBT store of params.* and opt_state.*) is named as one.
+  import orbax.checkpoint as ocp
+
+  ours = str(tmp_path / "paxlike_job" / "checkpoints" / "checkpoint_00000002" / "state")
+  ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=True)).save(
+      ours, {"params": {"final_norm": {"scale": np.ones(4, np.float32)}}})
+  with pytest.raises(UserError, match="holds no Pax model variables .* it is a paxlike "
+                                      "checkpoint: read it with paxlike:DIR"):
+    pax.read_params(pax.find(str(tmp_path / "paxlike_job"), None))
 
 
 def test_a_checkpoint_of_another_shape_or_family_is_named(tmp_path):
@@ -177,6 +186,9 @@ def test_a_checkpoint_of_another_shape_or_family_is_named(tmp_path):
   with pytest.raises(UserError, match=r"has no variable mdl_vars\.params\.lm\.transformer\."
                                       r"x_layers_2\.layer_norm\.scale"):
     pax.lazy_params(str(tmp_path), None, deeper)
+  with pytest.raises(UserError, match="separate input and output tables .* sets "
+                                      "TIE_EMBEDDINGS"):
+    pax.lazy_params(str(tmp_path), None, _paxlike_model(4, 2, True).clone(tie_embeddings=True))
   t5 = T5Model(vocab_size=VOCAB, model_dims=D, num_encoder_layers=1, num_decoder_layers=1,
                num_heads=4, dim_per_head=HEAD_DIM, hidden_dims=FF)
   with pytest.raises(UserError, match="this experiment's model is a T5Model"):

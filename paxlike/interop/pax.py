@@ -35,7 +35,7 @@ And Pax's LLaMA (paxml's GPU `BaseLLaMA`; saxml's converter writes the same
 names), into paxlike's Llama family:
 
   lm.embedding_lookup.emb_var [V, D]          -> embed_tokens
-  lm.softmax.logits_ffn.linear.w [D, V]       -> lm_head/w (the table, tied)
+  lm.softmax.logits_ffn.linear.w [D, V]       -> lm_head/w
   lm.final_ln.scale                           -> norm/scale
   lm.transformer.x_layers_<i>. ... (or repeat.sub.x_layers_0. ...)
     layer_norm.scale                          -> input_layernorm/scale
@@ -138,9 +138,8 @@ def find(path: str, step: int | None) -> str:
                   f"{STATE}/ or beside it) there; is it a Pax checkpoint_<step> folder?")
 
 
-def read_params(state_dir: str) -> dict[str, dict[str, Any]]:
-  """{"lm.embedding_lookup.emb_var": TensorStore spec} of a checkpoint's model variables,
-  nothing read yet."""
+def _arrays(state_dir: str) -> dict[str, dict[str, Any]]:
+  """{dotted name: TensorStore spec} of every array of a checkpoint's item folder."""
   if os.path.isfile(os.path.join(state_dir, _OCDBT)):
     import tensorstore as ts
 
@@ -152,18 +151,34 @@ def read_params(state_dir: str) -> dict[str, dict[str, Any]]:
     out = {}
     for key in (k.decode() for k in keys):
       name, _, leaf = key.rpartition("/")
-      if leaf in _ARRAY_FILES and name.startswith(PARAMS):
-        out[name[len(PARAMS):]] = {
-            "driver": "zarr" if leaf == ".zarray" else "zarr3",
-            "kvstore": {"driver": "ocdbt", "base": base, "path": name + "/"}}
+      if leaf in _ARRAY_FILES:
+        out[name] = {"driver": "zarr" if leaf == ".zarray" else "zarr3",
+                     "kvstore": {"driver": "ocdbt", "base": base, "path": name + "/"}}
     return out
   out = {}
   for name in sorted(os.listdir(state_dir)):
     folder = os.path.join(state_dir, name)
-    leaf = _array_file(folder) if name.startswith(PARAMS) else None
+    leaf = _array_file(folder)
     if leaf:
-      out[name[len(PARAMS):]] = {"driver": "zarr" if leaf == ".zarray" else "zarr3",
-                                 "kvstore": {"driver": "file", "path": folder}}
+      out[name] = {"driver": "zarr" if leaf == ".zarray" else "zarr3",
+                   "kvstore": {"driver": "file", "path": folder}}
+  return out
+
+
+def read_params(state_dir: str) -> dict[str, dict[str, Any]]:
+  """{"lm.embedding_lookup.emb_var": TensorStore spec} of a checkpoint's model variables
+  (Pax's mdl_vars.params.*), nothing read yet.
+
+  Raises:
+    UserError: no such variables (a paxlike checkpoint is named as one).
+  """
+  arrays = _arrays(state_dir)
+  out = {n[len(PARAMS):]: spec for n, spec in arrays.items() if n.startswith(PARAMS)}
+  if not out:
+    hint = ("; it is a paxlike checkpoint: read it with paxlike:DIR"
+            if any(n.startswith("params.") for n in arrays) else "")
+    raise UserError(f"the checkpoint in {state_dir} holds no Pax model variables "
+                    f"({PARAMS}* arrays){hint}.")
   return out
 
 
@@ -245,15 +260,9 @@ def llama_entries(model: Any, repeated: bool, combined: bool) -> list[Entry]:
   stacked layers (repeat.sub); combined: one combined_qkv array, read at 0, 1, 2."""
   d, f, n, kv, h, v = (model.model_dims, model.hidden_dims, model.num_heads, model.num_kv_heads,
                        model.head_dim, model.vocab_size)
-  out = []
-  if model.tie_embeddings:
-    out.append(Entry("lm.softmax.logits_ffn.linear.w", (), ("embed_tokens",), None, TABLE_T,
-                     (v, d), (d, v)))
-  else:
-    out += [Entry("lm.embedding_lookup.emb_var", (), ("embed_tokens",), None, COPY, (v, d),
-                  (v, d)),
-            Entry("lm.softmax.logits_ffn.linear.w", (), ("lm_head", "w"), None, COPY, (d, v),
-                  (d, v))]
+  out = [Entry("lm.embedding_lookup.emb_var", (), ("embed_tokens",), None, COPY, (v, d), (v, d)),
+         Entry("lm.softmax.logits_ffn.linear.w", (), ("lm_head", "w"), None, COPY, (d, v),
+               (d, v))]
   out.append(Entry("lm.final_ln.scale", (), ("norm", "scale"), None, COPY, (d,), (d,)))
   per_layer: list[tuple[str, tuple[int, ...], str, str, tuple[int, ...]]] = [
       ("layer_norm.scale", (), "input_layernorm/scale", COPY, (d,))]
@@ -357,9 +366,10 @@ def lazy_params(path: str, step: int | None, model: Any, target: dict[str, Any] 
   from paxlike.models.llama import LlamaModel
 
   if isinstance(model, LlamaModel):
-    if model.qkv_bias:
-      raise UserError(f"pax:{path}: Pax's LLaMA has no query/key/value biases; this experiment "
-                      "has QKV_BIAS set.")
+    if model.qkv_bias or model.tie_embeddings:
+      raise UserError(f"pax:{path}: Pax's LLaMA has separate input and output tables and no "
+                      "query/key/value biases; this experiment sets "
+                      f"{'QKV_BIAS' if model.qkv_bias else 'TIE_EMBEDDINGS'}.")
   elif isinstance(model, LanguageModel):
     for unread, why in ((model.num_experts, "mixture-of-experts layers"),
                         (model.relative_bias, "a relative position bias"),
@@ -374,8 +384,6 @@ def lazy_params(path: str, step: int | None, model: Any, target: dict[str, Any] 
                     f"{type(model).__name__}.")
   where = find(path, step)
   source = read_params(where)
-  if not source:
-    raise UserError(f"the Pax checkpoint in {where} holds no {PARAMS}* arrays.")
   repeated = any(n.startswith("lm.transformer.repeat.") for n in source)
   if isinstance(model, LlamaModel):
     combined = any(n.endswith("self_attention.combined_qkv.w") for n in source)
