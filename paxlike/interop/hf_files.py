@@ -122,6 +122,20 @@ def lazy_pipeline(stack: dict[str, Any], layout: Any) -> dict[str, Any]:
   return {"pipeline": {f"x_layers_{j}": each(stack["repeat"], j) for j in range(per)}}
 
 
+def open_array(spec: dict[str, Any], what: str) -> Any:
+  """A TensorStore array of a T5X or Pax checkpoint, open for reading; one UserError line
+  naming `what` ("T5X", "Pax") and the array's path if it cannot be opened."""
+  import tensorstore as ts
+
+  from paxlike.errors import UserError
+
+  try:
+    return ts.open(spec, read=True).result()
+  except (ValueError, RuntimeError) as e:
+    raise UserError(f"cannot open the {what} array {spec['kvstore']['path']} ({e}); copy the "
+                    "whole checkpoint folder.") from None
+
+
 def lazy_tree(entries: Iterable[tuple[tuple[str, ...], int | None, Callable[[], np.ndarray],
                                       tuple[int, ...]]]) -> dict[str, Any]:
   """The params tree of LazyParams from (path, layer or None, reader, shape of one layer).

@@ -72,7 +72,7 @@ from typing import Any
 import numpy as np
 
 from paxlike.errors import UserError
-from paxlike.interop.hf_files import lazy_tree
+from paxlike.interop.hf_files import lazy_tree, open_array
 
 PARAMS = "mdl_vars.params."  # Pax's prefix of the model's variables
 STATE = "state"  # Pax's item folder in a checkpoint_<step> (checkpoint_paths.STATE_ITEM_NAME)
@@ -183,13 +183,7 @@ def read_params(state_dir: str) -> dict[str, dict[str, Any]]:
 
 
 def _open(spec: dict[str, Any]) -> Any:
-  import tensorstore as ts
-
-  try:
-    return ts.open(spec, read=True).result()
-  except (ValueError, RuntimeError) as e:
-    raise UserError(f"cannot open the Pax array {spec['kvstore']['path']} ({e}); copy the "
-                    "whole checkpoint folder.") from None
+  return open_array(spec, "Pax")
 
 
 def _shape(spec: dict[str, Any]) -> tuple[int, ...]:

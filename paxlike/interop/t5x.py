@@ -42,7 +42,7 @@ import numpy as np
 from flax import traverse_util
 
 from paxlike.errors import UserError
-from paxlike.interop.hf_files import lazy_tree
+from paxlike.interop.hf_files import lazy_tree, open_array
 
 FILE = "checkpoint"  # the legacy format's msgpack
 STATE = "state"  # the Orbax format's item folder (T5X's _STATE_KEY)
@@ -206,13 +206,7 @@ def _shape(leaf: Any) -> tuple[int, ...]:
 
 
 def _open(spec: dict[str, Any]) -> Any:
-  import tensorstore as ts
-
-  try:
-    return ts.open(spec, read=True).result()
-  except (ValueError, RuntimeError) as e:
-    raise UserError(f"cannot open the T5X array {spec['kvstore']['path']} ({e}); copy the "
-                    "whole checkpoint folder.") from None
+  return open_array(spec, "T5X")
 
 
 def _read(leaf: Any, kind: str, shape: tuple[int, ...]) -> np.ndarray:
