@@ -48,6 +48,7 @@ import re
 from typing import Any
 
 from paxlike.errors import UserError
+from paxlike.interop.hf_files import flat_names
 
 KINDS = ("hf", "paxlike", "t5x", "pax")
 STEPPED = ("paxlike", "t5x", "pax")  # kinds that take DIR@STEP
@@ -135,14 +136,6 @@ def _check_rule(rule: Any) -> tuple[str, str | None]:
     raise UserError(f"INIT_FROM_RULES pattern {rule[0]!r} is not a regular expression ({e}).") \
         from None
   return rule[0], rule[1]
-
-
-def flat_names(tree: Any) -> dict[str, Any]:
-  """{"a/b/c": leaf} of a nested params tree."""
-  import jax
-
-  return {"/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path): leaf
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 @dataclasses.dataclass

@@ -384,3 +384,34 @@ def test_pax_s_lm_starts_a_run_and_a_checkpoint_of_other_layers_writes_nothing(t
       "error: the Pax checkpoint in ") and "has variables this model has no place for (lm." \
       "transformer.repeat.sub.x_layers_0.self_attention.key.b" in proc.stderr, describe(proc)
   assert not job.exists()
+
+
+@pytest.mark.parametrize("family", ["llama", "lm"])
+def test_a_pax_checkpoint_fills_a_pipelined_model_s_stages_with_the_same_layers(tmp_path, family):
+  """Read into 2 stages of 2 layers, then unpipelined and unrolled (the decoding twin): the
+  weights read straight into an unrolled model; Pax's own pipelined stack is refused."""
+  from paxlike import decoding
+  from paxlike.errors import UserError
+  from paxlike.interop import hf_files, pax
+
+  rng = np.random.default_rng(5)
+  if family == "llama":
+    pytest.importorskip("transformers")
+    tree = pax_params(_hf_model(4, 2), False, False)
+    make = lambda **kw: _paxlike_model(4, 2, True).clone(num_layers=LAYERS, **kw)  # noqa: E731
+  else:
+    tree = praxis_lm_params(rng, False, False)
+    make = lambda **kw: _lm(True, False).clone(**kw)  # noqa: E731
+  write_pax_checkpoint(str(tmp_path / "src"), 0, tree, ocdbt=False)
+  staged = make(num_stages=2, num_microbatches=2)
+  params = hf_files.materialize(pax.lazy_params(str(tmp_path / "src"), None, staged))
+  _, unrolled = decoding.decoding_model(staged, params)
+  direct = hf_files.materialize(pax.lazy_params(str(tmp_path / "src"), None,
+                                                make(use_repeated_layer=False)))
+  assert jax.tree.structure(unrolled) == jax.tree.structure(direct)
+  for a, b in zip(jax.tree.leaves(unrolled), jax.tree.leaves(direct), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  piped = {"lm": {**tree["lm"], "transformer": {"pipeline": tree["lm"]["transformer"]}}}
+  write_pax_checkpoint(str(tmp_path / "piped"), 0, piped, ocdbt=False)
+  with pytest.raises(UserError, match=r"holds a pipelined stack \(lm\.transformer\.pipeline"):
+    pax.lazy_params(str(tmp_path / "piped"), None, make())

@@ -23,6 +23,14 @@ def same(a: Any, b: Any) -> bool:
   return a == b
 
 
+def flat_names(tree: Any) -> dict[str, Any]:
+  """{"a/b/c": leaf} of a nested params tree (model_analysis.txt's names)."""
+  import jax
+
+  return {"/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path): leaf
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
   """tree[path[0]][path[1]]... = value, creating the dicts on the way."""
   for key in path[:-1]:

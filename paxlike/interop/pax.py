@@ -28,8 +28,10 @@ LanguageModel), by the names paxlike's parameters mirror:
 
 praxis's LayerNorm keeps `scale - 1` (direct_scale=False), so 1 is added;
 its RmsNorm keeps the scale itself. Pre-norm dense stacks are read;
-experts, relative position biases, other norm policies and pipelined stacks
-are refused in one line.
+experts, relative position biases and other norm policies are refused in
+one line. Either family is read into any of paxlike's layouts (unrolled,
+scanned, pipelined); Pax's own pipelined stacks (lm.transformer.pipeline.*)
+are refused by name.
 
 And Pax's LLaMA (paxml's GPU `BaseLLaMA`; saxml's converter writes the same
 names), into paxlike's Llama family:
@@ -72,7 +74,7 @@ from typing import Any
 import numpy as np
 
 from paxlike.errors import UserError
-from paxlike.interop.hf_files import lazy_tree, open_array
+from paxlike.interop.hf_files import flat_names, lazy_tree, open_array
 
 PARAMS = "mdl_vars.params."  # Pax's prefix of the model's variables
 STATE = "state"  # Pax's item folder in a checkpoint_<step> (checkpoint_paths.STATE_ITEM_NAME)
@@ -350,7 +352,8 @@ def lazy_params(path: str, step: int | None, model: Any, target: dict[str, Any] 
   """The model's params tree of LazyParams, checked now against the Pax checkpoint.
 
   target: the model's parameters (name -> leaf with .shape, paxlike.initial.flat_names of
-  its abstract params); Pax's LM needs them, the Llama family does not.
+  its abstract params), which Pax's LM is mapped by; None: traced from the model. A
+  pipelined model gets its scanned twin's layers placed into its stages.
 
   Raises:
     UserError: a model of another family, not a Pax checkpoint, a missing
@@ -367,8 +370,7 @@ def lazy_params(path: str, step: int | None, model: Any, target: dict[str, Any] 
   elif isinstance(model, LanguageModel):
     for unread, why in ((model.num_experts, "mixture-of-experts layers"),
                         (model.relative_bias, "a relative position bias"),
-                        (model.norm_policy != "pre", f"NORM_POLICY={model.norm_policy!r}"),
-                        (model.num_stages, "pipeline stages")):
+                        (model.norm_policy != "pre", f"NORM_POLICY={model.norm_policy!r}")):
       if unread:
         raise UserError(f"pax:{path}: Pax checkpoints are read into LMs with pre-norm dense "
                         f"layers; this experiment has {why}.")
@@ -378,6 +380,26 @@ def lazy_params(path: str, step: int | None, model: Any, target: dict[str, Any] 
                     f"{type(model).__name__}.")
   where = find(path, step)
   source = read_params(where)
+  if any(n.startswith("lm.transformer.pipeline.") for n in source):
+    raise UserError(f"the Pax checkpoint in {where} holds a pipelined stack (lm.transformer."
+                    "pipeline.*), which paxlike does not read yet; Pax's per-layer and "
+                    "repeated stacks are read, into any of paxlike's layouts.")
+  plain = model.unpipelined()
+  if plain is not model:  # the scanned twin's layers, placed straight into the stages
+    from paxlike.interop.hf_files import lazy_pipeline
+    from paxlike.relayout import STACK
+
+    form = model.stack_form()
+    staged = form.to(_source_tree(plain, source, where, None))
+    return form.back({**staged, STACK: lazy_pipeline(staged[STACK], model.layout())})
+  return _source_tree(model, source, where, target)
+
+
+def _source_tree(model: Any, source: dict[str, Any], where: str,
+                 target: dict[str, Any] | None) -> dict[str, Any]:
+  """An unpipelined model's LazyParams from the checked source (lazy_params)."""
+  from paxlike.models.llama import LlamaModel
+
   repeated = any(n.startswith("lm.transformer.repeat.") for n in source)
   if isinstance(model, LlamaModel):
     combined = any(n.endswith("self_attention.combined_qkv.w") for n in source)
@@ -387,8 +409,13 @@ def lazy_params(path: str, step: int | None, model: Any, target: dict[str, Any] 
                       f"{model.num_kv_heads} for {model.num_heads} heads.")
     entries = llama_entries(model, repeated, combined)
   else:
-    if target is None:
-      raise ValueError("lazy_params needs the LanguageModel's target parameters.")
+    if target is None:  # the model's own parameter names and shapes
+      import flax.linen as nn
+      import jax
+      import jax.numpy as jnp
+
+      target = flat_names(nn.meta.unbox(jax.eval_shape(
+          lambda: model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))["params"]))
     entries = lm_entries(model, target, repeated)
   return _lazy_tree(entries, source, where, model.use_repeated_layer)
 
