@@ -359,15 +359,13 @@ def lazy_params(path: str, step: int | None, model: Any, target: dict[str, Any] 
     UserError: a model of another family, not a Pax checkpoint, a missing
       variable, a shape that differs, or variables the model has no place for.
   """
-  from paxlike.models.language_model import LanguageModel
-  from paxlike.models.llama import LlamaModel
-
-  if isinstance(model, LlamaModel):
+  family = model.pax_variables()
+  if family == "llama":
     if model.qkv_bias or model.tie_embeddings:
       raise UserError(f"pax:{path}: Pax's LLaMA has separate input and output tables and no "
                       "query/key/value biases; this experiment sets "
                       f"{'QKV_BIAS' if model.qkv_bias else 'TIE_EMBEDDINGS'}.")
-  elif isinstance(model, LanguageModel):
+  elif family == "lm":
     for unread, why in ((model.num_experts, "mixture-of-experts layers"),
                         (model.relative_bias, "a relative position bias"),
                         (model.norm_policy != "pre", f"NORM_POLICY={model.norm_policy!r}")):
@@ -398,10 +396,8 @@ def lazy_params(path: str, step: int | None, model: Any, target: dict[str, Any] 
 def _source_tree(model: Any, source: dict[str, Any], where: str,
                  target: dict[str, Any] | None) -> dict[str, Any]:
   """An unpipelined model's LazyParams from the checked source (lazy_params)."""
-  from paxlike.models.llama import LlamaModel
-
   repeated = any(n.startswith("lm.transformer.repeat.") for n in source)
-  if isinstance(model, LlamaModel):
+  if model.pax_variables() == "llama":
     combined = any(n.endswith("self_attention.combined_qkv.w") for n in source)
     if combined and model.num_kv_heads != model.num_heads:
       raise UserError(f"the Pax checkpoint in {where} has combined q/k/v projections (one key "

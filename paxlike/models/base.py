@@ -182,6 +182,11 @@ class BaseModel(nn.Module):
                     "Llama families convert to and from Hugging Face (--export_format="
                     "stablehlo exports any model).")
 
+  def pax_variables(self) -> str | None:
+    """Which Pax model's checkpoint variables this model takes (paxlike.interop.pax): "lm"
+    (praxis's TransformerLm), "llama" (Pax's LLaMA), or None (no Pax counterpart)."""
+    return None
+
   def finish_decode(self, batch: dict[str, jax.Array], start: decoding.DecodeStart,
                     out: decoding.DecodeOutput,
                     settings: decoding.DecodeSettings) -> decoding.DecodeOutput:

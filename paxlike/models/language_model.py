@@ -572,6 +572,9 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
     return pad * (self.model_dims * (2 if self.separate_embedding else 1)
                   + (1 if self.softmax_has_bias else 0))
 
+  def pax_variables(self) -> str:
+    return "lm"
+
   def compute_dtype(self) -> str:
     return np.dtype(self.fprop_dtype).name
 

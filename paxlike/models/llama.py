@@ -235,6 +235,9 @@ class LlamaModel(pipeline.PipelinedModel, BaseModel):
                         ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
     return LanguageModel.prompt_and_target(self, host_batch)
 
+  def pax_variables(self) -> str:
+    return "llama"
+
   def hf_config(self) -> dict[str, Any]:
     """The transformers config (config.json) of this model: Llama, or Qwen2 with QKV_BIAS."""
     from paxlike.interop import hf_llama
