@@ -376,8 +376,7 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
     inp.bind_host(jax.process_count(), jax.process_index())
     if getattr(inp, "vocab", None) is not None:
       vocabulary.check_fits(inp.vocab, task.model)
-    if hasattr(inp, "check_model"):  # what an input makes that the model must take
-      inp.check_model(task.model)
+    inp.check_model(task.model)
   if not any(i.is_training for i in inputs):
     eval_only = inputs and not task.train.always_use_train_for_model_init
     if not eval_only:

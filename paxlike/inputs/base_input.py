@@ -101,6 +101,11 @@ class BaseInput:
       raise UserError(f"input {self.name!r}: infeed_host_index {self.infeed_host_index} is "
                       f"outside [0, {self.num_infeed_hosts}).")
 
+  def check_model(self, model: Any) -> None:
+    """Raises UserError (one line) if what this input makes cannot feed `model`; called
+    once both are built, before anything is written. Most inputs fit any model."""
+    del model
+
   @property
   def hosts(self) -> tuple[int, int]:
     return max(self.num_infeed_hosts, 1), max(self.infeed_host_index, 0)
