@@ -309,12 +309,10 @@ _LM_LAYER = {
     "pre_ffn_norm/bias": ("ff_layer.layer_norm.bias", COPY),
     **{f"attention/{p}/{w}": (f"self_attention.{p}.{w}", COPY)
        for p in ("query", "key", "value") for w in ("w", "b")},
-    **{f"ffn/{p}/w": (f"ff_layer.{q}.linear.w", COPY)
+    **{f"ffn/{p}/{ours}": (f"ff_layer.{q}.{theirs}", COPY)
        for p, q in (("ffn1", "ffn_layer1"), ("ffn1_gate", "ffn_layer1_gate"),
-                    ("ffn2", "ffn_layer2"))},
-    **{f"ffn/{p}/b": (f"ff_layer.{q}.bias.b", COPY)
-       for p, q in (("ffn1", "ffn_layer1"), ("ffn1_gate", "ffn_layer1_gate"),
-                    ("ffn2", "ffn_layer2"))},
+                    ("ffn2", "ffn_layer2"))
+       for ours, theirs in (("w", "linear.w"), ("b", "bias.b"))},
 }
 
 
