@@ -228,6 +228,7 @@ def analyse(exp: Any) -> dict[str, Any]:
       "compiled_memory_per_device": memory,
       "flops_per_step": {
           "model_analytic": model_flops,
+          "model_source": task.model.flops_source(),
           "hardware_compiled": hw.total if hw else None,
           "xla_cost_analysis": hw.xla_flops if hw else None,
           "loop_correction": hw.loop_correction if hw else None,
@@ -274,7 +275,7 @@ def format_table(report: dict[str, Any], target: str) -> str:
       ("compiled: arguments / device", _gib(mem["argument"])),
       ("compiled: temporaries / device", _gib(mem["temp"])),
       ("compiled: peak / device", _gib(mem["peak"])),
-      ("model FLOPs / step (analytic)", f"{fl['model_analytic']:.4g}"
+      (f"model FLOPs / step ({fl['model_source']})", f"{fl['model_analytic']:.4g}"
        if fl["model_analytic"] else "n/a"),
       ("hardware FLOPs / step (compiled)", f"{fl['hardware_compiled']:.4g}"
        f" ({fl['hardware_over_model']:.2f}x model)" if fl["hardware_over_model"] else "n/a"),

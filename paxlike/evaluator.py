@@ -47,6 +47,10 @@ from paxlike.inputs.text import TextInput
 # Counts a model's fprop may add, reported per example under praxis's metric names: rows
 # predicted whole (eval_task 'lambada', report_strict_acc) and BoolQ's answers.
 PER_EXAMPLE = {"strict_correct": "acc_strict", "yes_no_correct": "boolq_acc"}
+# The metrics eval_step_sums sums under their own names; any other metric a model's fprop
+# gives (a Pax user's model's) is summed as EXTRA + its name and reported as its mean.
+_OWN = ("loss", "log_pplx", "accuracy")
+EXTRA = "mean_of/"
 
 
 def _global_max(n: int) -> int:
@@ -85,9 +89,14 @@ def eval_step_sums(model: Any, reduce_sum: Callable[[Any], Any]) -> Callable:
     n = m["num_tokens"]
     # log_pplx is the cross-entropy alone; loss may add more (an MoE model's aux loss).
     sums = {"loss_sum": m["loss"] * n, "xent_sum": m.get("log_pplx", m["loss"]) * n,
-            "correct_sum": m["accuracy"] * n, "num_tokens": n,
-            "num_examples": m["num_examples"]}
+            "num_tokens": n, "num_examples": m["num_examples"]}
+    if "accuracy" in m:
+      sums["correct_sum"] = m["accuracy"] * n
     sums.update({k: m[k] for k in PER_EXAMPLE if k in m})
+    # A Pax user's model names its own metrics (paxlike.pax.base_model): each is a weighted
+    # mean too, summed here like the loss.
+    sums.update({f"{EXTRA}{k}": v * n for k, v in m.items() if k not in _OWN and k not in
+                 PER_EXAMPLE and not k.startswith("num_")})
     return reduce_sum(sums)
 
   return step
@@ -144,15 +153,17 @@ class Evaluator:
       t = {k: float(v) for k, v in self.partitioner.unshard(total).items()}
       tokens = max(t["num_tokens"], 1e-8)
       metrics = {"loss": t["loss_sum"] / tokens, "log_pplx": t["xent_sum"] / tokens,
-                 "accuracy": t["correct_sum"] / tokens, "num_examples": t["num_examples"],
-                 "num_tokens": t["num_tokens"]}
+                 "num_examples": t["num_examples"], "num_tokens": t["num_tokens"]}
+      if "correct_sum" in t:
+        metrics["accuracy"] = t["correct_sum"] / tokens
       metrics.update({name: t[k] / max(t["num_examples"], 1.0)
                       for k, name in PER_EXAMPLE.items() if k in t})
+      metrics.update({k[len(EXTRA):]: v / tokens for k, v in t.items() if k.startswith(EXTRA)})
       writer = self._writer(f"eval_test_{inp.name}")
       writer.scalars(step, metrics)
       writer.close()
       log.info("eval %s at step %d: loss %.4f accuracy %.4f num_examples %d", inp.name, step,
-               metrics["loss"], metrics["accuracy"], int(metrics["num_examples"]))
+               metrics["loss"], metrics.get("accuracy", 0.0), int(metrics["num_examples"]))
       results[inp.name] = metrics
     return results
 

@@ -77,8 +77,9 @@ class Learner:
   clip_threshold: float = 0.0
   weight_decay: float = 0.0
   clip_gradient_norm_to_value: float = 0.0
-  # Pax's learner fields that its experiment files set: the model's one loss is
-  # 'total_loss'; the separator only names scanned layers' variables in Pax.
+  # Pax's learner fields that its experiment files set: the metric to minimise (paxlike's
+  # models have one loss, 'total_loss' or 'loss'; a Pax user's model names its metrics,
+  # BaseModel.for_task); the separator only names scanned layers' variables in Pax.
   loss_name: str = "total_loss"
   repeat_prefix_sep: str = "#"
   # praxis's Learner fields: regexes over parameter names ('transformer/repeat/ffn/ffn1/w',
@@ -89,9 +90,6 @@ class Learner:
   bprop_variable_exclusion: Sequence[str] = ()
 
   def __post_init__(self) -> None:
-    if self.loss_name not in ("total_loss", "loss"):
-      raise UserError(f"learner.loss_name={self.loss_name!r}: paxlike's models train on "
-                      "their one loss, 'total_loss'.")
     for field in ("bprop_variable_inclusion", "bprop_variable_exclusion"):
       patterns = getattr(self, field)
       if isinstance(patterns, str):

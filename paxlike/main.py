@@ -361,6 +361,7 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
   decode_cfgs = configs.decode_datasets
   with experiment.user_config_errors(f"building {name}'s task"):
     task = config.build(configs.task)
+  task.model.check_mesh(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE)
   with experiment.user_config_errors(f"building {name}'s datasets"):
     inputs = [config.build(c) for c in configs.datasets]
   if argv_flags.mode == "infer":  # a bad --infer_input fails here, before anything is written

@@ -142,14 +142,21 @@ class Task:
       with metrics keyed `eval_test_<input name>/metrics/<metric>`; training
       stops (after a checkpoint) when it returns True.
     summary_verbosity: Pax's level for the summaries its layers add; paxlike's
-      layers add none, and the trainer's scalars (loss, learning_rate, ...)
-      are written at any level, as Pax writes its trainer's.
+      layers add none, a Pax user's own layers' add_summary(..., verbosity=v)
+      is written where v <= this level, and the trainer's scalars (loss,
+      learning_rate, ...) are written at any level, as Pax writes its trainer's.
   """
 
   model: Any
   train: TrainSettings = dataclasses.field(default_factory=TrainSettings)
   early_stopping_fn: Callable[..., bool] | None = None
   summary_verbosity: int = 3
+  name: str = ""  # Pax's task name; the job's directory names the run
+
+  def __post_init__(self) -> None:
+    for_task = getattr(self.model, "for_task", None)
+    if callable(for_task):
+      self.model = for_task(self.train.learner.loss_name, self.summary_verbosity)
 
   @property
   def learner(self) -> Learner:

@@ -14,9 +14,28 @@ from paxlike.errors import UserError
 
 
 class BaseActivation:
-  """An activation named as Pax's experiment files name it; `name` is paxlike's key."""
+  """An activation named as Pax's experiment files name it; `name` is paxlike's key.
+
+  An instance is also the function (praxis's activation layers: a Pax user's
+  own layer calls `self.activation(x)` after `create_child('activation',
+  self.activation_tpl.clone())`).
+  """
 
   name = ""
+
+  def __call__(self, x: Any) -> Any:
+    from paxlike.layers.linear import ACTIVATIONS
+
+    if self.name == "gelu" and not getattr(self, "approximate", True):
+      import jax
+
+      return jax.nn.gelu(x, approximate=False)
+    return ACTIVATIONS[self.name](x)
+
+  def clone(self) -> BaseActivation:
+    import copy
+
+    return copy.copy(self)
 
 
 class ReLU(BaseActivation):
@@ -27,7 +46,8 @@ class GELU(BaseActivation):
   """Pax's GELU (tanh approximation, as jax.nn.gelu's default).
 
   `approximate` is praxis's field (`activation_tpl.approximate = True` in Pax's
-  GPT-3); paxlike computes the tanh approximation only.
+  GPT-3); paxlike's LM layers compute the tanh approximation only (its
+  config tree refuses False), a Pax user's own layer calling it gets either.
   """
 
   name = "gelu"

@@ -24,6 +24,11 @@ Plain methods (no parameters needed; callable on the unbound module):
   model_flops_per_step(specs)  analytic model FLOPs of one train step for a
                           global batch given as {feature: ShapeDtypeStruct}
   tokens_per_step(specs)  token positions one train step processes
+  flops_source()          how model_flops_per_step counts ("analytic" for the families)
+  check_mesh(ici, dcn)    refuses model mesh fields that differ from the experiment's
+  for_task(loss_name, summary_verbosity)  the model as the task runs it: training on
+                          the learner's loss_name (a family's one loss is 'total_loss';
+                          paxlike.pax.base_model's names its metrics)
   compute_dtype()         the matmul dtype's name, for the device peak
   padding_params()        parameter entries that only pad tables to the mesh
   special_ids()           {"eos_id", "pad_id"} for decoding
@@ -137,6 +142,10 @@ class BaseModel(nn.Module):
   def tokens_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> int:
     raise NotImplementedError
 
+  def flops_source(self) -> str:
+    """Where model_flops_per_step's count comes from, as the dry run labels it."""
+    return "analytic"
+
   def compute_dtype(self) -> str:
     raise NotImplementedError
 
@@ -181,6 +190,26 @@ class BaseModel(nn.Module):
     raise UserError(f"{type(self).__name__} has no Hugging Face layout; only the T5 and "
                     "Llama families convert to and from Hugging Face (--export_format="
                     "stablehlo exports any model).")
+
+  def for_task(self, loss_name: str, summary_verbosity: int) -> BaseModel:
+    """This model as the task runs it (Task passes the learner's loss_name and its
+    summary_verbosity, which paxlike's families' layers do not read).
+
+    Raises:
+      UserError: the model has no such loss (paxlike's families have one, 'total_loss').
+    """
+    del summary_verbosity
+    if loss_name not in ("total_loss", "loss"):
+      from paxlike.errors import UserError
+
+      raise UserError(f"learner.loss_name={loss_name!r}: paxlike's models train on their one "
+                      "loss, 'total_loss'.")
+    return self
+
+  def check_mesh(self, ici_mesh_shape: Any, dcn_mesh_shape: Any) -> None:
+    """Raises UserError where the model's own mesh fields disagree with the experiment's
+    (a Pax user's model has them, paxlike.pax.base_model); the families have none."""
+    del ici_mesh_shape, dcn_mesh_shape
 
   def pax_variables(self) -> str | None:
     """Which Pax model's checkpoint variables this model takes (paxlike.interop.pax): "lm"

@@ -15,9 +15,45 @@ from paxlike.pax._hparams import HParams
 
 @dataclasses.dataclass
 class BaseInput(_BaseInput):
-  """paxlike's BaseInput; `BaseInput.HParams(...)` configures a subclass as Pax did."""
+  """paxlike's BaseInput; `BaseInput.HParams(...)` configures a subclass as Pax did.
+
+  Two defaults are praxis's, for a Pax user's own input (paxml's mnist.py):
+  an unnamed input is 'train' when is_training and 'input' otherwise, and an
+  eval input with reset_for_eval ends its epoch itself (StopIteration), so
+  `repeat` (paxlike's field) is False for it unless set.
+  """
 
   HParams = HParams()
+  name: str = ""
+  repeat: bool | None = None
+
+  def __post_init__(self) -> None:
+    if not self.name:
+      self.name = "train" if self.is_training else "input"
+    if self.repeat is None:
+      self.repeat = not (self.reset_for_eval and not self.is_training)
+    super().__post_init__()
+
+  def peek_specs(self) -> dict[str, Any]:
+    """One batch get_next() returns, without moving the stream. An input holding what
+    cannot be copied (a tf.data iterator, as Pax's own inputs do) reads its next batch and
+    hands it back at the next get_next(), as praxis's peek does."""
+    try:
+      return super().peek_specs()
+    except Exception:  # noqa: BLE001  (copying failed: read ahead instead)
+      pass
+    batch = self.get_next()
+
+    def replay() -> dict[str, Any]:
+      del self.get_next  # the class's get_next again
+      return batch
+
+    self.get_next = replay
+    return batch
+
+  def reset(self) -> None:
+    """Back to the start: a batch read ahead by peek_specs is dropped (praxis's reset)."""
+    self.__dict__.pop("get_next", None)
 
 
 class LingvoInputAdaptor:

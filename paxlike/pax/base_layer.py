@@ -1,19 +1,57 @@
-"""praxis.base_layer: WeightInit, the initializer a Pax file sets as `params_init`.
+"""praxis.base_layer: WeightInit, and BaseLayer for a Pax user's own layers.
 
 `model_p.params_init = WeightInit.Gaussian(0.006)` (Pax's GPT-3) or
 `lm_tpl.softmax_tpl.params_init = ...` start the LM's weights (kernels and
 tables) from that distribution; biases and norm scales keep their own, as in
 praxis. paxlike.models.language_model.draw_weight draws them.
+
+A Pax experiment file that writes its own layers (paxml's mnist.py: `class
+CNN(base_layer.BaseLayer)` with `setup()`, `create_child`, `create_variable`
+and `self.theta.w`) subclasses BaseLayer here: a flax.linen module with
+praxis's fields and methods. What it keeps from praxis, and what it changes:
+
+- Template fields (`template_field(Cls)`, or a field annotated
+  `pax_fiddle.Config[...]`) stay configs when the experiment's task is built
+  (praxis's DoNotBuild); the layer builds them itself with `create_child`.
+- A child made by create_child / create_children takes its parent's dtype,
+  fprop_dtype, params_init and mesh fields where its own are unset. Unset
+  means not given: praxis also overwrote a child's dtype when it was
+  float32, the default, even when set on purpose; here a given dtype stays.
+- `create_variable(name, WeightHParams(shape, init, dtype))` draws the
+  weight as praxis's init_var does (init_value below) into flax's `params`.
+  A non-trainable variable (praxis's NON_TRAINABLE collection) and sharding
+  annotations are refused in one sentence: paxlike trains `params` only and
+  replicates a user layer's weights over the mesh (the batch is still split
+  over the data axes).
+- `add_summary(name, scalar)` reaches the run's summaries: the model's metrics
+  carry it (base_model.BaseModel.fprop), averaged like the loss.
 """
 
 from __future__ import annotations
 
+import contextvars
+import copy
 import dataclasses
+import math
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+import fiddle as fdl
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from paxlike.config import Unbuilt
+from paxlike.errors import UserError
+from paxlike.pax import pax_fiddle
+from paxlike.pax.py_utils import NestedMap
 
 
 @dataclasses.dataclass(frozen=True)
 class WeightInitSpec:
-  """One initializer: `method` ('gaussian', 'uniform', 'xavier', 'constant') and `scale`."""
+  """One initializer: praxis's `method` ('gaussian', 'xavier', ...) and `scale`."""
 
   method: str
   scale: float
@@ -22,11 +60,12 @@ class WeightInitSpec:
     return (self.method, float(self.scale))
 
   def __repr__(self) -> str:
-    return f"WeightInit.{self.method.capitalize()}({self.scale})"
+    name = "".join(part.capitalize() for part in self.method.split("_"))
+    return f"WeightInit.{name.replace('Fanin', 'FanIn').replace('Fanout', 'FanOut')}({self.scale})"
 
 
 class WeightInit:
-  """praxis's initializer constructors."""
+  """praxis's initializer constructors (paxlike's LM takes the first four)."""
 
   @staticmethod
   def Gaussian(scale: float = 1.0) -> WeightInitSpec:  # noqa: N802
@@ -44,5 +83,414 @@ class WeightInit:
   def Constant(scale: float = 0.0) -> WeightInitSpec:  # noqa: N802
     return WeightInitSpec("constant", scale)
 
+  @staticmethod
+  def GaussianSqrtDim(scale: float = 1.0) -> WeightInitSpec:  # noqa: N802
+    return WeightInitSpec("gaussian_sqrt_dim", scale)
 
-__all__ = ["WeightInit", "WeightInitSpec"]
+  @staticmethod
+  def GaussianSqrtFanIn(scale: float = 1.0) -> WeightInitSpec:  # noqa: N802
+    return WeightInitSpec("gaussian_sqrt_fanin", scale)
+
+  @staticmethod
+  def GaussianSqrtFanOut(scale: float = 1.0) -> WeightInitSpec:  # noqa: N802
+    return WeightInitSpec("gaussian_sqrt_fanout", scale)
+
+  @staticmethod
+  def GaussianSqrtFanAvg(scale: float = 1.0) -> WeightInitSpec:  # noqa: N802
+    return WeightInitSpec("gaussian_sqrt_fanavg", scale)
+
+  @staticmethod
+  def UniformSqrtDim(scale: float = 1.0) -> WeightInitSpec:  # noqa: N802
+    return WeightInitSpec("uniform_sqrt_dim", scale)
+
+  @staticmethod
+  def UniformSqrtFanAvg(scale: float = 1.0) -> WeightInitSpec:  # noqa: N802
+    return WeightInitSpec("uniform_sqrt_fanavg", scale)
+
+  @staticmethod
+  def TruncatedGaussian(scale: float = 1.0) -> WeightInitSpec:  # noqa: N802
+    return WeightInitSpec("truncated_gaussian", scale)
+
+  @staticmethod
+  def TruncatedGaussianSqrtDim(scale: float = 1.0) -> WeightInitSpec:  # noqa: N802
+    return WeightInitSpec("truncated_gaussian_sqrt_dim", scale)
+
+  @staticmethod
+  def TruncatedGaussianSqrtFanIn(scale: float = 1.0) -> WeightInitSpec:  # noqa: N802
+    return WeightInitSpec("truncated_gaussian_sqrt_fanin", scale)
+
+  @staticmethod
+  def TruncatedGaussianSqrtFanOut(scale: float = 1.0) -> WeightInitSpec:  # noqa: N802
+    return WeightInitSpec("truncated_gaussian_sqrt_fanout", scale)
+
+
+_DIM = {"gaussian_sqrt_dim", "uniform_sqrt_dim", "truncated_gaussian_sqrt_dim"}
+_FAN_IN = {"gaussian_sqrt_fanin", "truncated_gaussian_sqrt_fanin"}
+_FAN_OUT = {"gaussian_sqrt_fanout", "truncated_gaussian_sqrt_fanout"}
+_FAN_AVG = {"gaussian_sqrt_fanavg", "uniform_sqrt_fanavg"}
+_GAUSSIAN = {"gaussian", "gaussian_sqrt_dim", "gaussian_sqrt_fanin", "gaussian_sqrt_fanout",
+             "gaussian_sqrt_fanavg"}
+_TRUNCATED = {"truncated_gaussian", "truncated_gaussian_sqrt_dim",
+              "truncated_gaussian_sqrt_fanin", "truncated_gaussian_sqrt_fanout"}
+INIT_METHODS = tuple(sorted(_GAUSSIAN | _TRUNCATED | {"uniform", "uniform_sqrt_dim",
+                                                      "uniform_sqrt_fanavg", "constant",
+                                                      "xavier"}))
+
+
+def fan_in_fan_out(shape: Sequence[int], fan_in_axes: Sequence[int] | None = None,
+                   fan_out_axes: Sequence[int] | None = None) -> tuple[int | None, int | None]:
+  """praxis's fans: a vector's length both ways; otherwise the last two dims (or the given
+  axes), times the leading (receptive field) dims when no axes are given."""
+  if not shape:
+    return None, None
+  if len(shape) == 1:
+    return shape[0], shape[0]
+  receptive = 1
+  if fan_in_axes is None and fan_out_axes is None:
+    fan_in_axes, fan_out_axes = [-2], [-1]
+    receptive = int(np.prod(shape[:-2]))
+  fan_in = int(np.prod([shape[i] for i in fan_in_axes])) * receptive
+  fan_out = int(np.prod([shape[i] for i in fan_out_axes])) * receptive
+  return fan_in, fan_out
+
+
+def init_value(spec: WeightInitSpec, shape: Sequence[int], dtype: Any, key: jax.Array,
+               fan_in_axes: Sequence[int] | None = None,
+               fan_out_axes: Sequence[int] | None = None) -> jax.Array:
+  """A weight drawn as praxis's init_var draws it for `spec`."""
+  method, scale = spec.method, spec.scale
+  shape = tuple(int(d) for d in shape)
+  if method in _DIM:
+    scale *= 1.0 / math.sqrt(shape[0] if shape else 1)
+  fan_in, fan_out = fan_in_fan_out(shape, fan_in_axes, fan_out_axes)
+  if method in _FAN_IN and fan_in is not None:
+    scale *= 1.0 / math.sqrt(fan_in)
+  if method in _FAN_OUT and fan_out is not None:
+    scale *= 1.0 / math.sqrt(fan_out)
+  if method in _FAN_AVG and fan_in is not None and fan_out is not None:
+    scale *= math.sqrt(2.0 / (fan_in + fan_out))
+  if method in _GAUSSIAN:
+    return scale * jax.random.normal(key, shape, dtype)
+  if method in ("uniform", "uniform_sqrt_dim"):
+    return scale * jax.random.uniform(key, shape, dtype, -1.0, 1.0)
+  if method == "uniform_sqrt_fanavg":
+    return math.sqrt(3) * scale * jax.random.uniform(key, shape, dtype, -1.0, 1.0)
+  if method in _TRUNCATED:
+    return scale * jax.random.truncated_normal(key, -2.0, 2.0, shape, dtype)
+  if method == "constant":
+    return scale + jnp.zeros(shape, dtype)
+  if method == "xavier":
+    if fan_in is None:
+      raise UserError(f"WeightInit.Xavier needs a weight with dims; got shape {shape}.")
+    limit = scale * math.sqrt(6.0 / (fan_in + fan_out))
+    return limit * jax.random.uniform(key, shape, dtype, -1.0, 1.0)
+  raise UserError(f"params_init method {method!r} is not one paxlike draws; use one of "
+                  f"{list(INIT_METHODS)}.")
+
+
+@dataclasses.dataclass
+class WeightHParams:
+  """praxis's WeightHParams: a variable's shape, initializer and dtype (None: the layer's)."""
+
+  shape: Sequence[int]
+  init: WeightInitSpec | None = None
+  dtype: Any = None
+  collections: Sequence[str] | None = None
+  mesh_shape: Sequence[int] | None = None
+  tensor_split_dims_mapping: Sequence[Any] | None = None
+  repeat_prefix: Sequence[int] | None = None
+  repeat_prefix_split_dims_mapping: Sequence[Any] | None = None
+  repeat_optimizer_dims_mapping: Sequence[Any] | None = None
+  fan_in_axes: Sequence[int] | None = None
+  fan_out_axes: Sequence[int] | None = None
+
+
+# ------------------------------------------------------------ template fields
+
+_TEMPLATE = "paxlike_template"
+
+
+def template_field(template: Any = None) -> Any:
+  """praxis's template_field: the field holds a config (of `template`, a class or a
+  config; None: no default) that the layer builds itself with create_child."""
+  if template is None:
+    def factory() -> Any:
+      return None
+  elif isinstance(template, fdl.Buildable):
+    def factory() -> Any:
+      return copy.deepcopy(template)
+  else:
+    def factory() -> Any:
+      return pax_fiddle.Config(template)
+  return dataclasses.field(default_factory=factory, metadata={_TEMPLATE: True})
+
+
+def instance_field(default_factory: Any) -> Any:
+  """praxis's instance_field: the field holds a built object; a factory that returns a
+  config is built."""
+  def factory() -> Any:
+    value = default_factory() if callable(default_factory) else default_factory
+    return fdl.build(value) if isinstance(value, fdl.Buildable) else value
+  return dataclasses.field(default_factory=factory)
+
+
+def _is_template_annotation(annotation: Any) -> bool:
+  if isinstance(annotation, str):
+    return "Config[" in annotation or annotation.strip() in ("pax_fiddle.Config", "Config")
+  if annotation is pax_fiddle.Config or annotation is fdl.Config:
+    return True
+  origin = typing.get_origin(annotation)
+  if origin is not None and isinstance(origin, type) and issubclass(origin, fdl.Buildable):
+    return True
+  return any(_is_template_annotation(a) for a in typing.get_args(annotation))
+
+
+def template_fields(cls: type) -> set[str]:
+  """The fields of a BaseLayer subclass that hold templates: made with template_field, or
+  annotated as a config."""
+  names = set()
+  hints = {}
+  for klass in reversed(cls.__mro__):
+    hints.update(getattr(klass, "__annotations__", {}))
+  for field in dataclasses.fields(cls):
+    if field.metadata.get(_TEMPLATE) or _is_template_annotation(hints.get(field.name)):
+      names.add(field.name)
+  return names
+
+
+def _unwrap(value: Any) -> Any:
+  if isinstance(value, Unbuilt):
+    return value.config
+  if isinstance(value, list | tuple) and any(isinstance(v, Unbuilt) for v in value):
+    return type(value)(_unwrap(v) for v in value)
+  return value
+
+
+# ------------------------------------------------------------------- summaries
+
+# BaseModel.fprop collects add_summary's scalars here while its forward pass traces, with
+# the task's summary_verbosity.
+_SUMMARIES: contextvars.ContextVar[tuple[dict[str, Any], int] | None] = contextvars.ContextVar(
+    "paxlike_pax_summaries", default=None)
+
+
+class SummaryType:
+  """praxis's summary kinds; paxlike writes scalars."""
+
+  SCALAR = "scalar"
+  IMAGE = "image"
+  TEXT = "text"
+  AUDIO = "audio"
+  HISTOGRAM = "histogram"
+
+
+# The fields a child takes from its parent where its own are unset (None).
+INHERITED = ("dtype", "fprop_dtype", "params_init", "skip_lp_regularization",
+             "ici_mesh_shape", "dcn_mesh_shape", "mesh_axis_names", "contiguous_submeshes")
+
+
+class BaseLayer(nn.Module):
+  """praxis's BaseLayer on flax.linen; see the module docstring.
+
+  Attributes (praxis's): dtype, the variables' dtype (float32 when unset and not
+  inherited); fprop_dtype, the activations' (the dtype when unset); params_init,
+  the initializer of variables that name none (Xavier(1.000001) when unset);
+  the mesh fields, which the experiment's ICI_MESH_SHAPE decides in paxlike.
+  """
+
+  dtype: Any = None
+  fprop_dtype: Any = None
+  params_init: Any = None
+  skip_lp_regularization: bool | None = None
+  ici_mesh_shape: Sequence[int] | None = None
+  dcn_mesh_shape: Sequence[int] | None = None
+  contiguous_submeshes: bool | None = None
+  mesh_axis_names: Sequence[str] | None = None
+  shared_weight_layer_id: str | None = None
+  weight_split_dims_mapping: Any = None
+  activation_split_dims_mapping: Any = None
+
+  @classmethod
+  def template_fields(cls) -> set[str]:
+    """Fields whose configs fdl.build leaves unbuilt (paxlike.config.build asks)."""
+    return template_fields(cls)
+
+  def __post_init__(self) -> None:
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name, None)
+      unwrapped = _unwrap(value)
+      if unwrapped is not value:
+        object.__setattr__(self, field.name, unwrapped)
+    object.__setattr__(self, "_unset", tuple(f for f in INHERITED if getattr(self, f) is None))
+    if self.dtype is None:
+      object.__setattr__(self, "dtype", jnp.float32)
+    if self.fprop_dtype is None:
+      object.__setattr__(self, "fprop_dtype", self.dtype)
+    if self.params_init is None:
+      object.__setattr__(self, "params_init", WeightInit.Xavier())
+    if self.shared_weight_layer_id:
+      raise UserError(f"{type(self).__name__}.shared_weight_layer_id = "
+                      f"{self.shared_weight_layer_id!r}: paxlike does not share weights between "
+                      "layers by id; drop it.")
+    for name in ("weight_split_dims_mapping", "activation_split_dims_mapping"):
+      if _sets_sharding(getattr(self, name)):
+        raise UserError(f"{type(self).__name__}.{name} is set: paxlike replicates a Pax "
+                        "layer's weights and splits the batch over the data axes; drop it.")
+    super().__post_init__()
+
+  # ------------------------------------------------------------ children
+
+  @nn.nowrap
+  def create_child(self, name: str, params: Any, *, skip_clone: bool = False) -> Any:
+    """Builds the config (or copies the layer) `params` as the child `name`."""
+    del skip_clone
+    child = self._make_child(params)
+    setattr(self, name, child)
+    return getattr(self, name)
+
+  @nn.nowrap
+  def create_children(self, name: str, params: Sequence[Any], *,
+                      skip_clone: bool = False) -> list[Any]:
+    """The configs `params` built as the children name_0, name_1, ..."""
+    del skip_clone
+    setattr(self, name, [self._make_child(p) for p in params])
+    return getattr(self, name)
+
+  @nn.nowrap
+  def _make_child(self, params: Any) -> Any:
+    if isinstance(params, fdl.Buildable):
+      cfg = copy.deepcopy(params)
+      target = fdl.get_callable(cfg)
+      if isinstance(target, type) and issubclass(target, BaseLayer):
+        for field in INHERITED:
+          if getattr(cfg, field, None) is None:
+            setattr(cfg, field, copy.deepcopy(getattr(self, field)))
+      if "name" in cfg.__arguments__:
+        del cfg.name  # the child's name is the one create_child gives it
+      return pax_fiddle.build(cfg)
+    if isinstance(params, BaseLayer):
+      updates = {f: copy.deepcopy(getattr(self, f)) for f in params._unset}
+      return params.clone(parent=None, name=None, **updates)
+    if isinstance(params, nn.Module):
+      return params.clone(parent=None, name=None)
+    if hasattr(params, "clone") or params is None or callable(params):
+      return params  # an activation or another plain object: used as it is
+    raise UserError(f"{type(self).__name__}: create_child got {type(params).__name__}, not "
+                    "the config of a layer.")
+
+  # ----------------------------------------------------------- variables
+
+  @nn.nowrap
+  def create_variable(self, name: str, var_hparams: WeightHParams,
+                      trainable: bool = True) -> jax.Array:
+    """Creates the variable `name` (praxis's create_variable); self.theta.<name> reads it."""
+    where = f"{type(self).__name__}.create_variable({name!r})"
+    if not trainable:
+      raise UserError(f"{where}: trainable=False (praxis's NON_TRAINABLE variables, e.g. batch "
+                      "norm's moving statistics) is not run by paxlike, which trains `params` "
+                      "only.")
+    if var_hparams.repeat_prefix:
+      raise UserError(f"{where}: repeat_prefix is not run by paxlike; create one variable "
+                      "per layer.")
+    if var_hparams.tensor_split_dims_mapping is not None and any(
+        d not in (-1, None) for d in var_hparams.tensor_split_dims_mapping):
+      raise UserError(f"{where}: tensor_split_dims_mapping "
+                      f"{tuple(var_hparams.tensor_split_dims_mapping)}: paxlike replicates a Pax "
+                      "layer's weights and splits the batch over the data axes; drop it.")
+    init = var_hparams.init if var_hparams.init is not None else self.params_init
+    dtype = var_hparams.dtype if var_hparams.dtype is not None else self.dtype
+    if init.method not in INIT_METHODS:
+      raise UserError(f"{where}: params_init method {init.method!r} is not one paxlike draws; "
+                      f"use one of {list(INIT_METHODS)}.")
+    shape = tuple(int(d) for d in var_hparams.shape)
+    value = self.param(name, lambda key: init_value(init, shape, dtype, key,
+                                                    var_hparams.fan_in_axes,
+                                                    var_hparams.fan_out_axes))
+    theta = self.__dict__.get("_theta_values")
+    if theta is None:
+      theta = NestedMap()
+      object.__setattr__(self, "_theta_values", theta)
+    theta[name] = value
+    return value
+
+  @property
+  def theta(self) -> NestedMap:
+    """The variables this layer created, by name, floating ones cast to fprop_dtype
+    (praxis's self.theta)."""
+    values = self.__dict__.get("_theta_values") or {}
+    return NestedMap({k: v.astype(self.fprop_dtype)
+                      if jnp.issubdtype(v.dtype, jnp.floating) else v
+                      for k, v in values.items()})
+
+  @nn.nowrap
+  def get_var(self, name: str) -> jax.Array:
+    return self.theta[name]
+
+  # ----------------------------------------------------------- summaries
+
+  @nn.nowrap
+  def add_summary(self, name: str, tensor: Any, summary_type: str = SummaryType.SCALAR,
+                  verbosity: int = 2) -> None:
+    """Adds a scalar to the run's summaries (praxis's add_summary; written as the model's
+    metric `name` where verbosity is at most the task's summary_verbosity)."""
+    current = _SUMMARIES.get()
+    if current is None or verbosity > current[1]:
+      return  # outside a model's forward pass (init, decode), or more verbose than wanted
+    sink = current[0]
+    if callable(tensor):
+      tensor = tensor()
+    if summary_type != SummaryType.SCALAR or jnp.ndim(tensor) != 0:
+      raise UserError(f"{type(self).__name__}.add_summary({name!r}): paxlike writes scalar "
+                      f"summaries; got a {summary_type} of shape {jnp.shape(tensor)}.")
+    key, n = name, 1
+    while key in sink:
+      key, n = f"{name}{n}", n + 1
+    sink[key] = jnp.asarray(tensor, jnp.float32)
+
+  @nn.nowrap
+  def add_aux_loss(self, name: str, value: Any, weight: Any = None) -> None:
+    raise UserError(f"{type(self).__name__}.add_aux_loss({name!r}): paxlike adds no auxiliary "
+                    "losses to a Pax model's; add it to compute_loss's loss instead.")
+
+  @property
+  def do_eval(self) -> bool:
+    """Whether this pass evaluates (praxis's do_eval): the train step alone passes the
+    'dropout' key, so eval, init and decode passes are eval."""
+    return self.scope is None or not self.has_rng("dropout")
+
+  @nn.nowrap
+  def next_prng_key(self, name: str = "random") -> jax.Array:
+    """A fresh key (praxis's 'random' stream is paxlike's 'dropout' stream)."""
+    return self.make_rng("dropout" if name == "random" else name)
+
+
+LayerTpl = pax_fiddle.Config
+
+
+def maybe_shard(x: jax.Array, split_dims_mapping: Any = None,
+                mesh_axis_names: Any = None, **kwargs: Any) -> jax.Array:
+  """praxis's maybe_shard: x itself when no mapping is given; a mapping is refused (paxlike
+  splits the batch over the data axes and places nothing else in a Pax layer)."""
+  del mesh_axis_names, kwargs
+  if split_dims_mapping is None or all(d in (-1, None) for d in split_dims_mapping):
+    return x
+  raise UserError(f"maybe_shard({tuple(split_dims_mapping)}): paxlike does not apply sharding "
+                  "annotations inside a Pax layer; drop the mapping.")
+
+
+def _sets_sharding(value: Any) -> bool:
+  """Whether a weight/activation split dims mapping config or object sets any axis."""
+  if value is None:
+    return False
+  if isinstance(value, fdl.Buildable):
+    fields = value.__arguments__
+  elif isinstance(value, dict):
+    fields = value
+  else:
+    fields = getattr(value, "__dict__", {"value": value})
+  return any(v is not None for v in fields.values())
+
+
+__all__ = ["INIT_METHODS", "BaseLayer", "LayerTpl", "SummaryType", "WeightHParams", "WeightInit",
+           "WeightInitSpec", "fan_in_fan_out", "init_value", "instance_field", "maybe_shard",
+           "template_field"]

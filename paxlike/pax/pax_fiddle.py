@@ -13,7 +13,7 @@ import inspect
 from typing import Any
 
 import fiddle as fdl
-from fiddle import Partial, build, get_callable
+from fiddle import Partial, get_callable
 
 from paxlike.errors import UserError
 
@@ -73,6 +73,13 @@ def _parameters(target: Any) -> set[str]:
 
 def _name(cfg: fdl.Buildable) -> str:
   return getattr(fdl.get_callable(cfg), "__name__", str(fdl.get_callable(cfg)))
+
+
+def build(cfg: Any) -> Any:
+  """fdl.build, leaving a Pax layer's template fields configs (praxis's pax_fiddle.build)."""
+  from paxlike.config import keep_templates
+
+  return fdl.build(keep_templates(cfg))
 
 
 instantiate = build

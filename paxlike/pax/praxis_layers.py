@@ -5,8 +5,10 @@ Pax's experiment files edit praxis's config tree (`lm_tpl.stacked_transformer_tp
 (`fdl.get_callable(p) == transformers.PipelinedTransformer`). The classes here
 carry praxis's names and the fields (with praxis's defaults) that
 paxlike.pax.config_tree translates onto paxlike's own model; fiddle refuses
-any other field by name. None of them is ever built: paxlike builds its own
-layers from what the tree says.
+any other field by name. None of them is built from the tree: paxlike builds
+its own layers from what the tree says. (FeedForward, the softmax's
+feed_forward_tpl, is also praxis's runnable layer, paxlike.pax.user_layers,
+for a Pax user's own models.)
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from typing import Any
 
 from paxlike.errors import UserError
 from paxlike.layers import activations
+
+# Runnable praxis layers that are also nodes of the tree (the softmax's feed_forward_tpl, the
+# norms): re-exported here as the tree's classes.
+from paxlike.pax.user_layers import FeedForward, LayerNorm, RmsNorm  # noqa: E402, F401
 
 
 class _Template:
@@ -29,7 +35,9 @@ class _Template:
 
   def __post_init__(self) -> None:
     raise UserError(f"{type(self).__name__} is a praxis template that paxlike reads from "
-                    "task_p.model.lm_tpl; it is not built on its own.")
+                    "task_p.model.lm_tpl; it is not built on its own (a Pax model's own "
+                    "layers can build praxis's linears, normalizations, convolutions and "
+                    "poolings).")
 
 
 class LanguageModelType(enum.Enum):
@@ -51,39 +59,11 @@ class SplitDimsMapping:
 # ------------------------------------------------------------------ norms
 
 
-@dataclasses.dataclass
-class LayerNorm(_Template):
-  dim: int = 0
-  epsilon: float = 1e-6
-  use_scale: bool = True
-  use_bias: bool = True
-  direct_scale: bool = False
-  # praxis's default is False (reduce in the input's dtype); paxlike's LayerNorm always
-  # reduces in float32, so True (Pax's GPU configs set it) is what runs and False is refused.
-  reductions_in_fp32: bool = True
-  name: str = ""
-
-
-@dataclasses.dataclass
-class RmsNorm(_Template):
-  dim: int = 0
-  epsilon: float = 1e-6
-  direct_scale: bool = True
-  intermediate_dtype: Any = None
-  name: str = ""
+# LayerNorm and RmsNorm: praxis's runnable layers (paxlike.pax.user_layers), read here as
+# templates.
 
 
 # ------------------------------------------------- embeddings and softmax
-
-
-@dataclasses.dataclass
-class FeedForward(_Template):
-  """praxis's linears.FeedForward (the softmax's feed_forward_tpl)."""
-
-  input_dims: int = 0
-  output_dims: int = 0
-  has_bias: bool = True
-  name: str = ""
 
 
 @dataclasses.dataclass
@@ -297,7 +277,6 @@ class GpuCudnnFusedGroupedQueryAttention(GroupedQueryAttention):
   """praxis's cuDNN GQA: paxlike picks its attention kernel per platform."""
 
 
-@dataclasses.dataclass
 class GpuTritonFusedLayerNorm(LayerNorm):
   """praxis's Triton LayerNorm: the same normalisation, XLA fuses paxlike's."""
 

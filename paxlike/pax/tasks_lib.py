@@ -5,9 +5,11 @@ from paxlike.task import Task, TrainSettings
 
 
 class SingleTask(Task):
-  """paxlike's Task under Pax's name; `SingleTask.HParams(...)` configures it."""
+  """paxlike's Task under Pax's name; `SingleTask.HParams(...)` configures it, and
+  `pax_fiddle.Config(SingleTask.Train, ...)` its `train` (paxml's mnist.py)."""
 
   HParams = HParams()
+  Train = TrainSettings
 
 
 __all__ = ["SingleTask", "TrainSettings"]

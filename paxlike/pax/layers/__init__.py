@@ -1,4 +1,6 @@
-"""praxis.layers: activations, the remat policy enum and the LM's layer templates.
+"""praxis.layers: activations, the remat policy enum, the LM's layer templates, and the
+basic layers a Pax user's own layers build from (linears, normalizations,
+convolutions, poolings, stochastics).
 
 The layer classes are config targets of praxis's tree (`task_p.model.lm_tpl...`,
 paxlike.pax.config_tree); the activation classes are paxlike's own.
@@ -18,12 +20,15 @@ from paxlike.layers.transformer import AutodiffCheckpointType
 from paxlike.pax.layers import (
     activations,
     attentions,
+    convolutions,
     embedding_softmax,
     gpu_fast_attention,
     grouped_query_attention,
     linears,
     multi_query_attention,
     normalizations,
+    poolings,
+    stochastics,
     transformer_models,
     transformers,
 )
@@ -55,7 +60,7 @@ __all__ = [
     "RotaryPositionalEmbedding", "SiLU", "SharedEmbeddingSoftmax", "Sigmoid",
     "StackedTransformer", "StackedTransformerRepeated", "Swish", "Tanh",
     "TrainablePositionalEmbedding", "Transformer", "TransformerFeedForward", "TransformerLm",
-    "activations", "attentions", "embedding_softmax", "gpu_fast_attention",
-    "grouped_query_attention", "linears", "multi_query_attention", "normalizations",
-    "transformer_models", "transformers",
+    "activations", "attentions", "convolutions", "embedding_softmax", "gpu_fast_attention",
+    "grouped_query_attention", "linears", "multi_query_attention", "normalizations", "poolings",
+    "stochastics", "transformer_models", "transformers",
 ]

@@ -1,5 +1,5 @@
-"""praxis.layers.linears: FeedForward (the softmax's feed_forward_tpl)."""
+"""praxis.layers.linears: Linear, Bias and FeedForward (also the softmax's feed_forward_tpl)."""
 
-from paxlike.pax.praxis_layers import FeedForward
+from paxlike.pax.user_layers import Bias, FeedForward, Linear
 
-__all__ = ["FeedForward"]
+__all__ = ["Bias", "FeedForward", "Linear"]

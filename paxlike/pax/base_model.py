@@ -1,0 +1,171 @@
+"""praxis.base_model: BaseModel for a Pax user's own model (compute_predictions, compute_loss).
+
+paxml's mnist.py writes `class CNNModel(base_model.BaseModel)` with
+`setup()` creating its network, `compute_predictions(input_batch)` and
+`compute_loss(predictions, input_batch) -> (WeightedScalars, per_example)`.
+Such a class runs as a paxlike model family: its fprop calls the two, and
+trains on the metric the learner names (`task_p.train.learner.loss_name`,
+which Pax requires and paxlike requires to be among compute_loss's metrics).
+
+Every WeightedScalars entry `name: (value, weight)` becomes the metric
+`name` (summaries/train and each eval's summaries, aggregated as Pax does:
+sum(weight x value) / sum(weight) over an eval set); the loss metric's
+weight is what a step's microbatches and an eval's batches are weighted by.
+add_summary scalars of the layers join them.
+
+The model's FLOPs per step (for MFU) are XLA's count of the train step's
+gradient (its cost analysis, before optimisation), as no formula knows a
+user's layers; tokens per step are the examples (rows) of the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from paxlike.errors import UserError
+from paxlike.models.base import BaseModel as _ModelContract
+from paxlike.models.base import NoDecoder
+from paxlike.pax import base_layer
+from paxlike.pax.py_utils import NestedMap
+
+Predictions = Any
+WeightedScalars = dict
+DecodeOut = tuple
+
+# The batch key with which padding_batch marks a filler batch (an eval host that ran out of
+# batches before the others): its metrics weigh 0.
+FILLER_WEIGHT = "paxlike_filler_weight"
+
+
+def _nested(value: Any) -> Any:
+  if isinstance(value, dict):
+    return NestedMap({k: _nested(v) for k, v in value.items()})
+  return value
+
+
+class BaseModel(NoDecoder, base_layer.BaseLayer, _ModelContract):
+  """praxis's BaseModel: subclasses implement compute_predictions and compute_loss."""
+
+  NO_DECODER = ("a Pax model written with compute_predictions / compute_loss has no decoder "
+                "paxlike runs")
+
+  # The metric the learner minimises (task_p.train.learner.loss_name) and the most verbose
+  # add_summary written (task_p.summary_verbosity); Task sets both (for_task).
+  paxlike_loss_name: str = "total_loss"
+  paxlike_summary_verbosity: int = 3
+
+  def compute_predictions(self, input_batch: NestedMap) -> Predictions:
+    raise NotImplementedError(f"{type(self).__name__} does not implement compute_predictions.")
+
+  def compute_loss(self, predictions: Predictions, input_batch: NestedMap
+                   ) -> tuple[WeightedScalars, dict[str, Any]]:
+    raise NotImplementedError(f"{type(self).__name__} does not implement compute_loss.")
+
+  def __call__(self, input_batch: NestedMap) -> tuple[WeightedScalars, dict[str, Any]]:
+    return self.compute_loss(self.compute_predictions(input_batch), input_batch)
+
+  def fprop(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(the learner's loss, every metric of compute_loss and add_summary)."""
+    batch = dict(batch)
+    filler = batch.pop(FILLER_WEIGHT, None)
+    token = base_layer._SUMMARIES.set(({}, self.paxlike_summary_verbosity))
+    try:
+      weighted, _ = self(_nested(batch))
+      summaries = base_layer._SUMMARIES.get()[0]
+    finally:
+      base_layer._SUMMARIES.reset(token)
+    name = self.paxlike_loss_name
+    if name not in weighted:
+      raise UserError(f"learner.loss_name={name!r} is not among {type(self).__name__}."
+                      f"compute_loss's metrics ({', '.join(sorted(weighted))}); set "
+                      "task_p.train.learner.loss_name to the one to minimise.")
+    metrics = {}
+    for key, entry in weighted.items():
+      if not (isinstance(entry, tuple | list) and len(entry) == 2):
+        raise UserError(f"{type(self).__name__}.compute_loss returned {key!r} as "
+                        f"{type(entry).__name__}, not a (value, weight) pair (praxis's "
+                        "WeightedScalars); paxlike does not run clu metrics.")
+      metrics[key] = jnp.asarray(entry[0], jnp.float32)
+    loss = metrics[name]
+    weight = jnp.asarray(weighted[name][1], jnp.float32)
+    rows = jnp.asarray(_rows(batch), jnp.float32)
+    if filler is not None:
+      weight, rows = weight * filler[0], rows * filler[0]
+    for key, value in summaries.items():
+      metrics.setdefault(key, value)
+    metrics.update(loss=loss, num_tokens=weight, num_examples=rows)
+    return loss, metrics
+
+  # ------------------------------------------------------- the contract
+
+  def for_task(self, loss_name: str, summary_verbosity: int) -> BaseModel:
+    """This model training on the metric loss_name, writing add_summary scalars of a
+    verbosity up to summary_verbosity (the task's)."""
+    return self.clone(paxlike_loss_name=loss_name,
+                      paxlike_summary_verbosity=summary_verbosity)
+
+  def check_mesh(self, ici_mesh_shape: Any, dcn_mesh_shape: Any) -> None:
+    """Raises UserError where the model's own mesh fields (Pax files set model_p.
+    ici_mesh_shape too) differ from the experiment's, which is the mesh paxlike builds."""
+    for field, value in (("ici_mesh_shape", ici_mesh_shape), ("dcn_mesh_shape", dcn_mesh_shape)):
+      mine = getattr(self, field)
+      if mine is not None and value is not None and list(mine) != list(value):
+        raise UserError(f"task.model.{field} = {list(mine)} but the experiment's "
+                        f"{field.upper()} = {list(value)}; paxlike builds the mesh from the "
+                        f"experiment's, so set the two alike.")
+
+  def input_features(self) -> tuple[str, ...]:
+    return ()
+
+  def init_batch(self, specs: dict[str, Any]) -> dict[str, jax.Array]:
+    """One row of every feature the input gives (compute_predictions reads any of them)."""
+    return {k: jnp.zeros((1, *specs[k].shape[1:]), jax.dtypes.canonicalize_dtype(specs[k].dtype))
+            for k in specs if k != FILLER_WEIGHT}
+
+  def decode_features(self) -> tuple[str, ...]:
+    return ()
+
+  def model_flops_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> float:
+    """XLA's FLOP count of the train step's gradient for a global batch of `specs`."""
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in specs.items()}
+    params = jax.eval_shape(lambda: self.init(jax.random.key(0), self.init_batch(specs),
+                                              method="fprop")["params"])
+
+    def grads(p: Any, b: dict[str, jax.Array]) -> Any:
+      return jax.grad(lambda q: self.apply({"params": q}, b, method="fprop",
+                                           rngs={"dropout": jax.random.key(0)})[0])(p)
+
+    cost = jax.jit(grads).lower(params, batch).cost_analysis()
+    if isinstance(cost, list | tuple):
+      cost = cost[0] if cost else {}
+    return float((cost or {}).get("flops", 0.0))
+
+  def flops_source(self) -> str:
+    return "XLA's count of the gradient"
+
+  def tokens_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> int:
+    """The examples of a step: a Pax model's batch has no token axis paxlike knows."""
+    return int(_rows(specs))
+
+  def compute_dtype(self) -> str:
+    return jnp.dtype(self.fprop_dtype).name
+
+  def padding_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """host_batch marked as a filler: its metrics weigh 0 (compute_loss's weights are the
+    model's own, so the mark scales them)."""
+    return {**host_batch, FILLER_WEIGHT: np.zeros((_rows(host_batch),), np.float32)}
+
+
+def _rows(batch: dict[str, Any]) -> int:
+  """The leading dim of the batch's first array (its examples)."""
+  for value in jax.tree.leaves(batch):
+    if np.ndim(value):
+      return int(np.shape(value)[0])
+  return 1
+
+
+__all__ = ["BaseModel", "DecodeOut", "Predictions", "WeightedScalars"]

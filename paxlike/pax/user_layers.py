@@ -1,0 +1,309 @@
+"""praxis's basic layers, runnable, for a Pax user's own BaseLayer models (paxml's mnist.py).
+
+Linear, Bias and FeedForward (praxis.layers.linears), LayerNorm and RmsNorm
+(normalizations), Conv2D and ConvBNAct (convolutions), Pooling (poolings)
+and Dropout (stochastics), with praxis's fields, variable names
+(`w`, `b`), initialisers and arithmetic. They are BaseLayers
+(paxlike.pax.base_layer), so a user's layer makes them with create_child
+from a pax_fiddle.Config, as in Pax. What praxis offers and paxlike does not
+run is refused when the layer is set up: batch norm (its moving statistics
+are non-trainable variables), weight normalisation, causal and
+TF-equivalent padding, and pooling over paddings.
+
+FeedForward (the softmax's `feed_forward_tpl`) and the norms are also nodes of
+praxis's LM config tree: paxlike.pax.config_tree reads them there and builds
+no layer from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from paxlike.errors import UserError
+from paxlike.layers import activations
+from paxlike.pax import pax_fiddle
+from paxlike.pax.base_layer import BaseLayer, WeightHParams, WeightInit, template_field
+
+
+def _refuse(layer: BaseLayer, what: str) -> None:
+  raise UserError(f"{type(layer).__name__}: {what} is not run by paxlike.")
+
+
+class Linear(BaseLayer):
+  """praxis's Linear: `w` [input_dims, output_dims], no bias."""
+
+  input_dims: int = 0
+  output_dims: int = 0
+  weight_init: Any = None
+  einsum_tpl: Any = None
+
+  def setup(self) -> None:
+    if self.einsum_tpl is not None:
+      _refuse(self, "einsum_tpl (a quantized or custom einsum)")
+    self.create_variable("w", WeightHParams(shape=[self.input_dims, self.output_dims],
+                                            init=self.weight_init))
+
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    return jnp.einsum("...y,yz->...z", inputs, self.theta.w)
+
+
+class Bias(BaseLayer):
+  """praxis's Bias: `b` [dims], a constant bias_init."""
+
+  dims: int = 0
+  bias_init: float | None = 0.0
+
+  def setup(self) -> None:
+    self.create_variable("b", WeightHParams(shape=[self.dims],
+                                            init=WeightInit.Constant(self.bias_init or 0.0)))
+
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    return inputs + self.theta.b
+
+
+class FeedForward(BaseLayer):
+  """praxis's FeedForward: linear, bias (has_bias), activation (ReLU unless set)."""
+
+  input_dims: int = 0
+  output_dims: int = 0
+  has_bias: bool = True
+  linear_tpl: pax_fiddle.Config[BaseLayer] = template_field(Linear)
+  bias_tpl: pax_fiddle.Config[BaseLayer] = template_field(Bias)
+  activation_tpl: pax_fiddle.Config[activations.BaseActivation] = template_field(
+      activations.ReLU)
+  weight_init: Any = None
+  bias_init: float | None = 0.0
+  checkpoint_str: str | None = None
+
+  def setup(self) -> None:
+    linear = self.linear_tpl.clone().set(input_dims=self.input_dims,
+                                         output_dims=self.output_dims,
+                                         weight_init=self.weight_init)
+    self.create_child("linear", linear)
+    if self.has_bias:
+      self.create_child("bias", self.bias_tpl.clone().set(dims=self.output_dims,
+                                                          bias_init=self.bias_init))
+    self.create_child("activation", self.activation_tpl.clone())
+
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    out = self.linear(inputs)
+    if self.checkpoint_str is not None:
+      out = jax.ad_checkpoint.checkpoint_name(out, self.checkpoint_str)
+    if self.has_bias:
+      out = self.bias(out)
+    return self.activation(out)
+
+
+class Dropout(BaseLayer):
+  """praxis's Dropout: keeps each value with keep_prob (scaled by 1 / keep_prob) while
+  training; the identity in eval (a pass without the train step's key)."""
+
+  keep_prob: float = 1.0
+  noise_shape: Sequence[int] | None = None
+  noise_shape_broadcast_dims: Sequence[int] | None = None
+  dropout_at_eval: bool = False
+  transpose_qk: bool | None = False
+
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    if self.keep_prob == 1.0:
+      return inputs
+    if self.do_eval:
+      if self.dropout_at_eval:
+        _refuse(self, "dropout_at_eval (paxlike's eval passes no random key)")
+      return inputs
+    shape = list(self.noise_shape or inputs.shape)
+    for dim in self.noise_shape_broadcast_dims or ():
+      shape[dim] = 1
+    keep = jnp.floor(self.keep_prob + jax.random.uniform(self.next_prng_key(), shape,
+                                                          inputs.dtype))
+    if self.transpose_qk and len(shape) == 4 and shape[2] == shape[3]:
+      keep = jnp.swapaxes(keep, 2, 3)
+    return inputs * keep / self.keep_prob
+
+
+def _same_padding(size: int, dilation: int) -> tuple[int, int]:
+  """praxis's SAME padding of one dim: (k - 1) split, the extra one at the end."""
+  total = dilation * (size - 1)
+  return total // 2, total - total // 2
+
+
+class LayerNorm(BaseLayer):
+  """praxis's LayerNorm over the last dim: `scale` (stored as scale - 1 unless
+  direct_scale) and `bias`. reductions_in_fp32 is True by default here (praxis's is
+  False): the LM reads only True, and in float32 the two are the same."""
+
+  dim: int = 0
+  epsilon: float = 1e-6
+  use_scale: bool = True
+  use_bias: bool = True
+  direct_scale: bool = False
+  reductions_in_fp32: bool = True
+
+  def setup(self) -> None:
+    if self.use_scale:
+      self.create_variable("scale", WeightHParams(
+          shape=[self.dim], init=WeightInit.Constant(1.0 if self.direct_scale else 0.0)))
+    if self.use_bias:
+      self.create_variable("bias", WeightHParams(shape=[self.dim],
+                                                 init=WeightInit.Constant(0.0)))
+
+  def __call__(self, inputs: jax.Array, paddings: jax.Array | None = None) -> jax.Array:
+    del paddings  # praxis's LayerNorm reads none
+    dtype = inputs.dtype
+    x = inputs.astype(jnp.float32) if self.reductions_in_fp32 else inputs
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    out = ((x - mean) * jax.lax.rsqrt(var + self.epsilon)).astype(dtype)
+    if self.use_scale:
+      out = out * (self.theta.scale if self.direct_scale else 1 + self.theta.scale)
+    if self.use_bias:
+      out = out + self.theta.bias
+    return out
+
+
+class RmsNorm(BaseLayer):
+  """praxis's RmsNorm over the last dim: `scale` (direct unless direct_scale=False)."""
+
+  dim: int = 0
+  epsilon: float = 1e-6
+  direct_scale: bool = True
+  intermediate_dtype: Any = None
+
+  def setup(self) -> None:
+    self.create_variable("scale", WeightHParams(
+        shape=[self.dim], init=WeightInit.Constant(1.0 if self.direct_scale else 0.0)))
+
+  def __call__(self, inputs: jax.Array, paddings: jax.Array | None = None) -> jax.Array:
+    del paddings
+    x = inputs if self.intermediate_dtype is None else inputs.astype(self.intermediate_dtype)
+    var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    out = (x * jax.lax.rsqrt(var + self.epsilon)).astype(self.fprop_dtype)
+    return out * (self.theta.scale if self.direct_scale else 1 + self.theta.scale)
+
+
+class Conv2D(BaseLayer):
+  """praxis's Conv2D (NHWC inputs, HWIO `w`): SAME padding is praxis's own, (k - 1) split
+  evenly with the extra cell at the end whatever the stride; depthwise convolutions come
+  from an input dim that is a multiple of the filter's."""
+
+  filter_shape: Sequence[int] = (0, 0, 0, 0)
+  filter_stride: Sequence[int] = (0, 0)
+  dilations: Sequence[int] = (1, 1)
+  bias: bool = False
+  bias_init: Any = None
+  kernel_init: Any = None
+  padding: str = "SAME"
+  tf_equivalent_padding: bool = False
+  is_causal: bool = False
+  weight_norm_tpl: Any = None
+
+  def setup(self) -> None:
+    if len(self.filter_shape) != 4 or len(self.filter_stride) != 2 or len(self.dilations) != 2:
+      raise UserError(f"{type(self).__name__}: filter_shape has 4 values (h, w, in, out), "
+                      "filter_stride and dilations 2; got "
+                      f"{tuple(self.filter_shape)}, {tuple(self.filter_stride)}, "
+                      f"{tuple(self.dilations)}.")
+    if self.padding not in ("SAME", "VALID"):
+      raise UserError(f"{type(self).__name__}: padding is SAME or VALID, got {self.padding!r}.")
+    if self.tf_equivalent_padding or self.is_causal:
+      _refuse(self, "tf_equivalent_padding / is_causal")
+    if self.weight_norm_tpl is not None:
+      _refuse(self, "weight_norm_tpl")
+    self.create_variable("w", WeightHParams(shape=list(self.filter_shape),
+                                            init=self.kernel_init))
+    if self.bias:
+      self.create_variable("b", WeightHParams(shape=[self.filter_shape[-1]],
+                                              init=self.bias_init or WeightInit.Constant(0.0)))
+
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    groups = inputs.shape[3] // self.filter_shape[2]
+    if inputs.shape[3] % self.filter_shape[2] or self.filter_shape[3] % groups:
+      raise UserError(f"{type(self).__name__}: input features {inputs.shape[3]} do not fit "
+                      f"filter_shape {tuple(self.filter_shape)}.")
+    padding = ([_same_padding(self.filter_shape[i], self.dilations[i]) for i in (0, 1)]
+               if self.padding == "SAME" else [(0, 0), (0, 0)])
+    out = jax.lax.conv_general_dilated(
+        inputs.astype(self.fprop_dtype), self.theta.w.astype(self.fprop_dtype),
+        window_strides=tuple(self.filter_stride), padding=padding,
+        rhs_dilation=tuple(self.dilations), dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        feature_group_count=groups)
+    if self.bias:
+      out = out + self.theta.b.astype(out.dtype)
+    return out
+
+
+class BatchNorm(BaseLayer):
+  """praxis's BatchNorm, refused when set up: its moving statistics are non-trainable
+  variables, which paxlike does not keep."""
+
+  dim: int = 0
+
+  def setup(self) -> None:
+    _refuse(self, "batch norm (its moving statistics are non-trainable variables)")
+
+
+class ConvBNAct(Conv2D):
+  """praxis's ConvBNAct: Conv2D, then batch norm (praxis's default; paxlike refuses it, so
+  set batch_norm_tpl=None), then the activation (ReLU unless set)."""
+
+  batch_norm_tpl: pax_fiddle.Config[BaseLayer] | None = template_field(BatchNorm)
+  activation_tpl: pax_fiddle.Config[activations.BaseActivation] = template_field(
+      activations.ReLU)
+
+  def setup(self) -> None:
+    if self.batch_norm_tpl is not None:
+      _refuse(self, "batch_norm_tpl (batch norm keeps non-trainable moving statistics); set "
+                    "batch_norm_tpl=None and it")
+    super().setup()
+    self.create_child("activation", self.activation_tpl.clone())
+
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    return self.activation(super().__call__(inputs))
+
+
+class Pooling(BaseLayer):
+  """praxis's Pooling over [B, H, W, D]: MAX or AVG (the mean over the window's cells
+  inside the input); returns (outputs, paddings) as praxis does."""
+
+  window_shape: Sequence[int] = (0, 0)
+  window_stride: Sequence[int] = (0, 0)
+  pooling_type: str = "MAX"
+  padding: str = "SAME"
+
+  def setup(self) -> None:
+    if (len(self.window_shape) != 2 or len(self.window_stride) != 2
+        or min(*self.window_shape, *self.window_stride) <= 0):
+      raise UserError(f"Pooling: window_shape and window_stride are 2 positive ints, got "
+                      f"{tuple(self.window_shape)}, {tuple(self.window_stride)}.")
+    if self.pooling_type not in ("MAX", "AVG") or self.padding not in ("SAME", "VALID"):
+      raise UserError(f"Pooling: pooling_type is MAX or AVG and padding SAME or VALID, got "
+                      f"{self.pooling_type!r}, {self.padding!r}.")
+
+  def __call__(self, inputs: jax.Array, paddings: jax.Array | None = None
+               ) -> tuple[jax.Array, jax.Array | None]:
+    if paddings is not None:
+      _refuse(self, "pooling with paddings")
+    window = (1, *self.window_shape, 1)
+    strides = (1, *self.window_stride, 1)
+    if self.pooling_type == "MAX":
+      # Concrete (numpy) initial values: jax then differentiates the window's max or sum.
+      low = (-np.inf if jnp.issubdtype(inputs.dtype, jnp.inexact)
+             else jnp.iinfo(inputs.dtype).min)
+      return jax.lax.reduce_window(inputs, np.array(low, inputs.dtype), jax.lax.max,
+                                   window, strides, self.padding), None
+    total = jax.lax.reduce_window(inputs, np.array(0, inputs.dtype), jax.lax.add, window,
+                                  strides, self.padding)
+    cells = jax.lax.reduce_window(np.ones(inputs.shape[1:3], inputs.dtype),
+                                  np.array(0, inputs.dtype), jax.lax.add,
+                                  tuple(self.window_shape), tuple(self.window_stride),
+                                  self.padding)
+    return total / cells[None, :, :, None], None
+
+
+__all__ = ["BatchNorm", "Bias", "Conv2D", "ConvBNAct", "Dropout", "FeedForward", "LayerNorm",
+           "Linear", "Pooling", "RmsNorm"]

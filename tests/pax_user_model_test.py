@@ -1,0 +1,307 @@
+"""A Pax user's own layers and model: praxis's BaseLayer / BaseModel on paxlike.
+
+paxml's mnist.py (its CNN written with setup(), create_child, template fields and
+compute_predictions / compute_loss) runs with only its import lines rewritten. It
+is read from $PAXLIKE_PAXREF (default /work/paxref), as the other Pax files are, and
+its test is skipped where it is absent; it reads MNIST through tfds, which the test
+answers with a learnable stand-in (TFDS's mock_data: no download). The layer and
+error tests below need no Pax file.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import (
+    REPO_ROOT,
+    describe,
+    parse_model_analysis,
+    parse_trained_line,
+    read_scalars,
+    subprocess_env,
+)
+
+from paxlike import config
+from paxlike.errors import UserError
+from paxlike.learners import Learner
+from paxlike.pax import base_layer, base_model, pax_fiddle
+from paxlike.pax.layers import (
+    activations,
+    convolutions,
+    linears,
+    normalizations,
+    poolings,
+    stochastics,
+)
+from paxlike.pax.py_utils import NestedMap
+from paxlike.task import Task, TrainSettings
+
+PAXREF = Path(os.environ.get("PAXLIKE_PAXREF", "/work/paxref"))
+IMPORT_FIX = ("from paxml import", "from paxlike.pax import"), ("from praxis", "from paxlike.pax")
+
+# Runs paxlike.main with TFDS's mnist answered by 28x28 images whose label is the row of a
+# bright band (so a few dozen steps learn it) and the real MNIST's features and splits.
+DRIVER = textwrap.dedent("""\
+    import sys
+
+    import numpy as np
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+    from absl import app
+
+    from paxlike import main
+
+
+    def as_dataset(self, split, *args, **kwargs):
+      rng = np.random.default_rng(0 if str(split) == "train" else 1)
+      n = 512 if str(split) == "train" else 256
+      labels = rng.integers(0, 10, n)
+      images = rng.integers(0, 60, (n, 28, 28, 1)).astype(np.uint8)
+      for i, k in enumerate(labels):
+        images[i, 2 * k + 4:2 * k + 7, :, 0] = 255
+      return tf.data.Dataset.from_tensor_slices({"image": images, "label": labels})
+
+
+    with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+      app.run(main.main, argv=["paxlike.main", *sys.argv[1:]])
+    """)
+
+
+def _run_mnist(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+  src = (PAXREF / "mnist.py").read_text()
+  for old, new in IMPORT_FIX:
+    src = src.replace(old, new)
+  (tmp_path / "pax_mnist.py").write_text(src)
+  (tmp_path / "drive.py").write_text(DRIVER)
+  env = subprocess_env(1)
+  env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(REPO_ROOT), env.get("PYTHONPATH", "")])
+  return subprocess.run([sys.executable, "drive.py", "--exp=pax_mnist.MnistExperiment", *args],
+                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+# praxis's shapes of mnist.py's CNN: two 3x3 convolutions with biases, the dense layer from
+# the 7x7x64 pooled maps, the linear layer and its bias.
+MNIST_PARAMS = {"network/conv1/w": (3, 3, 1, 32), "network/conv1/b": (32,),
+                "network/conv2/w": (3, 3, 32, 64), "network/conv2/b": (64,),
+                "network/dense_0/linear/w": (3136, 256), "network/dense_0/bias/b": (256,),
+                "network/dense_1/w": (256, 10), "network/dense_2/b": (10,)}
+
+
+@pytest.mark.skipif(not (PAXREF / "mnist.py").is_file(),
+                    reason=f"paxml's mnist.py is not in {PAXREF} (set PAXLIKE_PAXREF)")
+@pytest.mark.skipif(__import__("importlib").util.find_spec("tensorflow_datasets") is None,
+                    reason="mnist.py reads MNIST with tensorflow_datasets (the seqio extra)")
+def test_mnist_trains_and_evaluates_as_written(tmp_path):
+  job = tmp_path / "job"
+  proc = _run_mnist(tmp_path, f"--job_log_dir={job}", "--set", "BATCH_SIZE=32",
+                    "--set", "TRAIN_STEPS=40", "--set", "LEARNING_RATE=0.1")
+  assert proc.returncode == 0, describe(proc)
+  trained = parse_trained_line(proc.stdout)
+  assert trained["final_step"] == 40
+  assert trained["last_loss"] < 0.5 * trained["first_loss"], proc.stdout
+  rows, total = parse_model_analysis((job / "model_analysis.txt").read_text())
+  assert {k: tuple(int(d) for d in v["shape"].strip("()").split(",") if d)
+          for k, v in rows.items()} == MNIST_PARAMS
+  assert total == sum(int(np.prod(s)) for s in MNIST_PARAMS.values()) == 824_458
+  # compute_loss's metrics are the run's: the accuracy it returns, trained and evaluated
+  # (praxis names an unnamed eval input 'input').
+  train = read_scalars(job / "summaries" / "train")
+  assert "accuracy" in train and "mfu" in train
+  evals = read_scalars(job / "summaries" / "eval_test_input")
+  assert evals["accuracy"][-1][1] > 0.6, evals  # chance is 0.1
+  assert evals["num_examples"][-1][1] == 256
+
+  # The learner's loss_name must be one of compute_loss's metrics; a typo is one line.
+  bad = _run_mnist(tmp_path, f"--job_log_dir={tmp_path / 'bad'}",
+                   "--set", "train.learner.loss_name=los")
+  assert bad.returncode == 2, describe(bad)
+  assert bad.stderr.strip().splitlines()[-1].startswith(
+      "error: learner.loss_name='los' is not among CNNModel.compute_loss's metrics "
+      "(accuracy, loss)"), bad.stderr[-2000:]
+  assert "Traceback" not in bad.stderr
+
+
+# ------------------------------------------------------------- layers and model
+
+
+class _Scaled(base_layer.BaseLayer):
+  """A user layer: one weight, a summary, and the child's activation from a template."""
+
+  dims: int = 4
+  activation_tpl: pax_fiddle.Config[activations.BaseActivation] = base_layer.template_field(
+      activations.ReLU)
+  ff_tpl: pax_fiddle.Config[base_layer.BaseLayer] = base_layer.template_field(
+      linears.FeedForward)
+
+  def setup(self) -> None:
+    self.create_variable("scale", base_layer.WeightHParams(
+        shape=[self.dims], init=base_layer.WeightInit.Constant(2.0)))
+    self.create_child("ff", self.ff_tpl.clone().set(input_dims=self.dims, output_dims=3))
+    self.create_child("act", self.activation_tpl.clone())
+
+  def __call__(self, x):
+    self.add_summary("mean_input", jnp.mean(x))
+    return self.act(self.ff(x.astype(self.fprop_dtype) * self.theta.scale))
+
+
+class _Model(base_model.BaseModel):
+  net_tpl: pax_fiddle.Config[base_layer.BaseLayer] = base_layer.template_field(_Scaled)
+
+  def setup(self) -> None:
+    self.create_child("net", self.net_tpl)
+
+  def compute_predictions(self, input_batch):
+    return self.net(input_batch.x)
+
+  def compute_loss(self, predictions, input_batch):
+    err = jnp.mean((predictions.astype(jnp.float32) - input_batch.y) ** 2)
+    return NestedMap(mse=(err, 4.0)), NestedMap()
+
+
+def _task(model_cfg, loss_name="mse", summary_verbosity=3):
+  learner = pax_fiddle.Config(Learner, loss_name=loss_name)
+  return config.build(pax_fiddle.Config(Task, model=model_cfg, summary_verbosity=summary_verbosity,
+                                        train=pax_fiddle.Config(TrainSettings, learner=learner)))
+
+
+BATCH = {"x": np.ones((2, 4), np.float32), "y": np.zeros((2, 3), np.float32)}
+
+
+def test_model_trains_on_the_named_metric_with_its_summaries_and_templates():
+  model_cfg = pax_fiddle.Config(_Model, net_tpl=pax_fiddle.Config(
+      _Scaled, name="renamed", activation_tpl=pax_fiddle.Config(activations.Tanh)))
+  model_cfg.fprop_dtype = jnp.bfloat16
+  model = _task(model_cfg).model
+  # The template field stayed a config through the task's build (praxis's DoNotBuild).
+  assert isinstance(model.net_tpl, pax_fiddle.Config)
+  params = model.init(jax.random.key(0), BATCH, method="fprop")["params"]
+  # create_child names the child (not the template's name) and praxis's layout follows.
+  assert jax.tree.map(jnp.shape, params) == {"net": {
+      "scale": (4,), "ff": {"linear": {"w": (4, 3)}, "bias": {"b": (3,)}}}}
+  assert np.all(params["net"]["scale"] == 2.0)
+  limit = np.sqrt(6.0 / 7.0) * 1.000001  # praxis's default Xavier over fan 4 + 3
+  assert 0 < np.abs(params["net"]["ff"]["linear"]["w"]).max() <= limit
+  loss, metrics = model.apply({"params": params}, BATCH, method="fprop")
+  x = np.ones((2, 4)) * 2.0 @ np.asarray(params["net"]["ff"]["linear"]["w"], np.float64)
+  want = np.mean(np.tanh(np.maximum(x, 0.0)) ** 2)  # FeedForward's ReLU, then the Tanh given
+  np.testing.assert_allclose(float(loss), want, rtol=2e-2)  # bfloat16 activations
+  assert float(metrics["mse"]) == float(loss) and float(metrics["num_tokens"]) == 4.0
+  assert float(metrics["mean_input"]) == 1.0 and float(metrics["num_examples"]) == 2.0
+  # The model's fprop_dtype reached the grandchild FeedForward (its dtype was unset).
+  out = model.apply({"params": params}, NestedMap(BATCH)["x"],
+                    method=lambda m, x: m.net.ff(x.astype(m.net.ff.fprop_dtype)))
+  assert out.dtype == jnp.bfloat16
+  # add_summary's default verbosity (2) is above a task's summary_verbosity of 1.
+  quiet = _task(model_cfg, summary_verbosity=1).model
+  assert "mean_input" not in quiet.apply({"params": params}, BATCH, method="fprop")[1]
+
+
+def test_a_child_keeps_the_dtype_it_sets():
+  """praxis overwrote a child's float32 dtype with its parent's; paxlike keeps a set one."""
+  ff = pax_fiddle.Config(linears.FeedForward, dtype=jnp.float32)
+  model_cfg = pax_fiddle.Config(_Model, net_tpl=pax_fiddle.Config(_Scaled, ff_tpl=ff))
+  model_cfg.dtype = jnp.bfloat16
+  params = _task(model_cfg).model.init(jax.random.key(0), BATCH, method="fprop")["params"]
+  assert params["net"]["scale"].dtype == jnp.bfloat16
+  assert params["net"]["ff"]["linear"]["w"].dtype == jnp.float32
+
+
+def test_refusals_name_what_paxlike_does_not_run():
+  with pytest.raises(UserError, match=r"learner.loss_name='total_loss' is not among "
+                     r"_Model.compute_loss's metrics \(mse\)"):
+    model = _task(pax_fiddle.Config(_Model), loss_name="total_loss").model
+    model.init(jax.random.key(0), BATCH, method="fprop")
+  conv = pax_fiddle.Config(convolutions.ConvBNAct, filter_shape=(3, 3, 1, 2),
+                           filter_stride=(1, 1))
+  with pytest.raises(UserError, match="batch norm"):  # praxis's default batch_norm_tpl
+    pax_fiddle.build(conv).init(jax.random.key(0), jnp.ones((1, 4, 4, 1)))
+  with pytest.raises(UserError, match="replicates a Pax layer's weights"):
+    lin = pax_fiddle.Config(linears.Linear, input_dims=2, output_dims=2)
+    lin.weight_split_dims_mapping = {"wt": ("data", "mdl")}
+    pax_fiddle.build(lin)
+  model = _task(pax_fiddle.Config(_Model, ici_mesh_shape=[1, 2, 1])).model
+  with pytest.raises(UserError, match=r"task.model.ici_mesh_shape = \[1, 2, 1\] but the "
+                     r"experiment's ICI_MESH_SHAPE = \[1, 1, 1\]"):
+    model.check_mesh([1, 1, 1], None)
+
+
+# ------------------------------------------------------ praxis's arithmetic
+
+
+def _conv_numpy(x, w, stride, pad):
+  """Cross-correlation in float64 with explicit (before, after) padding per spatial dim."""
+  x = np.pad(x, ((0, 0), pad[0], pad[1], (0, 0)))
+  kh, kw, _, co = w.shape
+  oh = (x.shape[1] - kh) // stride[0] + 1
+  ow = (x.shape[2] - kw) // stride[1] + 1
+  out = np.zeros((x.shape[0], oh, ow, co))
+  for i in range(oh):
+    for j in range(ow):
+      patch = x[:, i * stride[0]:i * stride[0] + kh, j * stride[1]:j * stride[1] + kw, :]
+      out[:, i, j, :] = np.einsum("bhwc,hwco->bo", patch, w)
+  return out
+
+
+def test_conv2d_pads_as_praxis_and_pooling_averages_inside_the_input():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(2, 6, 6, 3)).astype(np.float32)
+  # An even kernel with stride 2: praxis pads (k - 1) = 3 as (1, 2) whatever the stride,
+  # where XLA's SAME would pad (1, 1) here.
+  conv = pax_fiddle.build(pax_fiddle.Config(convolutions.Conv2D, filter_shape=(4, 4, 3, 5),
+                                            filter_stride=(2, 2), bias=True))
+  params = conv.init(jax.random.key(1), jnp.asarray(x))
+  w = np.asarray(params["params"]["w"], np.float64)
+  b = np.asarray(params["params"]["b"], np.float64)
+  want = _conv_numpy(x.astype(np.float64), w, (2, 2), ((1, 2), (1, 2))) + b
+  np.testing.assert_allclose(np.asarray(conv.apply(params, jnp.asarray(x))), want,
+                             rtol=1e-4, atol=1e-5)
+  pool = pax_fiddle.build(pax_fiddle.Config(poolings.Pooling, window_shape=(3, 3),
+                                            window_stride=(2, 2), pooling_type="AVG"))
+  out, paddings = pool.apply({}, jnp.asarray(x))
+  assert paddings is None and out.shape == (2, 3, 3, 3)
+  # SAME with a 3-window at stride 2 over 6 cells pads (0, 1): the last window holds 2
+  # input cells per dim, and the average is over those only.
+  np.testing.assert_allclose(np.asarray(out[:, 2, 2]), x[:, 4:, 4:].mean(axis=(1, 2)),
+                             rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(out[:, 0, 0]), x[:, :3, :3].mean(axis=(1, 2)),
+                             rtol=1e-5)
+  mx = pax_fiddle.build(pax_fiddle.Config(poolings.Pooling, window_shape=(2, 2),
+                                          window_stride=(2, 2)))
+  np.testing.assert_array_equal(np.asarray(mx.apply({}, jnp.asarray(x))[0]),
+                                x.reshape(2, 3, 2, 3, 2, 3).max(axis=(2, 4)))
+
+
+def test_norms_are_praxis_arithmetic():
+  rng = np.random.default_rng(2)
+  x = rng.normal(size=(3, 8)).astype(np.float32)
+  ln = pax_fiddle.build(pax_fiddle.Config(normalizations.LayerNorm, dim=8))
+  params = {"params": {"scale": jnp.asarray(rng.normal(size=8), jnp.float32),
+                       "bias": jnp.asarray(rng.normal(size=8), jnp.float32)}}
+  assert jax.tree.map(jnp.shape, ln.init(jax.random.key(0), x)) == {
+      "params": {"scale": (8,), "bias": (8,)}}
+  normed = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-6)
+  want = normed * (1 + np.asarray(params["params"]["scale"])) + np.asarray(
+      params["params"]["bias"])  # praxis stores scale - 1
+  np.testing.assert_allclose(np.asarray(ln.apply(params, x)), want, rtol=1e-5, atol=1e-5)
+  rms = pax_fiddle.build(pax_fiddle.Config(normalizations.RmsNorm, dim=8))
+  scale = {"params": {"scale": params["params"]["scale"]}}
+  want = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6) * np.asarray(
+      params["params"]["scale"])  # RmsNorm's scale is direct
+  np.testing.assert_allclose(np.asarray(rms.apply(scale, x)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_drops_while_training_only():
+  drop = pax_fiddle.build(pax_fiddle.Config(stochastics.Dropout, keep_prob=0.75))
+  x = jnp.ones((64, 64))
+  assert np.array_equal(np.asarray(drop.apply({}, x)), np.ones((64, 64)))  # eval: no key
+  out = np.asarray(drop.apply({}, x, rngs={"dropout": jax.random.key(3)}))
+  assert set(np.unique(out)) == {0.0, np.float32(1 / 0.75)}
+  assert abs((out == 0).mean() - 0.25) < 0.03
