@@ -119,6 +119,12 @@ def test_mnist_trains_and_evaluates_as_written(tmp_path):
   assert evals["accuracy"][-1][1] > 0.6, evals  # chance is 0.1
   assert evals["num_examples"][-1][1] == 256
 
+  # A dry run plans it without training: praxis's count, and the FLOPs said to be XLA's.
+  plan = _run_mnist(tmp_path, f"--job_log_dir={tmp_path / 'plan'}", "--mode=dry_run")
+  assert plan.returncode == 0, describe(plan)
+  assert "824,458" in plan.stdout and "model FLOPs / step (XLA's count of the gradient)" \
+      in plan.stdout, plan.stdout
+
   # The learner's loss_name must be one of compute_loss's metrics; a typo is one line.
   bad = _run_mnist(tmp_path, f"--job_log_dir={tmp_path / 'bad'}",
                    "--set", "train.learner.loss_name=los")

@@ -373,8 +373,8 @@ class BaseLayer(nn.Module):
       return params.clone(parent=None, name=None, **updates)
     if isinstance(params, nn.Module):
       return params.clone(parent=None, name=None)
-    if hasattr(params, "clone") or params is None or callable(params):
-      return params  # an activation or another plain object: used as it is
+    if params is None or (callable(params) and not isinstance(params, type)):
+      return params  # a built activation (or None, where a template field holds none)
     raise UserError(f"{type(self).__name__}: create_child got {type(params).__name__}, not "
                     "the config of a layer.")
 
