@@ -233,6 +233,9 @@ def test_refusals_name_what_paxlike_does_not_run():
     lin = pax_fiddle.Config(linears.Linear, input_dims=2, output_dims=2)
     lin.weight_split_dims_mapping = {"wt": ("data", "mdl")}
     pax_fiddle.build(lin)
+  with pytest.raises(UserError, match="has no decoder paxlike runs .Pax's decode and "
+                     "process_decode_out are not run.; run it with --mode=train, eval"):
+    _task(pax_fiddle.Config(_Model)).model.decode_features()
   model = _task(pax_fiddle.Config(_Model, ici_mesh_shape=[1, 2, 1])).model
   with pytest.raises(UserError, match=r"task.model.ici_mesh_shape = \[1, 2, 1\] but the "
                      r"experiment's ICI_MESH_SHAPE = \[1, 1, 1\]"):
@@ -311,3 +314,16 @@ def test_dropout_drops_while_training_only():
   out = np.asarray(drop.apply({}, x, rngs={"dropout": jax.random.key(3)}))
   assert set(np.unique(out)) == {0.0, np.float32(1 / 0.75)}
   assert abs((out == 0).mean() - 0.25) < 0.03
+
+
+def test_a_template_field_is_edited_in_place_as_in_pax():
+  """`model_p.net_tpl.dims = 6` edits the default template (praxis's configs carry them)."""
+  model_cfg = pax_fiddle.Config(_Model)
+  model_cfg.net_tpl.dims = 6
+  model_cfg.net_tpl.ff_tpl.activation_tpl = pax_fiddle.Config(activations.Identity)
+  model = _task(model_cfg).model
+  batch = {"x": -np.ones((2, 6), np.float32), "y": np.zeros((2, 3), np.float32)}
+  params = model.init(jax.random.key(0), batch, method="fprop")["params"]
+  assert params["net"]["ff"]["linear"]["w"].shape == (6, 3)
+  out = model.apply({"params": params}, NestedMap(batch)["x"], method=lambda m, x: m.net.ff(x))
+  assert np.any(np.asarray(out) < 0)  # the FeedForward's ReLU was replaced by the edit

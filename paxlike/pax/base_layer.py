@@ -315,6 +315,18 @@ class BaseLayer(nn.Module):
     """Fields whose configs fdl.build leaves unbuilt (paxlike.config.build asks)."""
     return template_fields(cls)
 
+  @classmethod
+  def sub_templates(cls) -> dict[str, Any]:
+    """The template fields' default configs, which pax_fiddle.Config(cls) sets so that
+    `model_p.network_tpl.num_classes = 5` edits one (praxis's configs do the same)."""
+    out = {}
+    for field in dataclasses.fields(cls):
+      if field.name in template_fields(cls) and field.default_factory is not dataclasses.MISSING:
+        value = field.default_factory()
+        if isinstance(value, fdl.Buildable):
+          out[field.name] = value
+    return out
+
   def __post_init__(self) -> None:
     for field in dataclasses.fields(self):
       value = getattr(self, field.name, None)

@@ -21,17 +21,18 @@ from paxlike.errors import UserError
 class Config(fdl.Config):
   """fdl.Config with praxis's `.cls`, `copy_fields_from`, `set` / `Set` and `clone`.
 
-  A target with praxis's sub-templates (`sub_templates()`: field -> class, as
-  praxis's template fields) gets a fresh Config of each one it was not given,
-  so `pax_fiddle.Config(GroupedQueryAttention).weight_split_dims_mapping.dnh =
-  ...` works as in Pax.
+  A target with praxis's sub-templates (`sub_templates()`: field -> class or
+  config, as praxis's template fields) gets a fresh Config of each one it was
+  not given, so `pax_fiddle.Config(GroupedQueryAttention).weight_split_dims_mapping
+  .dnh = ...` and `pax_fiddle.Config(CNNModel).network_tpl.num_classes = ...`
+  work as in Pax.
   """
 
   def __init__(self, fn_or_cls: Any, /, *args: Any, **kwargs: Any) -> None:
     super().__init__(fn_or_cls, *args, **kwargs)
-    for name, cls in getattr(fn_or_cls, "sub_templates", dict)().items():
+    for name, tpl in getattr(fn_or_cls, "sub_templates", dict)().items():
       if name not in self.__arguments__:
-        setattr(self, name, Config(cls))
+        setattr(self, name, copy.deepcopy(tpl) if isinstance(tpl, fdl.Buildable) else Config(tpl))
 
   @property
   def cls(self) -> Any:

@@ -16,7 +16,7 @@ import fiddle as fdl
 import numpy as np
 
 from paxlike.errors import UserError
-from paxlike.pax.base_layer import WeightInitSpec
+from paxlike.pax.base_layer import BaseLayer, WeightInitSpec
 
 
 class Reader:
@@ -40,6 +40,9 @@ class Reader:
     """Refuses a field set on cfg that is not read and differs from praxis's default."""
     target = fdl.get_callable(cfg)
     defaults = {f.name: f.default for f in dataclasses.fields(target)}
+    # A runnable praxis layer's template fields (FeedForward's) are set to their default
+    # configs by pax_fiddle.Config: one left equal to its default reads as unset.
+    templates = target.sub_templates() if issubclass(target, BaseLayer) else {}
     for name, value in cfg.__arguments__.items():
       if name in read or name == "name":
         continue
@@ -48,7 +51,7 @@ class Reader:
           self.notes.append(f"{path}.{name} ({show(value)}) is not applied: paxlike shards "
                             "by its mesh rules (ICI_MESH_SHAPE and the logical axis rules).")
         continue
-      if same(value, defaults.get(name)):
+      if same(value, defaults.get(name)) or (name in templates and value == templates[name]):
         continue
       raise UserError(f"{path}.{name} = {show(value)}: paxlike's LM does not model this "
                       f"field of {target.__name__}; leave it at {show(defaults.get(name))}.")
