@@ -91,6 +91,29 @@ def logical_axis_rules(training_optimized: bool = False,
   return rules
 
 
+# A logical axis name that names mesh axes itself: "mesh:data", "mesh:data+mdl" (a Pax user's
+# layer's praxis split mapping, paxlike.pax.base_layer). The partitioner resolves them by
+# direct_rules, after the experiment's own rules.
+DIRECT = "mesh:"
+
+
+def direct_rules(axes: Sequence[str]) -> tuple[tuple[str, object], ...]:
+  """The rules of the DIRECT names over these mesh axes: every set of them, in mesh order."""
+  import itertools
+
+  return tuple((DIRECT + "+".join(combo), combo if len(combo) > 1 else combo[0])
+               for n in range(1, len(axes) + 1) for combo in itertools.combinations(axes, n))
+
+
+def direct_name(axes: Sequence[str], mesh_axes: Sequence[str]) -> str:
+  """The DIRECT logical name of a split over these mesh axes (put in mesh order)."""
+  unknown = [a for a in axes if a not in mesh_axes]
+  if unknown:
+    raise UserError(f"split dims mapping names mesh axis {unknown[0]!r}; the mesh's axes are "
+                    f"{', '.join(mesh_axes)}.")
+  return DIRECT + "+".join(a for a in mesh_axes if a in axes)
+
+
 def axis_names(exp: object) -> tuple[str, ...]:
   """The experiment's mesh axis names (its mesh_axis_names(); the 3-axis ones without it)."""
   names = getattr(exp, "mesh_axis_names", None)

@@ -148,8 +148,9 @@ class _Scaled(base_layer.BaseLayer):
       linears.FeedForward)
 
   def setup(self) -> None:
-    self.create_variable("scale", base_layer.WeightHParams(
-        shape=[self.dims], init=base_layer.WeightInit.Constant(2.0)))
+    self.create_variable("scale", base_layer.WeightHParams(  # praxis's idiom, mesh and all
+        shape=[self.dims], init=base_layer.WeightInit.Constant(2.0), mesh_shape=self.mesh_shape,
+        tensor_split_dims_mapping=self.weight_split_dims_mapping.wt))
     self.create_child("ff", self.ff_tpl.clone().set(input_dims=self.dims, output_dims=3))
     self.create_child("act", self.activation_tpl.clone())
 
@@ -229,10 +230,15 @@ def test_refusals_name_what_paxlike_does_not_run():
                            filter_stride=(1, 1))
   with pytest.raises(UserError, match="batch norm"):  # praxis's default batch_norm_tpl
     pax_fiddle.build(conv).init(jax.random.key(0), jnp.ones((1, 4, 4, 1)))
-  with pytest.raises(UserError, match="replicates a Pax layer's weights"):
+  with pytest.raises(UserError, match="activation_split_dims_mapping is set"):
     lin = pax_fiddle.Config(linears.Linear, input_dims=2, output_dims=2)
-    lin.weight_split_dims_mapping = {"wt": ("data", "mdl")}
+    lin.activation_split_dims_mapping.out = ("data", "mdl")  # praxis's idiom
     pax_fiddle.build(lin)
+  with pytest.raises(UserError, match=r"Linear.create_variable\('w'\): tensor_split_dims_mapping "
+                     r"\('data', 'model'\): split dims mapping names mesh axis 'model'"):
+    lin = pax_fiddle.Config(linears.Linear, input_dims=2, output_dims=2)
+    lin.weight_split_dims_mapping.wt = ("data", "model")
+    pax_fiddle.build(lin).init(jax.random.key(0), jnp.ones((1, 2)))
   with pytest.raises(UserError, match="has no decoder paxlike runs .Pax's decode and "
                      "process_decode_out are not run.; run it with --mode=train, eval"):
     _task(pax_fiddle.Config(_Model)).model.decode_features()
@@ -327,3 +333,37 @@ def test_a_template_field_is_edited_in_place_as_in_pax():
   assert params["net"]["ff"]["linear"]["w"].shape == (6, 3)
   out = model.apply({"params": params}, NestedMap(batch)["x"], method=lambda m, x: m.net.ff(x))
   assert np.any(np.asarray(out) < 0)  # the FeedForward's ReLU was replaced by the edit
+
+
+def test_a_split_weight_is_placed_on_the_mesh_axes_it_names():
+  """praxis's weight_split_dims_mapping.wt places the weight, as in Pax, on paxlike's mesh."""
+  import flax.linen as nn
+  from jax.sharding import PartitionSpec
+
+  from paxlike import mesh as mesh_lib
+  from paxlike.partitioning import SpmdPartitioner
+
+  ff = pax_fiddle.Config(linears.FeedForward, input_dims=8, output_dims=16)
+  ff.weight_split_dims_mapping.wt = ("data", "mdl")
+  conv = pax_fiddle.Config(convolutions.Conv2D, filter_shape=(3, 3, 2, 4), filter_stride=(1, 1))
+  conv.weight_split_dims_mapping.wt = (-1, None, None, 2)  # an index into the mesh's axes
+  part = SpmdPartitioner(mesh_lib.build([1, 2, 2], devices=jax.devices()[:4]))
+  for cfg, x, path, spec in ((ff, np.ones((4, 8), np.float32), ("linear", "w"),
+                              PartitionSpec("data", "mdl")),
+                             (conv, np.ones((2, 5, 5, 2), np.float32), ("w",),
+                              PartitionSpec(None, None, None, "mdl"))):
+    layer = pax_fiddle.build(cfg)
+    boxed = layer.init(jax.random.key(0), x)["params"]
+    shardings = part.state_shardings(nn.get_partition_spec(boxed))
+    leaf = shardings
+    for key in path:
+      leaf = leaf[key]
+    assert leaf.spec == spec
+    params = jax.device_put(nn.meta.unbox(boxed), shardings)
+    placed = params
+    for key in path:
+      placed = placed[key]
+    assert len(placed.addressable_shards) == 4 and placed.sharding.spec == spec
+    np.testing.assert_allclose(np.asarray(jax.jit(layer.apply)({"params": params}, x)),
+                               np.asarray(layer.apply({"params": nn.meta.unbox(boxed)}, x)),
+                               rtol=1e-6)

@@ -56,8 +56,10 @@ class SpmdPartitioner:
           f"= {self.num_batch_shards} mesh shards; change the batch size or the mesh.")
 
   def state_shardings(self, specs: Any) -> Any:
-    """Logical PartitionSpecs -> NamedShardings on this mesh."""
-    return nn.logical_to_mesh_sharding(specs, self.mesh, self.rules)
+    """Logical PartitionSpecs -> NamedShardings on this mesh (names that are mesh axes
+    themselves, mesh.DIRECT's, resolve after the rules)."""
+    rules = self.rules + mesh_lib.direct_rules(self.mesh.axis_names)
+    return nn.logical_to_mesh_sharding(specs, self.mesh, rules)
 
   def mesh_specs(self, specs: Any) -> Any:
     """Logical PartitionSpecs -> mesh-axis PartitionSpecs."""

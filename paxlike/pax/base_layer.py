@@ -18,11 +18,12 @@ praxis's fields and methods. What it keeps from praxis, and what it changes:
   means not given: praxis also overwrote a child's dtype when it was
   float32, the default, even when set on purpose; here a given dtype stays.
 - `create_variable(name, WeightHParams(shape, init, dtype))` draws the
-  weight as praxis's init_var does (init_value below) into flax's `params`.
-  A non-trainable variable (praxis's NON_TRAINABLE collection) and sharding
-  annotations are refused in one sentence: paxlike trains `params` only and
-  replicates a user layer's weights over the mesh (the batch is still split
-  over the data axes).
+  weight as praxis's init_var does (init_value below) into flax's `params`,
+  split over the mesh axes its tensor_split_dims_mapping names (praxis layers
+  pass `self.weight_split_dims_mapping.wt`), replicated where it names none.
+  A non-trainable variable (praxis's NON_TRAINABLE collection) and
+  activation split mappings are refused in one sentence: paxlike trains
+  `params` only, and XLA places activations from the weights and the batch.
 - `add_summary(name, scalar)` reaches the run's summaries: the model's metrics
   carry it (base_model.BaseModel.fprop), averaged like the loss.
 """
@@ -310,6 +311,32 @@ class BaseLayer(nn.Module):
   weight_split_dims_mapping: Any = None
   activation_split_dims_mapping: Any = None
 
+  @dataclasses.dataclass
+  class WeightSharding:
+    """praxis's BaseLayer.WeightSharding (a layer subclasses it to add its own fields):
+    `self.weight_split_dims_mapping.wt` reads None unless set, and a set one is refused."""
+
+    wt: Any = None
+
+    def clone(self) -> Any:
+      return copy.deepcopy(self)
+
+  @dataclasses.dataclass
+  class ActivationSharding:
+    """praxis's BaseLayer.ActivationSharding; as WeightSharding."""
+
+    out: Any = None
+
+    def clone(self) -> Any:
+      return copy.deepcopy(self)
+
+  @property
+  def mesh_shape(self) -> Sequence[int] | None:
+    """praxis's mesh_shape: the ICI mesh times the DCN one, or None."""
+    if self.ici_mesh_shape is None or self.dcn_mesh_shape is None:
+      return self.ici_mesh_shape
+    return [i * d for i, d in zip(self.ici_mesh_shape, self.dcn_mesh_shape, strict=True)]
+
   @classmethod
   def template_fields(cls) -> set[str]:
     """Fields whose configs fdl.build leaves unbuilt (paxlike.config.build asks)."""
@@ -317,9 +344,11 @@ class BaseLayer(nn.Module):
 
   @classmethod
   def sub_templates(cls) -> dict[str, Any]:
-    """The template fields' default configs, which pax_fiddle.Config(cls) sets so that
-    `model_p.network_tpl.num_classes = 5` edits one (praxis's configs do the same)."""
-    out = {}
+    """The template fields' default configs (and the sharding ones), which
+    pax_fiddle.Config(cls) sets so that `model_p.network_tpl.num_classes = 5` edits one
+    (praxis's configs do the same)."""
+    out = {"weight_split_dims_mapping": pax_fiddle.Config(cls.WeightSharding),
+           "activation_split_dims_mapping": pax_fiddle.Config(cls.ActivationSharding)}
     for field in dataclasses.fields(cls):
       if field.name in template_fields(cls) and field.default_factory is not dataclasses.MISSING:
         value = field.default_factory()
@@ -340,14 +369,19 @@ class BaseLayer(nn.Module):
       object.__setattr__(self, "fprop_dtype", self.dtype)
     if self.params_init is None:
       object.__setattr__(self, "params_init", WeightInit.Xavier())
+    for name, cls in (("weight_split_dims_mapping", type(self).WeightSharding),
+                      ("activation_split_dims_mapping", type(self).ActivationSharding)):
+      value = getattr(self, name)
+      if value is None or isinstance(value, fdl.Buildable):
+        object.__setattr__(self, name, cls() if value is None else fdl.build(value))
     if self.shared_weight_layer_id:
       raise UserError(f"{type(self).__name__}.shared_weight_layer_id = "
                       f"{self.shared_weight_layer_id!r}: paxlike does not share weights between "
                       "layers by id; drop it.")
-    for name in ("weight_split_dims_mapping", "activation_split_dims_mapping"):
-      if _sets_sharding(getattr(self, name)):
-        raise UserError(f"{type(self).__name__}.{name} is set: paxlike replicates a Pax "
-                        "layer's weights and splits the batch over the data axes; drop it.")
+    if _sets_sharding(self.activation_split_dims_mapping):
+      raise UserError(f"{type(self).__name__}.activation_split_dims_mapping is set: paxlike "
+                      "places a Pax layer's activations by XLA's propagation from its weights "
+                      "and the batch; drop it.")
     super().__post_init__()
 
   # ------------------------------------------------------------ children
@@ -404,26 +438,54 @@ class BaseLayer(nn.Module):
     if var_hparams.repeat_prefix:
       raise UserError(f"{where}: repeat_prefix is not run by paxlike; create one variable "
                       "per layer.")
-    if var_hparams.tensor_split_dims_mapping is not None and any(
-        d not in (-1, None) for d in var_hparams.tensor_split_dims_mapping):
-      raise UserError(f"{where}: tensor_split_dims_mapping "
-                      f"{tuple(var_hparams.tensor_split_dims_mapping)}: paxlike replicates a Pax "
-                      "layer's weights and splits the batch over the data axes; drop it.")
     init = var_hparams.init if var_hparams.init is not None else self.params_init
     dtype = var_hparams.dtype if var_hparams.dtype is not None else self.dtype
     if init.method not in INIT_METHODS:
       raise UserError(f"{where}: params_init method {init.method!r} is not one paxlike draws; "
                       f"use one of {list(INIT_METHODS)}.")
     shape = tuple(int(d) for d in var_hparams.shape)
-    value = self.param(name, lambda key: init_value(init, shape, dtype, key,
-                                                    var_hparams.fan_in_axes,
-                                                    var_hparams.fan_out_axes))
+
+    def draw(key: jax.Array) -> jax.Array:
+      return init_value(init, shape, dtype, key, var_hparams.fan_in_axes,
+                        var_hparams.fan_out_axes)
+
+    split = self._split_names(where, shape, var_hparams.tensor_split_dims_mapping)
+    value = self.param(name, draw if split is None else nn.with_logical_partitioning(draw, split))
     theta = self.__dict__.get("_theta_values")
     if theta is None:
       theta = NestedMap()
       object.__setattr__(self, "_theta_values", theta)
     theta[name] = value
     return value
+
+  @nn.nowrap
+  def _split_names(self, where: str, shape: tuple[int, ...], mapping: Any
+                   ) -> tuple[str | None, ...] | None:
+    """praxis's tensor_split_dims_mapping as logical names that are the mesh axes themselves
+    (paxlike.mesh.DIRECT); None where it splits nothing. An entry is a mesh axis name, a
+    tuple of them, an index into the layer's mesh_axis_names, or None / -1 (not split)."""
+    if mapping is None or all(d in (-1, None) for d in mapping):
+      return None
+    from paxlike import mesh as mesh_lib
+
+    axes = tuple(self.mesh_axis_names or mesh_lib.MESH_AXES)
+    if len(mapping) != len(shape):
+      raise UserError(f"{where}: tensor_split_dims_mapping {tuple(mapping)} has "
+                      f"{len(mapping)} entries for a weight of shape {shape}.")
+    names = []
+    for entry in mapping:
+      if entry is None or entry == -1:
+        names.append(None)
+        continue
+      entries = entry if isinstance(entry, tuple | list) else (entry,)
+      try:
+        split = [axes[e] if isinstance(e, int) else e for e in entries]
+        names.append(mesh_lib.direct_name(split, axes))
+      except (IndexError, UserError) as e:
+        why = str(e).rstrip(".") if isinstance(e, UserError) else "an index past the mesh's axes"
+        raise UserError(f"{where}: tensor_split_dims_mapping {tuple(mapping)}: {why} "
+                        f"(mesh axes {', '.join(axes)}).") from None
+    return tuple(names)
 
   @property
   def theta(self) -> NestedMap:

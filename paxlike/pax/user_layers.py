@@ -46,7 +46,8 @@ class Linear(BaseLayer):
     if self.einsum_tpl is not None:
       _refuse(self, "einsum_tpl (a quantized or custom einsum)")
     self.create_variable("w", WeightHParams(shape=[self.input_dims, self.output_dims],
-                                            init=self.weight_init))
+                                            init=self.weight_init, tensor_split_dims_mapping=(
+                                                self.weight_split_dims_mapping.wt)))
 
   def __call__(self, inputs: jax.Array) -> jax.Array:
     return jnp.einsum("...y,yz->...z", inputs, self.theta.w)
@@ -60,7 +61,9 @@ class Bias(BaseLayer):
 
   def setup(self) -> None:
     self.create_variable("b", WeightHParams(shape=[self.dims],
-                                            init=WeightInit.Constant(self.bias_init or 0.0)))
+                                            init=WeightInit.Constant(self.bias_init or 0.0),
+                                            tensor_split_dims_mapping=(
+                                                self.weight_split_dims_mapping.wt)))
 
   def __call__(self, inputs: jax.Array) -> jax.Array:
     return inputs + self.theta.b
@@ -83,7 +86,9 @@ class FeedForward(BaseLayer):
   def setup(self) -> None:
     linear = self.linear_tpl.clone().set(input_dims=self.input_dims,
                                          output_dims=self.output_dims,
-                                         weight_init=self.weight_init)
+                                         weight_init=self.weight_init,
+                                         weight_split_dims_mapping=(
+                                             self.weight_split_dims_mapping.clone()))
     self.create_child("linear", linear)
     if self.has_bias:
       self.create_child("bias", self.bias_tpl.clone().set(dims=self.output_dims,
@@ -215,7 +220,8 @@ class Conv2D(BaseLayer):
     if self.weight_norm_tpl is not None:
       _refuse(self, "weight_norm_tpl")
     self.create_variable("w", WeightHParams(shape=list(self.filter_shape),
-                                            init=self.kernel_init))
+                                            init=self.kernel_init, tensor_split_dims_mapping=(
+                                                self.weight_split_dims_mapping.wt)))
     if self.bias:
       self.create_variable("b", WeightHParams(shape=[self.filter_shape[-1]],
                                               init=self.bias_init or WeightInit.Constant(0.0)))
