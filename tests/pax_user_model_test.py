@@ -367,3 +367,19 @@ def test_a_split_weight_is_placed_on_the_mesh_axes_it_names():
     np.testing.assert_allclose(np.asarray(jax.jit(layer.apply)({"params": params}, x)),
                                np.asarray(layer.apply({"params": nn.meta.unbox(boxed)}, x)),
                                rtol=1e-6)
+
+
+def test_a_pax_input_takes_praxis_names_and_defaults():
+  from paxlike.pax import base_input
+
+  class Counting(base_input.BaseInput):
+    def get_next(self):
+      return {"x": np.full((self.batch_size, 1), self.seed, np.int32)}
+
+  train = pax_fiddle.build(pax_fiddle.Config(Counting, batch_size=2, is_training=True,
+                                             input_random_seed=7))
+  evals = pax_fiddle.build(pax_fiddle.Config(Counting, batch_size=2, is_training=False,
+                                             reset_for_eval=True))
+  assert (train.name, train.seed, train.get_next()["x"][0, 0]) == ("train", 7, 7)
+  # praxis names an unnamed eval input 'input'; its epoch ends itself, so it is not repeated.
+  assert (evals.name, evals.repeat) == ("input", False)

@@ -17,7 +17,8 @@ from paxlike.pax._hparams import HParams
 class BaseInput(_BaseInput):
   """paxlike's BaseInput; `BaseInput.HParams(...)` configures a subclass as Pax did.
 
-  Two defaults are praxis's, for a Pax user's own input (paxml's mnist.py):
+  praxis's `input_random_seed` sets `seed`. Two defaults are praxis's, for a Pax
+  user's own input (paxml's mnist.py):
   an unnamed input is 'train' when is_training and 'input' otherwise, and an
   eval input with reset_for_eval ends its epoch itself (StopIteration), so
   `repeat` (paxlike's field) is False for it unless set.
@@ -26,8 +27,11 @@ class BaseInput(_BaseInput):
   HParams = HParams()
   name: str = ""
   repeat: bool | None = None
+  input_random_seed: int | None = None  # praxis's name for `seed`
 
   def __post_init__(self) -> None:
+    if self.input_random_seed is not None:
+      self.seed = self.input_random_seed
     if not self.name:
       self.name = "train" if self.is_training else "input"
     if self.repeat is None:

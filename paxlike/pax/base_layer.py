@@ -314,7 +314,8 @@ class BaseLayer(nn.Module):
   @dataclasses.dataclass
   class WeightSharding:
     """praxis's BaseLayer.WeightSharding (a layer subclasses it to add its own fields):
-    `self.weight_split_dims_mapping.wt` reads None unless set, and a set one is refused."""
+    `self.weight_split_dims_mapping.wt` reads None unless set; praxis's layers pass it to
+    create_variable, which splits the weight as it says."""
 
     wt: Any = None
 
@@ -323,7 +324,7 @@ class BaseLayer(nn.Module):
 
   @dataclasses.dataclass
   class ActivationSharding:
-    """praxis's BaseLayer.ActivationSharding; as WeightSharding."""
+    """praxis's BaseLayer.ActivationSharding: `.out` reads None; a set one is refused."""
 
     out: Any = None
 
