@@ -285,6 +285,13 @@ class SummaryType:
   HISTOGRAM = "histogram"
 
 
+class _Sharding:
+  """What praxis's sharding hparams share: `wp.clone()`, as praxis's layers call it."""
+
+  def clone(self) -> Any:
+    return copy.deepcopy(self)
+
+
 # The fields a child takes from its parent where its own are unset (None).
 INHERITED = ("dtype", "fprop_dtype", "params_init", "skip_lp_regularization",
              "ici_mesh_shape", "dcn_mesh_shape", "mesh_axis_names", "contiguous_submeshes")
@@ -312,24 +319,18 @@ class BaseLayer(nn.Module):
   activation_split_dims_mapping: Any = None
 
   @dataclasses.dataclass
-  class WeightSharding:
+  class WeightSharding(_Sharding):
     """praxis's BaseLayer.WeightSharding (a layer subclasses it to add its own fields):
     `self.weight_split_dims_mapping.wt` reads None unless set; praxis's layers pass it to
     create_variable, which splits the weight as it says."""
 
     wt: Any = None
 
-    def clone(self) -> Any:
-      return copy.deepcopy(self)
-
   @dataclasses.dataclass
-  class ActivationSharding:
+  class ActivationSharding(_Sharding):
     """praxis's BaseLayer.ActivationSharding: `.out` reads None; a set one is refused."""
 
     out: Any = None
-
-    def clone(self) -> Any:
-      return copy.deepcopy(self)
 
   @property
   def mesh_shape(self) -> Sequence[int] | None:
@@ -350,8 +351,9 @@ class BaseLayer(nn.Module):
     (praxis's configs do the same)."""
     out = {"weight_split_dims_mapping": pax_fiddle.Config(cls.WeightSharding),
            "activation_split_dims_mapping": pax_fiddle.Config(cls.ActivationSharding)}
+    templates = template_fields(cls)
     for field in dataclasses.fields(cls):
-      if field.name in template_fields(cls) and field.default_factory is not dataclasses.MISSING:
+      if field.name in templates and field.default_factory is not dataclasses.MISSING:
         value = field.default_factory()
         if isinstance(value, fdl.Buildable):
           out[field.name] = value
