@@ -61,9 +61,17 @@ def _global_max(n: int) -> int:
 
 def eval_batches(inp: BaseInput, model: Any) -> Iterator[dict[str, np.ndarray]]:
   """The host batches of one eval run, equally many on every host."""
+  for batch, _ in marked_eval_batches(inp, model):
+    yield batch
+
+
+def marked_eval_batches(inp: BaseInput, model: Any
+                        ) -> Iterator[tuple[dict[str, np.ndarray], bool]]:
+  """eval_batches, each with whether it is a filler (model.padding_batch: what a host out of
+  batches runs while the others finish theirs)."""
   if not inp.reset_for_eval:
     for _ in range(inp.eval_loop_num_batches):
-      yield inp.get_next()
+      yield inp.get_next(), False
     return
   inp.reset()
   local = []
@@ -74,9 +82,10 @@ def eval_batches(inp: BaseInput, model: Any) -> Iterator[dict[str, np.ndarray]]:
       break
   total = _global_max(len(local))
   filler = model.padding_batch(local[-1] if local else inp.peek_specs())
-  yield from local
+  for batch in local:
+    yield batch, False
   for _ in range(total - len(local)):
-    yield filler
+    yield filler, True
 
 
 def eval_step_sums(model: Any, reduce_sum: Callable[[Any], Any]) -> Callable:
@@ -202,6 +211,8 @@ class Evaluator:
 
   def decode(self, state: Any, step: int) -> dict[str, dict[str, float]]:
     """Decodes every decode input once; writes decoder_out/<name>/."""
+    if getattr(self.model, "pax_decodes", lambda: False)():
+      return self._pax_decode(state, step)
     results = {}
     params = self._decode_params(state)
     for inp in self.decode_inputs:
@@ -221,20 +232,63 @@ class Evaluator:
         r["score"] = float(r["target"].strip() == r["generation"].strip())
       metrics = {k: float(v) for k, v in metrics.items()}
       metrics["num_examples"] = float(len(rows))
-      out_dir = os.path.join(self.job_log_dir, "decoder_out", inp.name)
-      stem = os.path.join(out_dir, f"decode_{step:08d}")
-      path = _free_path(stem)  # a re-decode at the same step keeps the earlier file
-      suffix = path[len(stem):-len(".jsonl")]  # "", or "-2", "-3", ...
-      if self.is_chief:
-        _write_jsonl(path, rows)
-        with open(os.path.join(out_dir, f"metrics_{step:08d}{suffix}.json"), "w") as f:
-          json.dump(metrics, f, indent=2)
-      writer = self._writer(f"decode_test_{inp.name}")
-      writer.scalars(step, metrics)
-      writer.close()
-      log.info("decode %s at step %d: %s -> %s", inp.name, step,
-               " ".join(f"{k} {v:.4f}" for k, v in metrics.items()), path)
-      results[inp.name] = metrics
+      results[inp.name] = self._write_decode(inp.name, step, rows, metrics)
+    return results
+
+  def _write_decode(self, name: str, step: int, rows: list[Any], metrics: dict[str, float]
+                    ) -> dict[str, float]:
+    """Writes one decode's rows and metrics under decoder_out/<name>/ and its summaries;
+    returns the metrics."""
+    out_dir = os.path.join(self.job_log_dir, "decoder_out", name)
+    stem = os.path.join(out_dir, f"decode_{step:08d}")
+    path = _free_path(stem)  # a re-decode at the same step keeps the earlier file
+    suffix = path[len(stem):-len(".jsonl")]  # "", or "-2", "-3", ...
+    if self.is_chief:
+      _write_jsonl(path, rows)
+      with open(os.path.join(out_dir, f"metrics_{step:08d}{suffix}.json"), "w") as f:
+        json.dump(metrics, f, indent=2)
+    writer = self._writer(f"decode_test_{name}")
+    writer.scalars(step, metrics)
+    writer.close()
+    log.info("decode %s at step %d: %s -> %s", name, step,
+             " ".join(f"{k} {v:.4f}" for k, v in metrics.items()), path)
+    return metrics
+
+  def _pax_decode(self, state: Any, step: int) -> dict[str, dict[str, float]]:
+    """Pax's decode protocol, for a Pax user's model (paxlike.pax.base_model): each batch's
+    decode(input_batch) on the devices, then process_decode_out(input, per_example_out) on
+    the host. The weighted scalars of both, sum(value x weight) / sum(weight) over the
+    batches, are the metrics (process_decode_out's win a name both give); the (key, value)
+    pairs process_decode_out returns are written one value per line, as Pax writes them.
+    Each input is read as eval reads it (eval_batches)."""
+    model = self.model
+    if self._decode_fn is None:
+      self._decode_fn = jax.jit(lambda params, batch: model.apply(
+          {"params": params}, batch, method="pax_decode_step"))
+    params = self.partitioner.decode_params(state)
+    results = {}
+    for inp in self.decode_inputs:
+      sums: dict[str, list[float]] = {}
+      processed_sums: dict[str, list[float]] = {}
+      lines = []
+      # As eval reads it: one epoch (reset_for_eval), or eval_loop_num_batches batches.
+      for hb, filler in marked_eval_batches(inp, model):
+        names = sorted(hb)
+        arrays = self.partitioner.decode_inputs(*(hb[k] for k in names))
+        with self.partitioner.context():
+          weighted, per_example = self._decode_fn(params, dict(zip(names, arrays, strict=True)))
+        if filler:  # a host out of batches decodes one along with the others
+          continue
+        _add_weighted(sums, weighted)
+        per_example = _nested_map(jax.tree.map(_gather_device, per_example))
+        processed_weighted, processed, _ = model.process_decode_out(inp, per_example)
+        _add_weighted(processed_sums, processed_weighted)
+        lines.extend(_jsonable(value) for _, value in processed)
+      metrics = {k: total / max(weight, 1e-8) for k, (total, weight) in sums.items()}
+      metrics.update({k: total / max(weight, 1e-8)
+                      for k, (total, weight) in processed_sums.items()})
+      metrics["num_examples"] = float(len(lines))
+      results[inp.name] = self._write_decode(inp.name, step, lines, metrics)
     return results
 
   def infer(self, state: Any, step: int) -> dict[str, tuple[int, str]]:
@@ -296,6 +350,41 @@ def _free_path(stem: str) -> str:
     n += 1
     path = f"{stem}-{n}.jsonl"
   return path
+
+
+def _add_weighted(sums: dict[str, list[float]], weighted: Any) -> None:
+  """Adds praxis's WeightedScalars {name: (value, weight)} into sums {name: [sum of value x
+  weight, sum of weight]}."""
+  def host(x: Any) -> float:  # a replicated scalar: any one copy
+    return float(np.asarray(x.addressable_data(0) if isinstance(x, jax.Array) else x))
+
+  for key, (value, weight) in (weighted or {}).items():
+    value, weight = host(value), host(weight)
+    total = sums.setdefault(key, [0.0, 0.0])
+    total[0] += value * weight
+    total[1] += weight
+
+
+def _nested_map(tree: Any) -> Any:
+  """Dicts as praxis's NestedMaps (attribute access), as a Pax model's host code reads them."""
+  from paxlike.pax.py_utils import NestedMap
+
+  if isinstance(tree, dict):
+    return NestedMap({k: _nested_map(v) for k, v in tree.items()})
+  return tree
+
+
+def _jsonable(value: Any) -> Any:
+  """A decode output value as JSON can hold it: arrays as lists, bytes as text."""
+  if isinstance(value, dict):
+    return {str(k): _jsonable(v) for k, v in value.items()}
+  if isinstance(value, list | tuple):
+    return [_jsonable(v) for v in value]
+  if isinstance(value, np.ndarray | np.generic | jax.Array):
+    return _jsonable(np.asarray(value).tolist())
+  if isinstance(value, bytes):
+    return value.decode("utf-8", errors="replace")
+  return value
 
 
 def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:

@@ -105,7 +105,12 @@ class BaseExperiment:
     raise NotImplementedError(f"{type(self).__name__} must define datasets().")
 
   def decode_datasets(self) -> list[Any]:
-    """Fiddle configs of BaseInput subclasses to decode; may be empty."""
+    """Fiddle configs of BaseInput subclasses to decode; may be empty (by default, Pax's
+    older name for them, decoder_datasets())."""
+    return self.decoder_datasets()
+
+  def decoder_datasets(self) -> list[Any]:
+    """Pax's older name of decode_datasets (a file that defines it is read through it)."""
     return []
 
   def validate(self) -> None:

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from paxlike import nontrainable
 from paxlike.errors import UserError
 from paxlike.layers.linear import FP8_META
 from paxlike.learners import FrozenTransformation, apply_updates
@@ -110,6 +111,14 @@ def fp8_meta(grads: Any) -> dict[str, jax.Array]:
   return {k: v for k, v in flat.items() if v is not None and re.fullmatch(FP8_META, k)}
 
 
+def picked_leaves(tree: Any, paths: set[str]) -> dict[str, Any]:
+  """The leaves of tree at the given '/'-joined paths (those it holds, not None)."""
+  if not paths or not isinstance(tree, dict):
+    return {}
+  flat = flax.traverse_util.flatten_dict(tree, sep="/")
+  return {k: flat[k] for k in paths if flat.get(k) is not None}
+
+
 def with_leaves(tree: dict[str, Any], leaves: dict[str, Any]) -> dict[str, Any]:
   """tree with the leaves at the given '/'-joined paths replaced."""
   flat = flax.traverse_util.flatten_dict(tree, sep="/")
@@ -148,21 +157,29 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
 
   def train_step(state: TrainState, batch: dict[str, jax.Array], key: jax.Array):
     step_key = jax.random.fold_in(key, state.step)
-    if num_microbatches > 1:
-      (loss, metrics), grads = _accumulated_grads(grad_fn, state.params, batch, step_key,
-                                                  num_microbatches, select)
-    else:
-      (loss, metrics), grads = grad_fn(state.params, batch, step_key)
+    with nontrainable.collecting() as declared:  # what the forward pass's trace declares
+      if num_microbatches > 1:
+        (loss, metrics), grads = _accumulated_grads(grad_fn, state.params, batch, step_key,
+                                                    num_microbatches, select)
+      else:
+        (loss, metrics), grads = grad_fn(state.params, batch, step_key)
     grads, metrics, loss = reduce((grads, metrics, loss))
-    # FP8 scales and histories are written over, not optimised: zero gradients for the
-    # optimizer (no clipping share, no update but weight decay's, which the write undoes).
+    # FP8 scales and histories are written over, and non-trainable parameters (batch
+    # norm's moving statistics) moved by their change, not optimised: zero gradients for
+    # the optimizer (no clipping share, no update but weight decay's, which the write
+    # undoes). See paxlike.nontrainable.
     meta = fp8_meta(grads)
-    if meta:
-      grads = with_leaves(grads, {k: jnp.zeros_like(v) for k, v in meta.items()})
+    changes = picked_leaves(grads, declared)
+    if meta or changes:
+      grads = with_leaves(grads, {k: jnp.zeros_like(v) for k, v in {**meta, **changes}.items()})
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = apply_updates(state.params, updates)
     if meta:
       params = with_leaves(params, meta)
+    if changes:
+      old = picked_leaves(state.params, set(changes))
+      params = with_leaves(params, {k: old[k] + changes[k].astype(old[k].dtype)
+                                    for k in changes})
     metrics = dict(metrics)
     metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)

@@ -9,6 +9,7 @@ step), so devices draw different randomness, reproducibly.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,15 @@ from paxlike.errors import UserError
 from paxlike.partitioning.host_blocks import put_and_release
 
 AXIS = "batch"
+
+# Set while a step traces under this partitioner's pmap (pmap_axis says so to a layer).
+_TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("paxlike_pmap", default=False)
+
+
+def pmap_axis() -> str | None:
+  """AXIS while a pmap step is being traced (a layer that sums over the whole batch, as
+  praxis's batch norm does, adds the other devices' rows over it); None otherwise."""
+  return AXIS if _TRACING.get() else None
 
 
 class PmapPartitioner:
@@ -120,7 +130,11 @@ class PmapPartitioner:
     del returns_state
 
     def per_device(state, batch, key):
-      return step(state, batch, jax.random.fold_in(key, jax.lax.axis_index(AXIS)))
+      token = _TRACING.set(True)
+      try:
+        return step(state, batch, jax.random.fold_in(key, jax.lax.axis_index(AXIS)))
+      finally:
+        _TRACING.reset(token)
 
     mapped = jax.pmap(per_device, axis_name=AXIS, in_axes=(0, 0, None),
                       donate_argnums=(0,) if donate_state else (), devices=self.devices)

@@ -21,9 +21,13 @@ praxis's fields and methods. What it keeps from praxis, and what it changes:
   weight as praxis's init_var does (init_value below) into flax's `params`,
   split over the mesh axes its tensor_split_dims_mapping names (praxis layers
   pass `self.weight_split_dims_mapping.wt`), replicated where it names none.
-  A non-trainable variable (praxis's NON_TRAINABLE collection) and
-  activation split mappings are refused in one sentence: paxlike trains
-  `params` only, and XLA places activations from the weights and the batch.
+  A non-trainable variable (`trainable=False`, praxis's NON_TRAINABLE
+  collection: batch norm's moving statistics) is kept in `params` too, read
+  with get_var and set with update_var; a train step stores what the pass
+  set, and no optimizer touches it (paxlike.nontrainable).
+- `maybe_shard(x, self.activation_split_dims_mapping.out, self.mesh_axis_names)`
+  constrains an activation to that split in an SPMD step, as in praxis;
+  elsewhere (pmap steps, init) x is left as it is.
 - `add_summary(name, scalar)` reaches the run's summaries: the model's metrics
   carry it (base_model.BaseModel.fprop), averaged like the loss.
 """
@@ -44,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from paxlike import nontrainable
 from paxlike.config import Unbuilt
 from paxlike.errors import UserError
 from paxlike.pax import pax_fiddle
@@ -274,6 +279,10 @@ def _unwrap(value: Any) -> Any:
 _SUMMARIES: contextvars.ContextVar[tuple[dict[str, Any], int] | None] = contextvars.ContextVar(
     "paxlike_pax_summaries", default=None)
 
+# ... and update_var's moves of non-trainable variables: path -> (stored value, new value).
+_MOVES: contextvars.ContextVar[dict[str, tuple[Any, Any]] | None] = contextvars.ContextVar(
+    "paxlike_pax_moves", default=None)
+
 
 class SummaryType:
   """praxis's summary kinds; paxlike writes scalars."""
@@ -328,7 +337,8 @@ class BaseLayer(nn.Module):
 
   @dataclasses.dataclass
   class ActivationSharding(_Sharding):
-    """praxis's BaseLayer.ActivationSharding: `.out` reads None; a set one is refused."""
+    """praxis's BaseLayer.ActivationSharding: `.out` reads None unless set; praxis's layers
+    pass it to maybe_shard, which constrains the activation to that split."""
 
     out: Any = None
 
@@ -381,10 +391,6 @@ class BaseLayer(nn.Module):
       raise UserError(f"{type(self).__name__}.shared_weight_layer_id = "
                       f"{self.shared_weight_layer_id!r}: paxlike does not share weights between "
                       "layers by id; drop it.")
-    if _sets_sharding(self.activation_split_dims_mapping):
-      raise UserError(f"{type(self).__name__}.activation_split_dims_mapping is set: paxlike "
-                      "places a Pax layer's activations by XLA's propagation from its weights "
-                      "and the batch; drop it.")
     super().__post_init__()
 
   # ------------------------------------------------------------ children
@@ -434,10 +440,6 @@ class BaseLayer(nn.Module):
                       trainable: bool = True) -> jax.Array:
     """Creates the variable `name` (praxis's create_variable); self.theta.<name> reads it."""
     where = f"{type(self).__name__}.create_variable({name!r})"
-    if not trainable:
-      raise UserError(f"{where}: trainable=False (praxis's NON_TRAINABLE variables, e.g. batch "
-                      "norm's moving statistics) is not run by paxlike, which trains `params` "
-                      "only.")
     if var_hparams.repeat_prefix:
       raise UserError(f"{where}: repeat_prefix is not run by paxlike; create one variable "
                       "per layer.")
@@ -454,6 +456,16 @@ class BaseLayer(nn.Module):
 
     split = self._split_names(where, shape, var_hparams.tensor_split_dims_mapping)
     value = self.param(name, draw if split is None else nn.with_logical_partitioning(draw, split))
+    if not trainable:
+      # praxis's NON_TRAINABLE collection: kept in params beside the weights, read without
+      # a gradient, moved by update_var (paxlike.nontrainable says how).
+      nontrainable.declare("/".join((*self.scope.path, name)))
+      kept = self.__dict__.get("_var_values")
+      if kept is None:
+        kept = {}
+        object.__setattr__(self, "_var_values", kept)
+      kept[name] = [value, nontrainable.frozen(value)]  # [as stored, as read now]
+      return kept[name][1]
     theta = self.__dict__.get("_theta_values")
     if theta is None:
       theta = NestedMap()
@@ -501,7 +513,26 @@ class BaseLayer(nn.Module):
 
   @nn.nowrap
   def get_var(self, name: str) -> jax.Array:
-    return self.theta[name]
+    """The non-trainable variable `name` (create_variable(..., trainable=False)) as this pass
+    last set it (praxis's get_var); no gradient reaches the stored value."""
+    kept = self.__dict__.get("_var_values") or {}
+    if name not in kept:
+      raise UserError(f"{type(self).__name__}.get_var({name!r}): no non-trainable variable "
+                      f"of that name; create it with create_variable({name!r}, ..., "
+                      "trainable=False).")
+    return kept[name][1]
+
+  @nn.nowrap
+  def update_var(self, name: str, new_val: jax.Array) -> None:
+    """Sets the non-trainable variable `name` (praxis's update_var): get_var reads new_val
+    for the rest of this pass, and a train step stores it (the step's batches' mean where
+    microbatches or pmap devices each set one)."""
+    self.get_var(name)  # the line for a name that is not one
+    entry = self.__dict__["_var_values"][name]
+    entry[1] = new_val
+    moves = _MOVES.get()
+    if moves is not None:
+      moves["/".join((*self.scope.path, name))] = (entry[0], new_val)
 
   # ----------------------------------------------------------- summaries
 
@@ -545,27 +576,39 @@ LayerTpl = pax_fiddle.Config
 
 
 def maybe_shard(x: jax.Array, split_dims_mapping: Any = None,
-                mesh_axis_names: Any = None, **kwargs: Any) -> jax.Array:
-  """praxis's maybe_shard: x itself when no mapping is given; a mapping is refused (paxlike
-  splits the batch over the data axes and places nothing else in a Pax layer)."""
-  del mesh_axis_names, kwargs
-  if split_dims_mapping is None or all(d in (-1, None) for d in split_dims_mapping):
+                mesh_axis_names: Any = None, unconstrained_dims: Sequence[int] | None = None
+                ) -> jax.Array:
+  """praxis's maybe_shard: x constrained to the split its mapping names (an entry per dim: a
+  mesh axis name, a tuple of them, an index into mesh_axis_names, or None / -1 for none).
+
+  As in praxis, nothing happens without a mapping or mesh_axis_names. It also leaves x as it
+  is outside an SPMD trace (pmap steps, init): only a mesh being traced over can place it.
+  unconstrained_dims are left to XLA's propagation.
+  """
+  if split_dims_mapping is None or mesh_axis_names is None:
     return x
-  raise UserError(f"maybe_shard({tuple(split_dims_mapping)}): paxlike does not apply sharding "
-                  "annotations inside a Pax layer; drop the mapping.")
-
-
-def _sets_sharding(value: Any) -> bool:
-  """Whether a weight/activation split dims mapping config or object sets any axis."""
-  if value is None:
-    return False
-  if isinstance(value, fdl.Buildable):
-    fields = value.__arguments__
-  elif isinstance(value, dict):
-    fields = value
-  else:
-    fields = getattr(value, "__dict__", {"value": value})
-  return any(v is not None for v in fields.values())
+  if len(split_dims_mapping) != x.ndim:
+    raise UserError(f"maybe_shard: split dims mapping {tuple(split_dims_mapping)} has "
+                    f"{len(split_dims_mapping)} entries for an activation of shape {x.shape}.")
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x
+  axes, parts = tuple(mesh_axis_names), []
+  for entry in split_dims_mapping:
+    entries = () if entry is None or entry == -1 else (
+        entry if isinstance(entry, tuple | list) else (entry,))
+    try:
+      names = [axes[e] if isinstance(e, int) else e for e in entries]
+    except IndexError:
+      names = [None]
+    unknown = [n for n in names if n not in mesh.axis_names]
+    if unknown:
+      raise UserError(f"maybe_shard: split dims mapping {tuple(split_dims_mapping)} names "
+                      f"{unknown[0]!r}, not an axis of the mesh ({', '.join(mesh.axis_names)}).")
+    parts.append(None if not names else names[0] if len(names) == 1 else tuple(names))
+  for dim in unconstrained_dims or ():
+    parts[dim] = jax.sharding.PartitionSpec.UNCONSTRAINED
+  return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(*parts))
 
 
 __all__ = ["INIT_METHODS", "BaseLayer", "LayerTpl", "SummaryType", "WeightHParams", "WeightInit",

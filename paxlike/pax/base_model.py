@@ -11,7 +11,12 @@ Every WeightedScalars entry `name: (value, weight)` becomes the metric
 `name` (summaries/train and each eval's summaries, aggregated as Pax does:
 sum(weight x value) / sum(weight) over an eval set); the loss metric's
 weight is what a step's microbatches and an eval's batches are weighted by.
-add_summary scalars of the layers join them.
+add_summary scalars of the layers join them. What the layers set with
+update_var (batch norm's moving statistics) a train step stores.
+
+A model that defines Pax's decode(input_batch) and process_decode_out(input_obj,
+decode_out) decodes as in Pax (paxlike.evaluator runs the two for --mode=decode);
+paxlike's own generation (infer, export) is refused in one line.
 
 The model's FLOPs per step (for MFU) are XLA's count of the train step's
 gradient (its cost analysis, before optimisation), as no formula knows a
@@ -26,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from paxlike import nontrainable
 from paxlike.errors import UserError
 from paxlike.models.base import BaseModel as _ModelContract
 from paxlike.models.base import NoDecoder
@@ -73,25 +79,25 @@ class BaseModel(NoDecoder, base_layer.BaseLayer, _ModelContract):
     batch = dict(batch)
     filler = batch.pop(FILLER_WEIGHT, None)
     token = base_layer._SUMMARIES.set(({}, self.paxlike_summary_verbosity))
+    moves_token = base_layer._MOVES.set({})
     try:
       weighted, _ = self(_nested(batch))
       summaries = base_layer._SUMMARIES.get()[0]
+      moves = base_layer._MOVES.get()
     finally:
       base_layer._SUMMARIES.reset(token)
+      base_layer._MOVES.reset(moves_token)
     name = self.paxlike_loss_name
     if name not in weighted:
       raise UserError(f"learner.loss_name={name!r} is not among {type(self).__name__}."
                       f"compute_loss's metrics ({', '.join(sorted(weighted))}); set "
                       "task_p.train.learner.loss_name to the one to minimise.")
-    metrics = {}
-    for key, entry in weighted.items():
-      if not (isinstance(entry, tuple | list) and len(entry) == 2):
-        raise UserError(f"{type(self).__name__}.compute_loss returned {key!r} as "
-                        f"{type(entry).__name__}, not a (value, weight) pair (praxis's "
-                        "WeightedScalars); paxlike does not run clu metrics.")
-      metrics[key] = jnp.asarray(entry[0], jnp.float32)
-    loss = metrics[name]
-    weight = jnp.asarray(weighted[name][1], jnp.float32)
+    pairs = _weighted_pairs(self, "compute_loss", weighted)
+    metrics = {key: value for key, (value, _) in pairs.items()}
+    # update_var's new values reach the train step through the loss (adding 0 to it).
+    loss = metrics[name] + sum((nontrainable.moved(*m) for m in moves.values()),
+                               jnp.zeros((), jnp.float32))
+    weight = pairs[name][1]
     rows = jnp.asarray(_rows(batch), jnp.float32)
     if filler is not None:
       weight, rows = weight * filler[0], rows * filler[0]
@@ -127,9 +133,42 @@ class BaseModel(NoDecoder, base_layer.BaseLayer, _ModelContract):
             for k in specs if k != FILLER_WEIGHT}
 
   def decode_features(self) -> tuple[str, ...]:
-    """Refused (NoDecoder's line): every decode, infer and export path asks this first, so
-    a subclass's own decode(input_batch) is never called with the contract's arguments."""
+    """Refused: paxlike's generation (infer, export, and decode where the model has no Pax
+    decode) asks this first, so a subclass's own decode(input_batch) is never called with
+    the contract's arguments."""
+    if self.pax_decodes():
+      raise UserError(f"{type(self).__name__} decodes with Pax's decode(input_batch) and "
+                      "process_decode_out, which --mode=decode and decode_once run; infer "
+                      "and export run paxlike's generation, which it has not.")
     return self.prefill(None, None)
+
+  # ------------------------------------------------ Pax's decode protocol
+
+  @classmethod
+  def pax_decodes(cls) -> bool:
+    """Whether the class defines Pax's decode(input_batch) (what paxlike.evaluator's decode
+    then runs, with process_decode_out)."""
+    return cls.decode is not _ModelContract.decode
+
+  def process_decode_out(self, input_obj: Any, decode_out: NestedMap
+                         ) -> tuple[WeightedScalars, list[tuple[str, Any]], dict[str, Any]]:
+    """praxis's default: no metrics, no outputs to write."""
+    del input_obj, decode_out
+    return {}, [], {}
+
+  def pax_decode_step(self, batch: dict[str, jax.Array]
+                      ) -> tuple[dict[str, tuple[jax.Array, jax.Array]], Any]:
+    """(decode's WeightedScalars as float32 pairs, its per-example outputs) of a batch."""
+    batch = {k: v for k, v in batch.items() if k != FILLER_WEIGHT}
+    out = type(self).decode(self, _nested(batch))
+    if not isinstance(out, tuple | list) or len(out) not in (2, 3):
+      raise UserError(f"{type(self).__name__}.decode returned {type(out).__name__}; Pax's "
+                      "decode returns (weighted_scalars, per_example_out, metrics).")
+    if len(out) == 3 and out[2]:
+      raise UserError(f"{type(self).__name__}.decode returned clu metrics "
+                      f"({', '.join(sorted(out[2]))}); paxlike does not run clu metrics, "
+                      "return them as weighted scalars (value, weight).")
+    return _weighted_pairs(self, "decode", out[0]), out[1]
 
   def model_flops_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> float:
     """XLA's FLOP count of the train step's gradient for a global batch of `specs`."""
@@ -160,6 +199,20 @@ class BaseModel(NoDecoder, base_layer.BaseLayer, _ModelContract):
     """host_batch marked as a filler: its metrics weigh 0 (compute_loss's weights are the
     model's own, so the mark scales them)."""
     return {**host_batch, FILLER_WEIGHT: np.zeros((_rows(host_batch),), np.float32)}
+
+
+def _weighted_pairs(model: Any, method: str, weighted: Any
+                    ) -> dict[str, tuple[jax.Array, jax.Array]]:
+  """praxis's WeightedScalars as {name: (value, weight)} in float32; one line for another
+  shape of entry."""
+  pairs = {}
+  for key, entry in (weighted or {}).items():
+    if not (isinstance(entry, tuple | list) and len(entry) == 2):
+      raise UserError(f"{type(model).__name__}.{method} returned {key!r} as "
+                      f"{type(entry).__name__}, not a (value, weight) pair (praxis's "
+                      "WeightedScalars); paxlike does not run clu metrics.")
+    pairs[key] = (jnp.asarray(entry[0], jnp.float32), jnp.asarray(entry[1], jnp.float32))
+  return pairs
 
 
 def _rows(batch: dict[str, Any]) -> int:

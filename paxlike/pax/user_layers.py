@@ -3,12 +3,12 @@
 Linear, Bias and FeedForward (praxis.layers.linears), LayerNorm and RmsNorm
 (normalizations), Conv2D and ConvBNAct (convolutions), Pooling (poolings)
 and Dropout (stochastics), with praxis's fields, variable names
-(`w`, `b`), initialisers and arithmetic. They are BaseLayers
-(paxlike.pax.base_layer), so a user's layer makes them with create_child
-from a pax_fiddle.Config, as in Pax. What praxis offers and paxlike does not
-run is refused when the layer is set up: batch norm (its moving statistics
-are non-trainable variables), weight normalisation, causal and
-TF-equivalent padding, and pooling over paddings.
+(`w`, `b`), initialisers and arithmetic, and BatchNorm (normalizations),
+whose moving statistics are non-trainable variables a train step moves.
+They are BaseLayers (paxlike.pax.base_layer), so a user's layer makes them
+with create_child from a pax_fiddle.Config, as in Pax. What praxis offers
+and paxlike does not run is refused when the layer is set up: weight
+normalisation, causal and TF-equivalent padding, and pooling over paddings.
 
 FeedForward (the softmax's `feed_forward_tpl`) and the norms are also nodes of
 praxis's LM config tree: paxlike.pax.config_tree reads them there and builds
@@ -17,6 +17,7 @@ no layer from them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,8 +27,15 @@ import numpy as np
 
 from paxlike.errors import UserError
 from paxlike.layers import activations
+from paxlike.partitioning.pmap import pmap_axis
 from paxlike.pax import pax_fiddle
-from paxlike.pax.base_layer import BaseLayer, WeightHParams, WeightInit, template_field
+from paxlike.pax.base_layer import (
+    BaseLayer,
+    WeightHParams,
+    WeightInit,
+    maybe_shard,
+    template_field,
+)
 
 
 def _refuse(layer: BaseLayer, what: str) -> None:
@@ -50,7 +58,11 @@ class Linear(BaseLayer):
                                                 self.weight_split_dims_mapping.wt)))
 
   def __call__(self, inputs: jax.Array) -> jax.Array:
-    return jnp.einsum("...y,yz->...z", inputs, self.theta.w)
+    out = jnp.einsum("...y,yz->...z", inputs, self.theta.w)
+    mapping = self.activation_split_dims_mapping.out
+    if out.ndim == 2 and mapping is not None and len(mapping) == 3:
+      mapping = [mapping[0], mapping[2]]  # praxis's [batch, length, dim] split, one step
+    return maybe_shard(out, mapping, self.mesh_axis_names)
 
 
 class Bias(BaseLayer):
@@ -88,11 +100,16 @@ class FeedForward(BaseLayer):
                                          output_dims=self.output_dims,
                                          weight_init=self.weight_init,
                                          weight_split_dims_mapping=(
-                                             self.weight_split_dims_mapping.clone()))
+                                             self.weight_split_dims_mapping.clone()),
+                                         activation_split_dims_mapping=(
+                                             self.activation_split_dims_mapping.clone()))
     self.create_child("linear", linear)
     if self.has_bias:
-      self.create_child("bias", self.bias_tpl.clone().set(dims=self.output_dims,
-                                                          bias_init=self.bias_init))
+      bias = self.bias_tpl.clone().set(dims=self.output_dims, bias_init=self.bias_init)
+      out = self.activation_split_dims_mapping.out
+      if self.mesh_shape is not None and out is not None:
+        bias.weight_split_dims_mapping.wt = [out[-1]]  # split as the output's last dim
+      self.create_child("bias", bias)
     self.create_child("activation", self.activation_tpl.clone())
 
   def __call__(self, inputs: jax.Array) -> jax.Array:
@@ -244,32 +261,99 @@ class Conv2D(BaseLayer):
 
 
 class BatchNorm(BaseLayer):
-  """praxis's BatchNorm, refused when set up: its moving statistics are non-trainable
-  variables, which paxlike does not keep."""
+  """praxis's BatchNorm over the last dim of [..., dim]: `beta`, `gamma` (scaling by
+  1 + gamma, so gamma starts at 0) and the non-trainable `moving_mean` and
+  `moving_variance`, moved by decay each train step.
+
+  A train pass normalises with the batch's statistics over every row that is not
+  padding, the whole global batch's (SPMD arrays are global; under pmap the devices'
+  sums are added, as praxis's sync batch norm does); eval passes, and force_eval_mode,
+  with the moving ones.
+  """
 
   dim: int = 0
+  decay: float = 0.999
+  use_moving_avg_in_training: bool = False
+  set_padded_output_to_zero: bool = True
+  force_eval_mode: bool = False
+  gamma_init: WeightInit = dataclasses.field(default_factory=lambda: WeightInit.Constant(0.0))
 
   def setup(self) -> None:
-    _refuse(self, "batch norm (its moving statistics are non-trainable variables)")
+    if self.dim <= 0:
+      raise UserError(f"{type(self).__name__}: dim must be set (the inputs' last dim), "
+                      f"got {self.dim}.")
+    self.create_variable("beta", WeightHParams(shape=[self.dim],
+                                               init=WeightInit.Constant(0.0)))
+    self.create_variable("gamma", WeightHParams(shape=[self.dim], init=self.gamma_init))
+    self.create_variable("moving_mean", WeightHParams(
+        shape=[self.dim], init=WeightInit.Constant(0.0)), trainable=False)
+    self.create_variable("moving_variance", WeightHParams(
+        shape=[self.dim], init=WeightInit.Constant(1.0)), trainable=False)
+
+  def _moments(self, inputs: jax.Array, paddings: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Mean and variance over every non-padding row (praxis's compute_moments)."""
+    dims = tuple(range(inputs.ndim - 1))
+    mask = 1.0 - paddings
+    total = jnp.sum(inputs * mask, axis=dims)
+    count = jnp.sum(jnp.ones_like(inputs) * mask, axis=dims)
+    axis = pmap_axis()
+    if axis is not None:
+      total, count = jax.lax.psum((total, count), axis)
+    count = jnp.maximum(count, 1.0)
+    mean = total / count
+    squares = jnp.sum((inputs - mean) * (inputs - mean) * mask, axis=dims)
+    if axis is not None:
+      squares = jax.lax.psum(squares, axis)
+    return mean, squares / count
+
+  def __call__(self, inputs: jax.Array, paddings: jax.Array | None = None) -> jax.Array:
+    inputs = inputs.astype(self.fprop_dtype)
+    if paddings is None:
+      paddings = jnp.zeros((*inputs.shape[:-1], 1), inputs.dtype)
+    else:
+      paddings = jnp.expand_dims(paddings, -1).astype(inputs.dtype)
+    if self.do_eval or self.force_eval_mode:
+      mean, variance = self.get_var("moving_mean"), self.get_var("moving_variance")
+    else:
+      mean, variance = self._moments(inputs, paddings)
+      self.update_var("moving_mean", self.get_var("moving_mean") * self.decay
+                      + mean * (1.0 - self.decay))
+      self.update_var("moving_variance", self.get_var("moving_variance") * self.decay
+                      + variance * (1.0 - self.decay))
+      if self.use_moving_avg_in_training:
+        mean, variance = self.get_var("moving_mean"), self.get_var("moving_variance")
+    if self.use_moving_avg_in_training:
+      beta, gamma = 0.0, 1.0
+    else:
+      beta, gamma = self.theta.beta, self.theta.gamma + 1.0
+    out = (inputs - mean) * (gamma / jnp.sqrt(variance + 0.001)) + beta
+    if self.set_padded_output_to_zero:
+      out = out * (1.0 - paddings)
+    return out.astype(self.fprop_dtype)
 
 
 class ConvBNAct(Conv2D):
-  """praxis's ConvBNAct: Conv2D, then batch norm (praxis's default; paxlike refuses it, so
-  set batch_norm_tpl=None), then the activation (ReLU unless set)."""
+  """praxis's ConvBNAct: Conv2D, then batch norm (BatchNorm unless set; None for none),
+  then the activation (ReLU unless set)."""
 
   batch_norm_tpl: pax_fiddle.Config[BaseLayer] | None = template_field(BatchNorm)
   activation_tpl: pax_fiddle.Config[activations.BaseActivation] = template_field(
       activations.ReLU)
 
   def setup(self) -> None:
-    if self.batch_norm_tpl is not None:
-      _refuse(self, "batch_norm_tpl (batch norm keeps non-trainable moving statistics); set "
-                    "batch_norm_tpl=None and it")
     super().setup()
+    if self.batch_norm_tpl is not None:
+      bn = self.batch_norm_tpl.clone()
+      bn.dim = self.filter_shape[3]
+      bn.use_moving_avg_in_training = False
+      self.create_child("bn", bn)
     self.create_child("activation", self.activation_tpl.clone())
 
   def __call__(self, inputs: jax.Array) -> jax.Array:
-    return self.activation(super().__call__(inputs))
+    out = super().__call__(inputs)
+    if self.batch_norm_tpl is not None:
+      out = self.bn(out)
+    return self.activation(out)
 
 
 class Pooling(BaseLayer):

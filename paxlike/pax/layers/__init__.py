@@ -52,9 +52,11 @@ from paxlike.pax.praxis_layers import (
     TransformerFeedForward,
     TransformerLm,
 )
+from paxlike.pax.user_layers import BatchNorm, Conv2D, ConvBNAct
 
 __all__ = [
-    "GELU", "AutodiffCheckpointType", "BaseActivation", "DotProductAttention", "Embedding",
+    "GELU", "AutodiffCheckpointType", "BaseActivation", "BatchNorm", "Conv2D", "ConvBNAct",
+    "DotProductAttention", "Embedding",
     "FeedForward", "FullSoftmax", "GroupedQueryAttention", "Identity", "LanguageModelType",
     "LayerNorm", "PipelinedTransformer", "PositionalEmbedding", "ReLU", "RmsNorm",
     "RotaryPositionalEmbedding", "SiLU", "SharedEmbeddingSoftmax", "Sigmoid",

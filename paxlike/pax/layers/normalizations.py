@@ -1,5 +1,6 @@
-"""praxis.layers.normalizations: LayerNorm and RmsNorm."""
+"""praxis.layers.normalizations: LayerNorm, RmsNorm and BatchNorm."""
 
 from paxlike.pax.praxis_layers import LayerNorm, RmsNorm
+from paxlike.pax.user_layers import BatchNorm
 
-__all__ = ["LayerNorm", "RmsNorm"]
+__all__ = ["BatchNorm", "LayerNorm", "RmsNorm"]
