@@ -280,10 +280,10 @@ class Evaluator:
         if filler:  # a host out of batches decodes one along with the others
           continue
         _add_weighted(sums, weighted)
-        per_example = _nested_map(jax.tree.map(_gather_device, per_example))
-        processed_weighted, processed, _ = model.process_decode_out(inp, per_example)
+        processed_weighted, values = model.pax_process_decode(
+            inp, jax.tree.map(_gather_device, per_example))
         _add_weighted(processed_sums, processed_weighted)
-        lines.extend(_jsonable(value) for _, value in processed)
+        lines.extend(_jsonable(value) for value in values)
       metrics = {k: total / max(weight, 1e-8) for k, (total, weight) in sums.items()}
       metrics.update({k: total / max(weight, 1e-8)
                       for k, (total, weight) in processed_sums.items()})
@@ -363,15 +363,6 @@ def _add_weighted(sums: dict[str, list[float]], weighted: Any) -> None:
     total = sums.setdefault(key, [0.0, 0.0])
     total[0] += value * weight
     total[1] += weight
-
-
-def _nested_map(tree: Any) -> Any:
-  """Dicts as praxis's NestedMaps (attribute access), as a Pax model's host code reads them."""
-  from paxlike.pax.py_utils import NestedMap
-
-  if isinstance(tree, dict):
-    return NestedMap({k: _nested_map(v) for k, v in tree.items()})
-  return tree
 
 
 def _jsonable(value: Any) -> Any:

@@ -597,10 +597,10 @@ def maybe_shard(x: jax.Array, split_dims_mapping: Any = None,
   for entry in split_dims_mapping:
     entries = () if entry is None or entry == -1 else (
         entry if isinstance(entry, tuple | list) else (entry,))
-    try:
-      names = [axes[e] if isinstance(e, int) else e for e in entries]
-    except IndexError:
-      names = [None]
+    if any(isinstance(e, int) and not -len(axes) <= e < len(axes) for e in entries):
+      raise UserError(f"maybe_shard: split dims mapping {tuple(split_dims_mapping)} has an "
+                      f"index past mesh_axis_names {list(axes)}.")
+    names = [axes[e] if isinstance(e, int) else e for e in entries]
     unknown = [n for n in names if n not in mesh.axis_names]
     if unknown:
       raise UserError(f"maybe_shard: split dims mapping {tuple(split_dims_mapping)} names "

@@ -170,6 +170,20 @@ class BaseModel(NoDecoder, base_layer.BaseLayer, _ModelContract):
                       "return them as weighted scalars (value, weight).")
     return _weighted_pairs(self, "decode", out[0]), out[1]
 
+  def pax_process_decode(self, input_obj: Any, per_example: Any
+                         ) -> tuple[dict[str, tuple[Any, Any]], list[Any]]:
+    """On the host: process_decode_out of one batch's gathered per-example outputs (as
+    NestedMaps) -> (its WeightedScalars, checked as pairs, the values of its (key, value)
+    outputs)."""
+    out = self.process_decode_out(input_obj, _nested(per_example))
+    if not isinstance(out, tuple | list) or len(out) != 3:
+      raise UserError(f"{type(self).__name__}.process_decode_out returned "
+                      f"{type(out).__name__}; Pax's returns (weighted_scalars, "
+                      "[(key, value), ...], metrics).")
+    weighted, processed, _ = out
+    return (_weighted_pairs(self, "process_decode_out", weighted),
+            [value for _, value in processed])
+
   def model_flops_per_step(self, specs: dict[str, jax.ShapeDtypeStruct]) -> float:
     """XLA's FLOP count of the train step's gradient for a global batch of `specs`."""
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in specs.items()}
