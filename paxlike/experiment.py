@@ -402,8 +402,28 @@ def instantiate(cls: type, overrides: list[str] = ()) -> BaseExperiment:
   if not isinstance(exp, BaseExperiment):
     raise UserError(f"{cls.__qualname__} is not a BaseExperiment subclass.")
   apply_overrides(exp, list(overrides))
+  _adopt_model_mesh(exp)
   exp.validate()
   return exp
+
+
+def _adopt_model_mesh(exp: BaseExperiment) -> None:
+  """Pax runs SPMD where task_p.model.ici_mesh_shape is set, pmap where it is not. A Pax
+  file that sets the model's mesh and no ICI_MESH_SHAPE (paxml's imagenet_resnets.py, from
+  its own MESH_SHAPE) gets that mesh as its ICI_MESH_SHAPE (and DCN_MESH_SHAPE)."""
+  if exp.ICI_MESH_SHAPE is not None or _is_paxlike_class(type(exp)):
+    return
+  try:
+    model = task_config(exp).model
+  except Exception:  # noqa: BLE001  (building the task reports it, in its own words)
+    return
+  ici = getattr(model, "ici_mesh_shape", None)
+  if ici is None:
+    return
+  exp.ICI_MESH_SHAPE = list(ici)
+  dcn = getattr(model, "dcn_mesh_shape", None)
+  if dcn is not None and exp.DCN_MESH_SHAPE is None:
+    exp.DCN_MESH_SHAPE = list(dcn)
 
 
 # ----------------------------------------------------------- read tracking

@@ -129,7 +129,8 @@ def with_leaves(tree: dict[str, Any], leaves: dict[str, Any]) -> dict[str, Any]:
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     schedule: optax.Schedule,
                     reduce: Callable[[Any], Any] = lambda t: t,
-                    skip_nonfinite: bool = False, num_microbatches: int = 1) -> Callable:
+                    skip_nonfinite: bool = False, num_microbatches: int = 1,
+                    variable_norms: bool = False) -> Callable:
   """One optimizer step. `reduce` averages gradients and metrics over pmap devices.
 
   The key is folded with the step, so a resumed run draws the same randomness.
@@ -137,7 +138,9 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   skip_nonfinite, a step where they were not keeps the old parameters and
   optimizer state (the step counter still advances). num_microbatches > 1
   (NUM_MICROBATCHES) computes the gradient of the batch k rows-slices at a
-  time and applies one update equal to the whole batch's.
+  time and applies one update equal to the whole batch's. variable_norms (Pax's
+  variable_norm_summary) adds metrics vars/<parameter path>: each parameter's root mean
+  square after the step.
   """
 
   # A learner that freezes parameters (bprop_variable_inclusion / _exclusion, USE_LORA)
@@ -188,6 +191,10 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
       keep_new = metrics[NONFINITE_KEY] == 0
       params, opt_state = jax.tree.map(lambda new, old: jnp.where(keep_new, new, old),
                                        (params, opt_state), (state.params, state.opt_state))
+    if variable_norms:
+      flat = flax.traverse_util.flatten_dict(params, sep="/") if isinstance(params, dict) else {}
+      metrics.update({f"vars/{k}": jnp.sqrt(jnp.mean(jnp.square(v.astype(jnp.float32))))
+                      for k, v in flat.items()})
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,9 +28,13 @@ def _check_split_mapping(mapping: Any) -> None:
   if mapping is None:
     return
   try:
-    one, two = tuple(mapping["map_1d"]), tuple(mapping["map_2d"])
+    one = tuple(mapping["map_1d"])
     axes = one[0] if isinstance(one[0], tuple | list) else (one[0],)
-    ok = (len(one) == 1 and two == (one[0], None) and set(mapping) == {"map_1d", "map_2d"}
+    # map_Nd for N-dim features (imagenet_resnets.py gives map_1d ... map_5d): the rows
+    # split over the batch axes, every other dim whole.
+    ok = (len(one) == 1 and all(
+        re.fullmatch(r"map_[1-9]d", key) and tuple(value) == (one[0],) + (None,) * (
+            int(key[4]) - 1) for key, value in mapping.items())
           and list(axes) == [a for a in _BATCH_AXES if a in axes]
           and {"replica", "data"} <= set(axes))
   except (KeyError, TypeError, IndexError):
@@ -74,6 +79,15 @@ class TrainSettings:
   inputs_split_mapping: Any = None
   # paxlike measures steps/s (and MFU) over each summary interval; None or that interval.
   compute_steps_per_sec_interval_steps: int | None = None
+  # Pax's: each summary is the summary step's own values (None or 1: nothing accumulated).
+  summary_accumulate_interval_steps: int | None = None
+  # Pax's: every summary also writes vars/<parameter>, the root mean square of each
+  # parameter after the step (paxlike.steps). Pax's default is True; paxlike's False, so a
+  # run's summaries hold only what it asks for.
+  variable_norm_summary: bool = False
+  # Pax's decode cadence during training: with decode inputs, a decode every this many
+  # steps (paxlike decodes at the end, and at every eval with --decode_during_train).
+  decode_interval_steps: int | None = None
 
   def __post_init__(self) -> None:
     if not self.eval_skip_train:
@@ -94,6 +108,14 @@ class TrainSettings:
     for name in ("save_interval_steps", "summary_interval_steps", "save_max_to_keep"):
       if getattr(self, name) <= 0:
         raise UserError(f"task.train.{name} must be positive, got {getattr(self, name)}.")
+    if self.summary_accumulate_interval_steps not in (None, 1):
+      raise UserError(f"task.train.summary_accumulate_interval_steps = "
+                      f"{self.summary_accumulate_interval_steps!r}: paxlike writes each summary "
+                      "step's own values; set it to 1 or drop it.")
+    if self.decode_interval_steps is not None and (
+        not isinstance(self.decode_interval_steps, int) or self.decode_interval_steps < 0):
+      raise UserError(f"task.train.decode_interval_steps must be a whole number of steps, got "
+                      f"{self.decode_interval_steps!r}.")
     every = self.compute_steps_per_sec_interval_steps
     if every is not None and every != self.summary_interval_steps:
       raise UserError(f"task.train.compute_steps_per_sec_interval_steps = {every!r}: paxlike "

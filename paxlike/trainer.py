@@ -178,7 +178,8 @@ def build_train_program(task: Task, train_input: BaseInput, partitioner: Any,
   partitioner.set_state_specs(logical)
   step_fn = partitioner.compile(make_train_step(task.model, tx, schedule, partitioner.reduce,
                                                 skip_nonfinite=skip_nonfinite,
-                                                num_microbatches=num_microbatches))
+                                                num_microbatches=num_microbatches,
+                                                variable_norms=task.train.variable_norm_summary))
   return TrainProgram(
       task=task, partitioner=partitioner, tx=tx, schedule=schedule, sample_batch=sample_batch,
       global_specs=global_specs, global_batch=global_batch,
@@ -324,6 +325,7 @@ class _TrainRun:
       if self._checkpoint_or_stop(step, input_state) or self._eval_reached_target(
           step, input_state):
         break
+      self._decode_at_interval(step)
       self.gp.step_done(step, force_progress=self.last_saved == step)
       if step < last:
         batch, host_batch, input_state = next_batch, next_host_batch, next_input_state
@@ -417,6 +419,19 @@ class _TrainRun:
     if self.options.enable_checkpoint_saving and self.last_saved != step:
       self._save(step, input_state)
     return True
+
+  def _decode_at_interval(self, step: int) -> None:
+    """Decodes every task.train.decode_interval_steps (Pax's), unless this step's eval
+    decoded (--decode_during_train) or the run ends here (its last decode follows)."""
+    every, ev = self.settings.decode_interval_steps, self.options.evaluator
+    if not (every and ev and ev.decode_inputs and step < self.settings.num_train_steps
+            and step % every == 0):
+      return
+    interval = self.settings.eval_interval_steps
+    if self.options.decode_during_train and interval and step % interval == 0:
+      return
+    with self.gp.span("eval"):
+      ev.decode(self.state, step)
 
   def _early_stopped(self, evals: dict[str, dict[str, float]], step: int) -> bool:
     """Task.early_stopping_fn (Pax's hook) on this eval's metrics; True stops training."""

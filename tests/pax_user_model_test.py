@@ -625,3 +625,66 @@ def test_a_pax_input_takes_praxis_names_and_defaults():
   assert (train.name, train.seed, train.get_next()["x"][0, 0]) == ("train", 7, 7)
   # praxis names an unnamed eval input 'input'; its epoch ends itself, so it is not repeated.
   assert (evals.name, evals.repeat) == ("input", False)
+
+
+def test_classifier_layers_are_praxis_arithmetic():
+  """The softmax a classifier makes from layers.FullSoftmax (the LM tree's node, built as
+  praxis's runnable softmax), top-k accuracy, global pooling over paddings, and the
+  stochastic residual, against numpy."""
+  from paxlike.pax import metric_utils, schedules
+  from paxlike.pax.layers import FullSoftmax, GlobalPooling, StochasticResidual
+
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(5, 4)).astype(np.float32)
+  ids = rng.integers(0, 3, (5, 1)).astype(np.int32)
+  weights = rng.uniform(0.5, 1.5, (5, 1)).astype(np.float32)
+
+  class Classifier(base_layer.BaseLayer):
+    def setup(self):
+      self.create_child("softmax", pax_fiddle.Config(
+          FullSoftmax, input_dims=4, num_classes=3, label_smoothing_prob=0.3))
+
+    def __call__(self, x):
+      return self.softmax(x, weights, class_ids=ids)
+
+  layer = Classifier()
+  params = layer.init(jax.random.key(0), x)["params"]
+  assert jax.tree.map(jnp.shape, params) == {"softmax": {"logits_ffn": {
+      "linear": {"w": (4, 3)}, "bias": {"b": (3,)}}}}
+  out = layer.apply({"params": params}, x)
+  ff = params["softmax"]["logits_ffn"]
+  logits = x.astype(np.float64) @ ff["linear"]["w"] + ff["bias"]["b"]
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  target = np.full((5, 3), 0.15)
+  target[np.arange(5), ids[:, 0]] = 0.7  # praxis's smoothing: 0.3 spread over the others
+  xent = -(logp * target).sum(-1)
+  np.testing.assert_allclose(out.avg_xent, (xent * weights[:, 0]).sum() / weights.sum(),
+                             rtol=1e-5)
+  np.testing.assert_allclose(out.per_example_argmax, logits.argmax(-1))
+
+  scores = np.array([[0.1, 0.5, 0.4], [0.9, 0.05, 0.05], [0.2, 0.3, 0.5]], np.float32)
+  labels = np.eye(3, dtype=np.float32)[[2, 0, 0]]
+  top1 = metric_utils.top_k_accuracy(1, scores, label_probs=labels)
+  top2 = metric_utils.top_k_accuracy(2, scores, label_probs=labels,
+                                     weights=np.array([1.0, 1.0, 2.0]))
+  assert float(top1) == pytest.approx(1 / 3) and float(top2) == pytest.approx(2 / 4)
+
+  maps = rng.normal(size=(2, 3, 3, 4)).astype(np.float32)
+  pads = np.zeros((2, 3, 3, 1), np.float32)
+  pads[:, 2] = 1.0  # the last row is padding
+  pool = pax_fiddle.build(pax_fiddle.Config(GlobalPooling, pooling_dims=(1, 2)))
+  got = pool.apply({}, maps, compatible_paddings=pads)
+  np.testing.assert_allclose(got, maps[:, :2].mean((1, 2)), rtol=1e-5)
+
+  res = pax_fiddle.build(pax_fiddle.Config(StochasticResidual, survival_prob=0.75))
+  ones = np.ones((4000, 2), np.float32)
+  assert np.array_equal(res.apply({}, ones, ones), 2 * ones)  # eval: nothing dropped
+  kept = res.apply({}, ones, ones, rngs={"dropout": jax.random.key(1)}) - 1.0
+  kept = np.asarray(kept)
+  assert np.all(np.isclose(kept, 0.0) | np.isclose(kept, 1 / 0.75))  # dropped, or scaled up
+  assert np.mean(kept[:, 0] > 0) == pytest.approx(0.75, abs=0.03)
+  assert np.array_equal(kept[:, 0], kept[:, 1])  # per example, as praxis drops
+
+  ramp = schedules.LinearRampupPiecewiseConstant(boundaries=[10, 30, 60], values=[1.0, 0.1, 0.0])
+  assert [round(float(ramp.value_at(s)), 4) for s in (0, 5, 10, 29, 30, 59, 60, 99)] == [
+      0.0, 0.5, 1.0, 1.0, 0.1, 0.1, 0.0, 0.0]

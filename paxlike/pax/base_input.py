@@ -97,6 +97,16 @@ class LingvoInputAdaptor:
     return cls.HParams(**fields)
 
 
+class BaseInputSpecsProvider:
+  """praxis's BaseInputSpecsProvider: what an experiment's get_input_specs_provider_params
+  configures (the batch's shapes for Pax's abstract init). paxlike takes the shapes from
+  the training input itself (peek_specs), so a provider is built by nothing; a subclass's
+  get_input_specs() gives them."""
+
+  def get_input_specs(self) -> Any:
+    raise NotImplementedError
+
+
 def _with_name(fields: dict[str, Any], is_training: bool) -> dict[str, Any]:
   """Names an unnamed eval input 'eval' (summaries/eval_test_eval), as paxlike's own do."""
   if "name" in fields or fields.get("is_training", is_training):
@@ -104,4 +114,4 @@ def _with_name(fields: dict[str, Any], is_training: bool) -> dict[str, Any]:
   return {**fields, "name": "eval"}
 
 
-__all__ = ["BaseInput", "LingvoInputAdaptor"]
+__all__ = ["BaseInput", "BaseInputSpecsProvider", "LingvoInputAdaptor"]

@@ -416,6 +416,9 @@ class BaseLayer(nn.Module):
     if isinstance(params, fdl.Buildable):
       cfg = copy.deepcopy(params)
       target = fdl.get_callable(cfg)
+      twin = vars(target).get("runnable_twin") if isinstance(target, type) else None
+      if twin is not None:  # a praxis LM tree node whose runnable layer is another class
+        cfg, target = _as_twin(cfg, twin), twin
       if isinstance(target, type) and issubclass(target, BaseLayer):
         for field in INHERITED:
           if getattr(cfg, field, None) is None:
@@ -573,6 +576,22 @@ class BaseLayer(nn.Module):
 
 
 LayerTpl = pax_fiddle.Config
+
+
+def _as_twin(cfg: fdl.Buildable, twin: type) -> fdl.Buildable:
+  """The config of a praxis tree node (paxlike.pax.praxis_layers: FullSoftmax) as the
+  config of its runnable twin, with the same arguments and sharding mappings."""
+  args = dict(cfg.__arguments__)
+  for key, sharding in (("weight_split_dims_mapping", twin.WeightSharding),
+                        ("activation_split_dims_mapping", twin.ActivationSharding)):
+    value = args.pop(key, None)
+    fields = value.__arguments__ if isinstance(value, fdl.Buildable) else {}
+    if any(v is not None for v in fields.values()):
+      args[key] = pax_fiddle.Config(sharding, **fields)
+  try:
+    return pax_fiddle.Config(twin, **args)
+  except (TypeError, ValueError) as e:
+    raise UserError(f"{fdl.get_callable(cfg).__name__}, built as a layer: {e}") from None
 
 
 def maybe_shard(x: jax.Array, split_dims_mapping: Any = None,

@@ -85,4 +85,20 @@ def build(cfg: Any) -> Any:
 
 instantiate = build
 
-__all__ = ["Config", "Partial", "build", "get_callable", "instantiate"]
+
+def fdl_field(default_factory: Any = None, *, tags: Any = (), **kwargs: Any) -> Any:
+  """praxis's fdl_field: a dataclass field whose default is default_factory() (a config); a
+  layer field annotated as a config stays one until the layer builds it."""
+  del tags
+  import dataclasses
+
+  return dataclasses.field(default_factory=default_factory, **kwargs)
+
+
+def auto_config(fn: Any) -> Any:
+  """praxis's auto_config decorator: a function that returns configs (as Pax's written with
+  pax_fiddle.Config do) is used as it is."""
+  return fn
+
+__all__ = ["Config", "Partial", "auto_config", "build", "fdl_field", "get_callable",
+           "instantiate"]

@@ -22,6 +22,7 @@ from paxlike.layers import activations
 
 # Runnable praxis layers that are also nodes of the tree (the softmax's feed_forward_tpl, the
 # norms): re-exported here as the tree's classes.
+from paxlike.pax import user_layers
 from paxlike.pax.user_layers import FeedForward, LayerNorm, RmsNorm  # noqa: E402, F401
 
 
@@ -105,6 +106,11 @@ class FullSoftmax(_Table):
   @classmethod
   def sub_templates(cls) -> dict[str, type]:
     return {**super().sub_templates(), "feed_forward_tpl": FeedForward}
+
+
+# A user's model that makes layers.FullSoftmax a child (a classifier's softmax_tpl) builds
+# praxis's runnable softmax (paxlike.pax.base_layer's create_child swaps it in).
+FullSoftmax.runnable_twin = user_layers.FullSoftmax
 
 
 @dataclasses.dataclass

@@ -16,6 +16,8 @@ Metrics = dict
 Nested = Any
 SplitDimsMapping = Any
 HParams = Any
+NestedShapeDtypeStruct = Any
 
-__all__ = ["HParams", "JTensor", "Metrics", "Nested", "NestedJTensor", "NestedMap", "PRNGKey",
+__all__ = ["HParams", "JTensor", "Metrics", "Nested", "NestedJTensor", "NestedMap",
+           "NestedShapeDtypeStruct", "PRNGKey",
            "SplitDimsMapping", "WeightedScalars", "WeightedScalarsList"]

@@ -94,4 +94,51 @@ class LinearRampupCosineDecay(_LinearRampupDecay):
     return optax.join_schedules([optax.constant_schedule(1.0), rest], [self.start_step])
 
 
-__all__ = ["BaseSchedule", "Constant", "LinearRampupCosineDecay", "LinearRampupExponentialDecay"]
+class PiecewiseConstant(BaseSchedule):
+  """values[i] from boundaries[i - 1] (step 0 for i = 0) up to boundaries[i]; values has one
+  more entry than boundaries, which are sorted."""
+
+  boundaries: Any = None
+  values: Any = None
+
+  def __post_init__(self) -> None:
+    name = type(self).__name__
+    if self.boundaries is None or self.values is None:
+      raise UserError(f"schedules.{name}: set boundaries and values.")
+    if len(self.values) != len(self.boundaries) + self._extra_values():
+      raise UserError(f"schedules.{name}: {len(self.values)} values for "
+                      f"{len(self.boundaries)} boundaries; give "
+                      f"{len(self.boundaries) + self._extra_values()}.")
+    if list(self.boundaries) != sorted(self.boundaries):
+      raise UserError(f"schedules.{name}: boundaries {list(self.boundaries)} must be sorted.")
+
+  @staticmethod
+  def _extra_values() -> int:
+    return 1
+
+  def multiplier(self) -> optax.Schedule:
+    bounds = jnp.asarray(self.boundaries, jnp.float32)
+    values = jnp.asarray(self.values, jnp.float32)
+    return lambda step: values[jnp.searchsorted(bounds, jnp.asarray(step, jnp.float32),
+                                                side="right")]
+
+
+class LinearRampupPiecewiseConstant(PiecewiseConstant):
+  """Linear from 0 at step 0 to values[0] at boundaries[0], then values[i] from
+  boundaries[i] to boundaries[i + 1], and values[-1] after the last (values and boundaries
+  are as many)."""
+
+  @staticmethod
+  def _extra_values() -> int:
+    return 0
+
+  def multiplier(self) -> optax.Schedule:
+    start = self.boundaries[0]
+    rest = PiecewiseConstant(boundaries=[b - start for b in self.boundaries[1:]],
+                             values=list(self.values)).multiplier()
+    ramp = optax.linear_schedule(0.0, float(self.values[0]), max(int(start), 1))
+    return optax.join_schedules([ramp, rest], [int(start)])
+
+
+__all__ = ["BaseSchedule", "Constant", "LinearRampupCosineDecay", "LinearRampupExponentialDecay",
+           "LinearRampupPiecewiseConstant", "PiecewiseConstant"]

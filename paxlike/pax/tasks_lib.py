@@ -11,5 +11,11 @@ class SingleTask(Task):
   HParams = HParams()
   Train = TrainSettings
 
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    """pax_fiddle.Config(SingleTask) carries a config of its `train`, as paxml's does, so
+    `task_p.train.learner = ...` edits it (paxml's imagenet_resnets.py)."""
+    return {"train": TrainSettings}
+
 
 __all__ = ["SingleTask", "TrainSettings"]

@@ -3,8 +3,10 @@
 Linear, Bias and FeedForward (praxis.layers.linears), LayerNorm and RmsNorm
 (normalizations), Conv2D and ConvBNAct (convolutions), Pooling (poolings)
 and Dropout (stochastics), with praxis's fields, variable names
-(`w`, `b`), initialisers and arithmetic, and BatchNorm (normalizations),
-whose moving statistics are non-trainable variables a train step moves.
+(`w`, `b`), initialisers and arithmetic, BatchNorm (normalizations), whose
+moving statistics are non-trainable variables a train step moves,
+GlobalPooling, StochasticResidual, and the runnable FullSoftmax a classifier
+makes from the LM tree's node (embedding_softmax).
 They are BaseLayers (paxlike.pax.base_layer), so a user's layer makes them
 with create_child from a pax_fiddle.Config, as in Pax. What praxis offers
 and paxlike does not run is refused when the layer is set up: weight
@@ -395,5 +397,129 @@ class Pooling(BaseLayer):
     return total / cells[None, :, :, None], None
 
 
-__all__ = ["BatchNorm", "Bias", "Conv2D", "ConvBNAct", "Dropout", "FeedForward", "LayerNorm",
-           "Linear", "Pooling", "RmsNorm"]
+class GlobalPooling(BaseLayer):
+  """praxis's GlobalPooling: MAX or AVG over pooling_dims (keepdims to keep them); with
+  compatible_paddings, over the cells that are not padding."""
+
+  pooling_type: str = "AVG"
+  pooling_dims: Sequence[int] | None = None
+  keepdims: bool = False
+
+  def setup(self) -> None:
+    if self.pooling_type not in ("MAX", "AVG"):
+      raise UserError(f"GlobalPooling: pooling_type is MAX or AVG, got {self.pooling_type!r}.")
+    if self.pooling_dims is None or any(d < 0 for d in self.pooling_dims):
+      raise UserError(f"GlobalPooling: pooling_dims must be set to non-negative dims, got "
+                      f"{self.pooling_dims!r}.")
+
+  def __call__(self, inputs: jax.Array, epsilon: float = 1e-8,
+               compatible_paddings: jax.Array | None = None) -> jax.Array:
+    dims = tuple(self.pooling_dims)
+    if compatible_paddings is not None:
+      fill = (-jnp.inf if jnp.issubdtype(inputs.dtype, jnp.inexact)
+              else jnp.iinfo(inputs.dtype).min) if self.pooling_type == "MAX" else 0
+      inputs = jnp.where(compatible_paddings > 0, jnp.asarray(fill, inputs.dtype), inputs)
+    if self.pooling_type == "MAX":
+      return jnp.max(inputs, dims, keepdims=self.keepdims)
+    if compatible_paddings is None:
+      return jnp.mean(inputs, dims, keepdims=self.keepdims).astype(inputs.dtype)
+    cells = jnp.sum(1.0 - compatible_paddings, dims, keepdims=True, dtype=inputs.dtype)
+    out = (jnp.sum(inputs, dims, keepdims=True) / (cells + epsilon)).astype(inputs.dtype)
+    return out if self.keepdims else jnp.squeeze(out, axis=dims)
+
+
+class StochasticResidual(BaseLayer):
+  """praxis's StochasticResidual: inputs + residual_weight x residual, the residual of each
+  example dropped with probability 1 - survival_prob (and scaled up) while training."""
+
+  residual_weight: float = 1.0
+  survival_prob: float = 1.0
+
+  def __call__(self, inputs: jax.Array, residual: jax.Array) -> jax.Array:
+    if not self.do_eval:
+      shape = (residual.shape[0],) + (1,) * (residual.ndim - 1)
+      keep = jnp.floor(self.survival_prob + jax.random.uniform(
+          self.next_prng_key(), shape, residual.dtype))
+      residual = residual / self.survival_prob * keep
+    return inputs + self.residual_weight * residual
+
+
+class FullSoftmax(BaseLayer):
+  """praxis's FullSoftmax run as a layer (a classifier's softmax_tpl; in an LM's tree it is
+  the config node paxlike.pax.praxis_layers.FullSoftmax, built as this where a user's model
+  makes it a child): logits from `logits_ffn` (a FeedForward with a bias and no
+  activation), optionally soft-capped, and their cross entropy against class ids or
+  probabilities (label smoothing on ids), in float32."""
+
+  input_dims: int = 0
+  num_classes: int = 0
+  soft_cap_logits: float | None = 0.0
+  bi_tempered_loss_tpl: Any = None
+  label_smoothing_prob: float = 0.0
+  label_smoothing_apply_for_eval: bool = True
+  z_loss_weight: float = 0.0
+  bias_init: float | None = 0.0
+  feed_forward_tpl: pax_fiddle.Config[BaseLayer] | None = template_field(FeedForward)
+  scale_before_logits: bool = False
+  chunk_size: int | None = None
+
+  def setup(self) -> None:
+    if self.bi_tempered_loss_tpl is not None:
+      _refuse(self, "bi_tempered_loss_tpl")
+    if self.z_loss_weight:
+      _refuse(self, "z_loss_weight (an auxiliary loss)")
+    if self.chunk_size:
+      _refuse(self, "chunk_size (the chunked softmax)")
+    if self.feed_forward_tpl is not None:
+      self.create_child("logits_ffn", self.feed_forward_tpl.clone().set(
+          input_dims=self.input_dims, output_dims=self.num_classes,
+          activation_tpl=pax_fiddle.Config(activations.Identity), bias_init=self.bias_init,
+          weight_split_dims_mapping=self.weight_split_dims_mapping.clone(),
+          activation_split_dims_mapping=self.activation_split_dims_mapping.clone()))
+
+  def get_logits(self, inputs: jax.Array, input_ids: jax.Array | None = None) -> jax.Array:
+    del input_ids
+    if self.scale_before_logits:
+      inputs = inputs * self.input_dims ** -0.5
+    logits = self.logits_ffn(inputs) if self.feed_forward_tpl is not None else inputs
+    if self.soft_cap_logits:
+      logits = self.soft_cap_logits * jnp.tanh(logits / self.soft_cap_logits)
+    return logits
+
+  def logits_to_logp(self, logits: jax.Array) -> jax.Array:
+    return jax.nn.log_softmax(logits)
+
+  def __call__(self, inputs: jax.Array, class_weights: jax.Array,
+               class_ids: jax.Array | None = None,
+               class_probabilities: jax.Array | None = None,
+               input_ids: jax.Array | None = None) -> Any:
+    from paxlike.pax.py_utils import NestedMap
+
+    if class_ids is None and class_probabilities is None:
+      raise UserError("FullSoftmax: give class_ids or class_probabilities.")
+    logits = self.get_logits(inputs).astype(jnp.float32)
+    log_probs = jax.nn.log_softmax(logits)
+    if class_probabilities is None:
+      class_probabilities = jax.nn.one_hot(jnp.squeeze(class_ids, -1), self.num_classes,
+                                           dtype=jnp.float32)
+      if self.label_smoothing_prob > 0.0 and (not self.do_eval
+                                              or self.label_smoothing_apply_for_eval):
+        other = self.label_smoothing_prob / (self.num_classes - 1)
+        class_probabilities = ((1.0 - self.label_smoothing_prob) * class_probabilities
+                               + other * (1.0 - class_probabilities))
+      class_probabilities = jax.lax.stop_gradient(class_probabilities)
+    xent = -jnp.sum(log_probs * class_probabilities, axis=-1, dtype=jnp.float32)
+    argmax = jax.lax.stop_gradient(jnp.argmax(logits, axis=-1))
+    total_xent = jnp.sum(xent[..., None] * class_weights, dtype=jnp.float32)
+    total_weight = jnp.sum(class_weights, dtype=jnp.float32)
+    out = NestedMap(logits=logits.astype(inputs.dtype), log_probs=log_probs.astype(inputs.dtype),
+                    per_example_argmax=argmax, per_example_xent=xent, total_xent=total_xent,
+                    total_weight=total_weight,
+                    avg_xent=(total_xent / (total_weight + 1e-6)).astype(jnp.float32))
+    if class_ids is not None:
+      out.accuracy = jnp.sum((argmax[..., None] == class_ids) * class_weights) / total_weight
+    return out
+
+
+__all__ = ["BatchNorm", "Bias", "Conv2D", "ConvBNAct", "Dropout", "FeedForward", "FullSoftmax",
+           "GlobalPooling", "LayerNorm", "Linear", "Pooling", "RmsNorm", "StochasticResidual"]

@@ -2,8 +2,9 @@
 basic layers a Pax user's own layers build from (linears, normalizations,
 convolutions, poolings, stochastics).
 
-The layer classes are config targets of praxis's tree (`task_p.model.lm_tpl...`,
-paxlike.pax.config_tree); the activation classes are paxlike's own.
+The LM's layer classes are config targets of praxis's tree (`task_p.model.lm_tpl...`,
+paxlike.pax.config_tree); the activation classes are paxlike's own. praxis's ResNets
+and ClassificationModel (resnets, models) run as a Pax user's own model does.
 """
 
 from paxlike.layers.activations import (
@@ -25,13 +26,17 @@ from paxlike.pax.layers import (
     gpu_fast_attention,
     grouped_query_attention,
     linears,
+    models,
     multi_query_attention,
     normalizations,
     poolings,
+    resnets,
     stochastics,
     transformer_models,
     transformers,
 )
+from paxlike.pax.layers.models import ClassificationModel
+from paxlike.pax.layers.resnets import ResNet, ResNetBasicBlock, ResNetBlock
 from paxlike.pax.praxis_layers import (
     DotProductAttention,
     Embedding,
@@ -52,17 +57,25 @@ from paxlike.pax.praxis_layers import (
     TransformerFeedForward,
     TransformerLm,
 )
-from paxlike.pax.user_layers import BatchNorm, Conv2D, ConvBNAct
+from paxlike.pax.user_layers import (
+    BatchNorm,
+    Conv2D,
+    ConvBNAct,
+    GlobalPooling,
+    Pooling,
+    StochasticResidual,
+)
 
 __all__ = [
-    "GELU", "AutodiffCheckpointType", "BaseActivation", "BatchNorm", "Conv2D", "ConvBNAct",
-    "DotProductAttention", "Embedding",
+    "GELU", "AutodiffCheckpointType", "BaseActivation", "BatchNorm", "ClassificationModel",
+    "Conv2D", "ConvBNAct", "DotProductAttention", "Embedding", "GlobalPooling", "Pooling",
+    "ResNet", "ResNetBasicBlock", "ResNetBlock", "StochasticResidual",
     "FeedForward", "FullSoftmax", "GroupedQueryAttention", "Identity", "LanguageModelType",
     "LayerNorm", "PipelinedTransformer", "PositionalEmbedding", "ReLU", "RmsNorm",
     "RotaryPositionalEmbedding", "SiLU", "SharedEmbeddingSoftmax", "Sigmoid",
     "StackedTransformer", "StackedTransformerRepeated", "Swish", "Tanh",
     "TrainablePositionalEmbedding", "Transformer", "TransformerFeedForward", "TransformerLm",
     "activations", "attentions", "convolutions", "embedding_softmax", "gpu_fast_attention",
-    "grouped_query_attention", "linears", "multi_query_attention", "normalizations", "poolings",
-    "stochastics", "transformer_models", "transformers",
+    "grouped_query_attention", "linears", "models", "multi_query_attention", "normalizations",
+    "poolings", "resnets", "stochastics", "transformer_models", "transformers",
 ]

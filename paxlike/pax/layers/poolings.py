@@ -1,5 +1,5 @@
-"""praxis.layers.poolings: Pooling, for a Pax user's own layers."""
+"""praxis.layers.poolings: Pooling and GlobalPooling, for a Pax user's own layers."""
 
-from paxlike.pax.user_layers import Pooling
+from paxlike.pax.user_layers import GlobalPooling, Pooling
 
-__all__ = ["Pooling"]
+__all__ = ["GlobalPooling", "Pooling"]

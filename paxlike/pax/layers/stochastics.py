@@ -1,5 +1,5 @@
-"""praxis.layers.stochastics: Dropout, for a Pax user's own layers."""
+"""praxis.layers.stochastics: Dropout and StochasticResidual, for a Pax user's own layers."""
 
-from paxlike.pax.user_layers import Dropout
+from paxlike.pax.user_layers import Dropout, StochasticResidual
 
-__all__ = ["Dropout"]
+__all__ = ["Dropout", "StochasticResidual"]

@@ -1,0 +1,1 @@
+"""paxml.tasks.vision."""
