@@ -454,6 +454,35 @@ def test_a_model_with_pax_decode_decodes_as_pax_does(tmp_path):
     model.decode_features()
 
 
+def test_pax_decode_interval_steps_decodes_while_training(tmp_path):
+  """task_p.train.decode_interval_steps (Pax's): a decode every N steps, and the last one."""
+  from paxlike import mesh as mesh_lib
+  from paxlike import trainer
+  from paxlike.evaluator import Evaluator
+  from paxlike.partitioning import SpmdPartitioner
+
+  class Endless(_Rows):
+    def get_next(self):
+      self._n = 0  # never runs out
+      return super().get_next()
+
+  learner = pax_fiddle.Config(Learner, loss_name="mse")
+  task = config.build(pax_fiddle.Config(Task, model=pax_fiddle.Config(_Decoding),
+                                        train=pax_fiddle.Config(
+                                            TrainSettings, learner=learner, num_train_steps=5,
+                                            decode_interval_steps=2)))
+  train = config.build(pax_fiddle.Config(Endless, batch_size=2, is_training=True))
+  train.bind_host(1, 0)
+  rows = config.build(pax_fiddle.Config(_Rows, name="rows", batch_size=2, is_training=False,
+                                        reset_for_eval=True))
+  part = SpmdPartitioner(mesh_lib.build([1, 1, 1], devices=jax.devices()[:1]))
+  ev = Evaluator(task.model, part, [], [rows], str(tmp_path), enable_summary_writer=False)
+  trainer.train(task, train, part, str(tmp_path), trainer.TrainOptions(
+      evaluator=ev, enable_summary_writer=False, async_checkpoint=False))
+  written = sorted(p.name for p in (tmp_path / "decoder_out" / "rows").glob("decode_*.jsonl"))
+  assert written == ["decode_00000002.jsonl", "decode_00000004.jsonl", "decode_00000005.jsonl"]
+
+
 # ------------------------------------------------------ praxis's arithmetic
 
 
