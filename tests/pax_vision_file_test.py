@@ -165,6 +165,84 @@ def test_a_subclass_trains_the_file_on_its_own_images(tmp_path):
   assert "avg_xent" in evals and "error" in evals and "acc5" not in evals  # 4 classes
 
 
+READER = textwrap.dedent("""\
+    from paxlike.pax import experiment_registry
+    from paxlike.pax.tasks.vision import input_generator
+
+    import pax_imagenet_resnets as base
+    import tiny_resnet
+
+    input_generator.IMAGENET_DATA_DIR = {data_dir!r}
+
+
+    @experiment_registry.register
+    class ReadsRecords(tiny_resnet.TinyResNet):
+      \"\"\"TinyResNet on the file's own inputs (its _dataset_train / _dataset_test), at 4
+      classes and 32x32 pixels.\"\"\"
+
+      def _dataset_train(self):
+        p = base.ResNet50Pjit._dataset_train(self)
+        p.input.set(num_classes=4, data_shape=(32, 32, 3), shuffle_buffer_size=64)
+        return p
+
+      def _dataset_test(self):
+        p = base.ResNet50Pjit._dataset_test(self)
+        p.input.set(num_classes=4, data_shape=(32, 32, 3))
+        return p
+
+      def datasets(self):
+        return base.ResNet50Pjit.datasets(self)
+    """)
+
+
+def _records(data_dir: Path) -> None:
+  """ImageNet's TFRecord layout: JPEGs of noise tinted by their class (1-based), of varied
+  sizes, two train files and one validation file."""
+  tf = pytest.importorskip("tensorflow")
+  rng = np.random.default_rng(0)
+  data_dir.mkdir()
+
+  def example(label: int) -> bytes:
+    h, w = rng.integers(40, 64, 2)
+    image = rng.integers(0, 80, (h, w, 3))
+    image[..., :] += (np.array([[160, 0, 0], [0, 160, 0], [0, 0, 160], [160, 160, 160]])
+                      [label - 1])  # a class's tint survives any crop and flip
+    image = image.astype(np.uint8)
+    jpeg = tf.io.encode_jpeg(image).numpy()
+    return tf.train.Example(features=tf.train.Features(feature={
+        "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
+        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+    })).SerializeToString()
+
+  for name, n in (("train-00000-of-00002", 96), ("train-00001-of-00002", 96),
+                  ("validation-00000-of-00001", 64)):
+    with tf.io.TFRecordWriter(str(data_dir / name)) as writer:
+      for _ in range(n):
+        writer.write(example(int(rng.integers(1, 5))))
+
+
+def test_the_file_trains_on_imagenet_records_and_resumes(tmp_path):
+  """The file's ImageNetTrain / ImageNetValidation (through its LingvoInputAdaptor) read
+  ImageNet's TFRecord layout with paxml's preprocessing; a resumed run reads on where the
+  first stopped, so 10 + 10 steps end where 20 do."""
+  _records(tmp_path / "imagenet")
+  env = _write(tmp_path, devices=2)
+  (tmp_path / "reads_records.py").write_text(
+      READER.format(data_dir=str(tmp_path / "imagenet")))
+  runs = {}
+  for name, steps in (("whole", [20]), ("resumed", [10, 20])):
+    for n in steps:
+      proc = _main(tmp_path, env, "--exp=reads_records.ReadsRecords",
+                   f"--job_log_dir={tmp_path / name}", "--set",
+                   f"train.num_train_steps={n}")
+      assert proc.returncode == 0, describe(proc)
+    runs[name] = parse_trained_line(proc.stdout)
+  assert runs["whole"]["last_loss"] < 0.5 * runs["whole"]["first_loss"], runs
+  assert runs["resumed"]["last_loss"] == pytest.approx(runs["whole"]["last_loss"], rel=1e-4)
+  evals = read_scalars(tmp_path / "whole" / "summaries" / "eval_test_eval")
+  assert evals["accuracy"][-1][1] > 0.5, evals  # chance is 0.25
+
+
 def m_lr() -> float:
   """The file's LEARNING_RATE: (TRAIN_BATCH_SIZE / 256) x 0.1 with its batch of 512."""
   return 512 / 256 * 0.1

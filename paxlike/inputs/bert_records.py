@@ -68,12 +68,13 @@ INTERLEAVE_FILES = 16  # files read at once; fixed, so a restart replays the sam
 _REMASK_STREAM, _PACK_STREAM = 0, 1  # numpy generator streams: (seed, host, stream, index)
 
 
-def _tensorflow() -> Any:
-  """TensorFlow, with its GPUs hidden (JAX owns the accelerator; tf.data runs on CPU)."""
+def tensorflow(reader: str = "TFRecordBertInput") -> Any:
+  """TensorFlow, with its GPUs hidden (JAX owns the accelerator; tf.data runs on CPU); one
+  line naming the extra where it is missing (`reader` reads TFRecords with it)."""
   try:
     import tensorflow as tf
   except ImportError:
-    raise UserError("TFRecordBertInput reads TFRecords with TensorFlow: pip install -e "
+    raise UserError(f"{reader} reads TFRecords with TensorFlow: pip install -e "
                     "'.[seqio]'.") from None
   try:
     tf.config.set_visible_devices([], "GPU")
@@ -332,7 +333,7 @@ class TFRecordBertInput(BaseInput):
 
   def _open(self) -> None:
     """Starts the stream at the saved position (nothing is read before the first batch)."""
-    tf = _tensorflow()
+    tf = tensorflow()
     if not self.is_training:
       self._it = self._eval_batches(tf)
       for _ in range(self._served):
