@@ -490,20 +490,13 @@ class BaseLayer(nn.Module):
     if len(mapping) != len(shape):
       raise UserError(f"{where}: tensor_split_dims_mapping {tuple(mapping)} has "
                       f"{len(mapping)} entries for a weight of shape {shape}.")
-    names = []
-    for entry in mapping:
-      if entry is None or entry == -1:
-        names.append(None)
-        continue
-      entries = entry if isinstance(entry, tuple | list) else (entry,)
-      try:
-        split = [axes[e] if isinstance(e, int) else e for e in entries]
-        names.append(mesh_lib.direct_name(split, axes))
-      except (IndexError, UserError) as e:
-        why = str(e).rstrip(".") if isinstance(e, UserError) else "an index past the mesh's axes"
-        raise UserError(f"{where}: tensor_split_dims_mapping {tuple(mapping)}: {why} "
-                        f"(mesh axes {', '.join(axes)}).") from None
-    return tuple(names)
+    try:
+      return tuple(mesh_lib.direct_name(split, axes) if split else None
+                   for split in split_axes(mapping, axes))
+    except (IndexError, UserError) as e:
+      why = str(e).rstrip(".") if isinstance(e, UserError) else "an index past the mesh's axes"
+      raise UserError(f"{where}: tensor_split_dims_mapping {tuple(mapping)}: {why} "
+                      f"(mesh axes {', '.join(axes)}).") from None
 
   @property
   def theta(self) -> NestedMap:
@@ -594,6 +587,20 @@ def _as_twin(cfg: fdl.Buildable, twin: type) -> fdl.Buildable:
     raise UserError(f"{fdl.get_callable(cfg).__name__}, built as a layer: {e}") from None
 
 
+def split_axes(mapping: Sequence[Any], axes: Sequence[str]) -> list[tuple[str, ...]]:
+  """praxis's split dims mapping, dim by dim, as the mesh axis names each dim is split over:
+  () for None or -1; a name, a tuple of names, or an index into `axes` (IndexError past
+  them) otherwise."""
+  out = []
+  for entry in mapping:
+    if entry is None or entry == -1:
+      out.append(())
+      continue
+    entries = entry if isinstance(entry, tuple | list) else (entry,)
+    out.append(tuple(axes[e] if isinstance(e, int) else e for e in entries))
+  return out
+
+
 def maybe_shard(x: jax.Array, split_dims_mapping: Any = None,
                 mesh_axis_names: Any = None, unconstrained_dims: Sequence[int] | None = None
                 ) -> jax.Array:
@@ -612,19 +619,17 @@ def maybe_shard(x: jax.Array, split_dims_mapping: Any = None,
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return x
-  axes, parts = tuple(mesh_axis_names), []
-  for entry in split_dims_mapping:
-    entries = () if entry is None or entry == -1 else (
-        entry if isinstance(entry, tuple | list) else (entry,))
-    if any(isinstance(e, int) and not -len(axes) <= e < len(axes) for e in entries):
-      raise UserError(f"maybe_shard: split dims mapping {tuple(split_dims_mapping)} has an "
-                      f"index past mesh_axis_names {list(axes)}.")
-    names = [axes[e] if isinstance(e, int) else e for e in entries]
-    unknown = [n for n in names if n not in mesh.axis_names]
-    if unknown:
-      raise UserError(f"maybe_shard: split dims mapping {tuple(split_dims_mapping)} names "
-                      f"{unknown[0]!r}, not an axis of the mesh ({', '.join(mesh.axis_names)}).")
-    parts.append(None if not names else names[0] if len(names) == 1 else tuple(names))
+  axes = tuple(mesh_axis_names)
+  try:
+    splits = split_axes(split_dims_mapping, axes)
+  except IndexError:
+    raise UserError(f"maybe_shard: split dims mapping {tuple(split_dims_mapping)} has an "
+                    f"index past mesh_axis_names {list(axes)}.") from None
+  unknown = [n for split in splits for n in split if n not in mesh.axis_names]
+  if unknown:
+    raise UserError(f"maybe_shard: split dims mapping {tuple(split_dims_mapping)} names "
+                    f"{unknown[0]!r}, not an axis of the mesh ({', '.join(mesh.axis_names)}).")
+  parts = [None if not split else split[0] if len(split) == 1 else split for split in splits]
   for dim in unconstrained_dims or ():
     parts[dim] = jax.sharding.PartitionSpec.UNCONSTRAINED
   return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(*parts))

@@ -55,9 +55,9 @@ class ImageNetInput(BaseInput):
     """paxml's Params(): the config, its files in IMAGENET_DATA_DIR as it is now."""
     import os
 
-    return pax_fiddle.Config(cls, file_pattern="tfrecord:" + os.path.join(
-        IMAGENET_DATA_DIR, f"{cls.SPLIT}-*-of-*"),
-                             num_samples=TRAIN_EXAMPLES if cls.SPLIT == "train" else EVAL_EXAMPLES)
+    pattern = "tfrecord:" + os.path.join(IMAGENET_DATA_DIR, f"{cls.SPLIT}-*-of-*")
+    examples = TRAIN_EXAMPLES if cls.SPLIT == "train" else EVAL_EXAMPLES
+    return pax_fiddle.Config(cls, file_pattern=pattern, num_samples=examples)
 
   def __post_init__(self) -> None:
     super().__post_init__()
@@ -117,8 +117,7 @@ class ImageNetInput(BaseInput):
     if self.is_training:
       ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 16),
                          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-      hosts, host = self.hosts
-      seed = int(np.random.SeedSequence([self.seed, host]).generate_state(1)[0])
+      seed = int(np.random.SeedSequence([self.seed, self.hosts[1]]).generate_state(1)[0])
       ds = ds.shuffle(self.shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
       if self.repeat:
         ds = ds.repeat()
@@ -129,8 +128,8 @@ class ImageNetInput(BaseInput):
       ds = ds.flat_map(tf.data.TFRecordDataset)
       if self.repeat:
         ds = ds.repeat()
-      ds = ds.skip(self._served * self.batch_size).enumerate()
-      parse = lambda i, record: self._example(tf, record, None)  # noqa: E731
+      ds = ds.skip(self._served * self.batch_size)
+      parse = lambda record: self._example(tf, record, None)  # noqa: E731
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.batch(self.batch_size, drop_remainder=self.is_training).prefetch(2)
     for image, label in ds.as_numpy_iterator():
