@@ -43,7 +43,9 @@ class MsgpackHandler(ocp.CheckpointHandler):
 
   def save(self, directory: epath.Path, args: MsgpackSave) -> None:
     if jax.process_index() == 0:
-      tree = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), args.item)
+      tree = jax.tree.map(lambda x: np.asarray(jax.device_get(
+          x if not isinstance(x, jax.Array) or x.is_fully_addressable
+          else x.addressable_data(0))), args.item)  # replicated: this process's copy
       (directory / MSGPACK_FILE).write_bytes(serialization.msgpack_serialize(
           serialization.to_state_dict(tree)))
 
@@ -219,6 +221,7 @@ class Checkpointer:
     self.directory = directory
     self.state_format = state_format
     self._write_failed = False
+    self._other: ocp.CheckpointManager | None = None
     _install_log_filter()
     _quiet_stragglers()
     with _quiet_absl(read_only):  # orbax warns about every read-only manager and its options
@@ -234,6 +237,17 @@ class Checkpointer:
       )
       self._manager = ocp.CheckpointManager(
           epath.Path(directory), options=options, item_names=("state", "input"))
+
+  def _reader(self) -> ocp.CheckpointManager:
+    """A read-only manager of the same folder (for steps of the other format)."""
+    if self._other is None:
+      with _quiet_absl(True):
+        self._other = ocp.CheckpointManager(
+            epath.Path(self.directory), item_names=("state", "input"),
+            options=ocp.CheckpointManagerOptions(
+                step_prefix=STEP_PREFIX, step_format_fixed_length=STEP_DIGITS,
+                create=False, read_only=True))
+    return self._other
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -271,10 +285,14 @@ class Checkpointer:
                       f"available: {self.all_steps() or 'none'}.")
     if self.format_of(step) == "tensorstore":  # msgpack: checked as it is read
       _check_fits(abstract_state, self.state_metadata(step), step, self.directory)
-    state_args = (ocp.args.StandardRestore(abstract_state)
-                  if self.format_of(step) == "tensorstore" else MsgpackRestore(abstract_state))
+    fmt = self.format_of(step)
+    state_args = (ocp.args.StandardRestore(abstract_state) if fmt == "tensorstore"
+                  else MsgpackRestore(abstract_state))
+    # orbax binds an item to the handler of its first use: a step of the other format is
+    # read through a manager of its own, so that this one still saves in its format.
+    manager = self._manager if fmt == self.state_format else self._reader()
     try:
-      restored = self._manager.restore(step, args=ocp.args.Composite(
+      restored = manager.restore(step, args=ocp.args.Composite(
           state=state_args, input=ocp.args.JsonRestore()))
     except ModelMismatchError as e:
       raise ModelMismatchError(e.problem, step, self.directory) from None
@@ -351,6 +369,8 @@ class Checkpointer:
   def close(self) -> None:
     with self._write_errors():
       self._manager.close()
+    if self._other is not None:
+      self._other.close()
 
 
 def read_dir(job_log_dir: str, restore_dir: str | None) -> str:

@@ -53,10 +53,12 @@ _OWN = ("loss", "log_pplx", "accuracy")
 EXTRA = "mean_of/"
 
 
-def _global_max(n: int) -> int:
+def _global_min_max(n: int) -> tuple[int, int]:
+  """The fewest and the most of every host's n."""
   if jax.process_count() == 1:
-    return n
-  return int(np.max(multihost_utils.process_allgather(np.asarray(n, np.int32))))
+    return n, n
+  every = multihost_utils.process_allgather(np.asarray(n, np.int32))
+  return int(np.min(every)), int(np.max(every))
 
 
 def eval_batches(inp: BaseInput, model: Any) -> Iterator[dict[str, np.ndarray]]:
@@ -68,7 +70,9 @@ def eval_batches(inp: BaseInput, model: Any) -> Iterator[dict[str, np.ndarray]]:
 def marked_eval_batches(inp: BaseInput, model: Any
                         ) -> Iterator[tuple[dict[str, np.ndarray], bool]]:
   """eval_batches, each with whether it is a filler (model.padding_batch: what a host out of
-  batches runs while the others finish theirs)."""
+  batches runs while the others finish theirs). In a step where some host runs a filler,
+  the others' batches take its form (model.beside_filler), so that every host feeds the
+  step the same features."""
   if not inp.reset_for_eval:
     for _ in range(inp.eval_loop_num_batches):
       yield inp.get_next(), False
@@ -80,10 +84,10 @@ def marked_eval_batches(inp: BaseInput, model: Any
       local.append(inp.get_next())
     except StopIteration:
       break
-  total = _global_max(len(local))
+  fewest, total = _global_min_max(len(local))
   filler = model.padding_batch(local[-1] if local else inp.peek_specs())
-  for batch in local:
-    yield batch, False
+  for i, batch in enumerate(local):
+    yield (batch if i < fewest else model.beside_filler(batch)), False
   for _ in range(total - len(local)):
     yield filler, True
 
@@ -189,24 +193,20 @@ class Evaluator:
 
   def _decoded_batches(self, inp: BaseInput, params: Any
                        ) -> Iterator[tuple[dict[str, np.ndarray], decoding.DecodeOutput]]:
-    """One pass over a finite input: each batch's rows from every host, and their decode.
+    """One decode run over an input, read as eval reads it (marked_eval_batches): each
+    batch's rows from every host, and their decode.
 
     Every host decodes its shard of the global batch; the rows and outputs
     come back whole on every host, in global order (process order).
     """
     features = self.decode_model.decode_features()
-    inp.reset()
-    n = 0
-    while True:
-      try:
-        hb = inp.get_next()
-      except StopIteration:
-        return
+    # As eval reads it: a host out of batches decodes a filler (its rows weigh 0, so
+    # prompt_and_target counts none) while the others finish theirs.
+    for n, (hb, _) in enumerate(marked_eval_batches(inp, self.decode_model)):
       names = [k for k in features if k in hb]
       arrays = self.partitioner.decode_inputs(*(hb[k] for k in names))
       with self.partitioner.context():
         out = self._decoder()(params, dict(zip(names, arrays, strict=True)), jax.random.key(n))
-      n += 1
       yield {k: _gather_host(v) for k, v in hb.items()}, jax.tree.map(_gather_device, out)
 
   def decode(self, state: Any, step: int) -> dict[str, dict[str, float]]:
@@ -272,16 +272,21 @@ class Evaluator:
       processed_sums: dict[str, list[float]] = {}
       lines = []
       # As eval reads it: one epoch (reset_for_eval), or eval_loop_num_batches batches.
-      for hb, filler in marked_eval_batches(inp, model):
+      # A host out of batches decodes a filler along with the others; its rows are dropped.
+      for hb, _ in marked_eval_batches(inp, model):
         names = sorted(hb)
         arrays = self.partitioner.decode_inputs(*(hb[k] for k in names))
         with self.partitioner.context():
-          weighted, per_example = self._decode_fn(params, dict(zip(names, arrays, strict=True)))
-        if filler:  # a host out of batches decodes one along with the others
+          weighted, per_example, real = self._decode_fn(
+              params, dict(zip(names, arrays, strict=True)))
+        _add_weighted(sums, self._every_host(weighted))
+        keep = _gather_device(real) > 0
+        if not keep.any():
           continue
-        _add_weighted(sums, weighted)
-        processed_weighted, values = model.pax_process_decode(
-            inp, jax.tree.map(_gather_device, per_example))
+        per_example = jax.tree.map(
+            lambda x, keep=keep: x[keep] if np.ndim(x) and len(x) == len(keep) else x,
+            jax.tree.map(_gather_device, per_example))
+        processed_weighted, values = model.pax_process_decode(inp, per_example)
         _add_weighted(processed_sums, processed_weighted)
         lines.extend(_jsonable(value) for value in values)
       metrics = {k: total / max(weight, 1e-8) for k, (total, weight) in sums.items()}
@@ -290,6 +295,16 @@ class Evaluator:
       metrics["num_examples"] = float(len(lines))
       results[inp.name] = self._write_decode(inp.name, step, lines, metrics)
     return results
+
+  def _every_host(self, weighted: dict[str, tuple[Any, Any]]) -> dict[str, tuple[Any, Any]]:
+    """WeightedScalars of the whole batch: under SPMD the step's own (its batch is every
+    host's); under pmap, where each host decodes its own rows, every host's combined."""
+    if self.partitioner.kind != "pmap" or jax.process_count() == 1:
+      return weighted
+    every = {k: multihost_utils.process_allgather(np.asarray(
+        [float(v) * float(w), float(w)], np.float64)) for k, (v, w) in weighted.items()}
+    return {k: (x[:, 0].sum() / max(x[:, 1].sum(), 1e-30), x[:, 1].sum())
+            for k, x in every.items()}
 
   def infer(self, state: Any, step: int) -> dict[str, tuple[int, str]]:
     """Predicts for every example of every decode input; writes infer_out/<name>/.

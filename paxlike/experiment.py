@@ -113,6 +113,22 @@ class BaseExperiment:
     """Pax's older name of decode_datasets (a file that defines it is read through it)."""
     return []
 
+  def get_input_specs_provider_params(self) -> Any:
+    """Pax's: the config of a BaseInputSpecsProvider (paxlike.pax.base_input) whose
+    get_input_specs() gives the batch shapes the model initialises from, per process under
+    SPMD and per device under pmap. None (the default) means the training input's, as
+    Pax's default does. A run with no training input reads it: an eval- or decode-only
+    experiment overrides it (with a training input, paxlike takes that input's shapes)."""
+    return None
+
+  def training_dataset(self) -> Any:
+    """Pax's: the config of the one training input in datasets()."""
+    train = [c for c in self.datasets() if getattr(input_config(c), "is_training", True)]
+    if len(train) != 1:
+      raise UserError(f"{type(self).__name__}.datasets() has {len(train)} inputs with "
+                      "is_training=True; training_dataset() needs exactly one.")
+    return train[0]
+
   def validate(self) -> None:
     """Raises UserError when the hyperparameters do not fit together."""
     pipelined = self.pipelined_mesh()
@@ -628,7 +644,7 @@ def user_config_errors(what: str) -> Iterator[None]:
                     f"{type(e).__name__}: {first}.") from None
 
 
-def _method_owner(exp: BaseExperiment, method: str) -> str:
+def method_owner(exp: BaseExperiment, method: str) -> str:
   """`Class.method` of the class on exp's chain that defines the method exp runs."""
   owner = next((k for k in type(exp).__mro__ if method in vars(k)), type(exp))
   return f"{owner.__name__}.{method}"
@@ -636,7 +652,7 @@ def _method_owner(exp: BaseExperiment, method: str) -> str:
 
 def call_user(exp: BaseExperiment, method: str) -> Any:
   """exp.METHOD(), with errors in the user's config as one-sentence UserErrors."""
-  with user_config_errors(f"{_method_owner(exp, method)}()"):
+  with user_config_errors(f"{method_owner(exp, method)}()"):
     return getattr(exp, method)()
 
 
@@ -756,7 +772,7 @@ def overwritten_overrides(exp: BaseExperiment, task_cfg: Any) -> list[str]:
         if (path in user and not _same(user[path], base[path])
             and _same(responds.get(path), user[path])):
           lines.append(f"--set {key}={_show(value)} is overwritten by "
-                       f"{_method_owner(exp, 'task')}(), which sets task.{path} = "
+                       f"{method_owner(exp, 'task')}(), which sets task.{path} = "
                        f"{user[path]!r}; use --set {path}={_show(base[path])} to set the "
                        "field after task(), or stop task() from setting it.")
   return lines
@@ -793,6 +809,8 @@ class Configs:
   task: Any
   datasets: list[Any]
   decode_datasets: list[Any]
+  # get_input_specs_provider_params(): a provider config, or None (the training input's).
+  input_specs_provider: Any = None
 
 
 def input_config(cfg: Any) -> Any:
@@ -812,7 +830,7 @@ def input_config(cfg: Any) -> Any:
 def input_configs(exp: BaseExperiment, method: str) -> list[Any]:
   """exp.datasets() or exp.decode_datasets(), each config as the run reads it (input_config)."""
   cfgs = call_user(exp, method)
-  with user_config_errors(f"{_method_owner(exp, method)}()"):
+  with user_config_errors(f"{method_owner(exp, method)}()"):
     return [input_config(c) for c in cfgs]
 
 
@@ -825,6 +843,7 @@ def build_checked(exp: BaseExperiment) -> Configs:
   """
   start_read_tracking(exp)
   configs = Configs(task_config(exp), input_configs(exp, "datasets"),
-                    input_configs(exp, "decode_datasets"))
+                    input_configs(exp, "decode_datasets"),
+                    call_user(exp, "get_input_specs_provider_params"))
   check_all_read(exp)
   return configs

@@ -65,12 +65,14 @@ class _Built:
   task: Any
   inputs: list[Any]
   decode_inputs: list[Any]
+  # A run with no training input: the input whose shapes initialise the model (a
+  # SpecsInput of the experiment's input specs provider, or its first eval or decode input).
+  init_input: Any = None
 
   @property
   def train_input(self) -> Any:
-    """The training input; in an eval-only experiment, the first eval input (its shapes
-    initialise the model)."""
-    return next((i for i in self.inputs if i.is_training), None) or self.inputs[0]
+    """The training input, else init_input."""
+    return next((i for i in self.inputs if i.is_training), None) or self.init_input
 
   @property
   def eval_inputs(self) -> list[Any]:
@@ -378,14 +380,10 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
     if getattr(inp, "vocab", None) is not None:
       vocabulary.check_fits(inp.vocab, task.model)
     inp.check_model(task.model)
+  init_input = None
   if not any(i.is_training for i in inputs):
-    eval_only = inputs and not task.train.always_use_train_for_model_init
-    if not eval_only:
-      raise UserError(f"{name}.datasets() has no input with is_training=True.")
-    if argv_flags.mode in ("train", "tune", "dry_run"):
-      raise UserError(f"{name} is an eval-only experiment (no training input; "
-                      "always_use_train_for_model_init = False): run it with --mode=eval on "
-                      "a trained job's --job_log_dir.")
+    init_input = _init_input(exp, argv_flags, configs.input_specs_provider, task, inputs,
+                             decode_inputs)
   _check_work(exp, argv_flags, inputs, decode_inputs)
   if argv_flags.mode in ("train", "tune") and not task.train.num_train_steps:
     raise UserError(f"{name} trains 0 steps (task.train.num_train_steps = 0, as Pax's LLaMA "
@@ -403,7 +401,47 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
       and not argv_flags.eval_on_test):
     raise UserError(f"{name}'s early_stopping_fn is called after each eval while training, "
                     "and --noeval_on_test runs none; drop --noeval_on_test.")
-  return _Built(configs.task, configs.datasets, task, inputs, decode_inputs)
+  return _Built(configs.task, configs.datasets, task, inputs, decode_inputs, init_input)
+
+
+def _init_input(exp: Any, argv_flags: flags.FlagValues, provider_cfg: Any, task: Any,
+                inputs: list[Any], decode_inputs: list[Any]) -> Any:
+  """The input whose shapes initialise the model of an experiment with no training input,
+  as Pax's: with task_p.train.always_use_train_for_model_init = False its first eval or
+  decode input, else the SpecsInput of get_input_specs_provider_params().
+
+  Raises:
+    UserError: it has neither, or the mode trains.
+  """
+  import jax
+
+  from paxlike import config, experiment
+  from paxlike.inputs import base_input
+
+  name = type(exp).__name__
+  if argv_flags.mode in ("train", "tune", "dry_run"):
+    kind, mode = ("an eval", "eval") if inputs else ("a decode", "decode")
+    raise UserError(f"{name} is {kind}-only experiment (datasets() has no input with "
+                    f"is_training=True): run it with --mode={mode} on a trained job's "
+                    "--job_log_dir.")
+  if not task.train.always_use_train_for_model_init and inputs + decode_inputs:
+    return (inputs + decode_inputs)[0]
+  if provider_cfg is not None:
+    where = f"{experiment.method_owner(exp, 'get_input_specs_provider_params')}()"
+    with experiment.user_config_errors(f"building {where}'s provider"):
+      provider = config.build(provider_cfg)
+      specs = provider.get_input_specs()
+    per_process = getattr(provider, "paxlike_rows_per_process", False)
+    rows_factor = 1 if exp.ICI_MESH_SHAPE is not None or per_process else (
+        jax.local_device_count())  # pmap: a provider gives a device's rows
+    init = base_input.specs_input(specs, rows_factor, f"{type(provider).__name__}"
+                                  ".get_input_specs()")
+    init.bind_host(jax.process_count(), jax.process_index())
+    return init
+  raise UserError(f"{name}.datasets() has no input with is_training=True to initialise the "
+                  "model from; override get_input_specs_provider_params() to give its batch "
+                  "shapes (Pax's), or set task_p.train.always_use_train_for_model_init = False "
+                  "to take them from the first eval or decode input.")
 
 
 def _use_tfds_data_dir(name: str, dataset_cfgs: list[Any], argv_flags: flags.FlagValues) -> None:

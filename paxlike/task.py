@@ -70,9 +70,10 @@ class TrainSettings:
   target_log_pplx: float | None = None  # stop once an eval's log_pplx is at or below it
   # Pax's fields for what paxlike always does; the other value is refused, not ignored.
   eval_skip_train: bool = True  # paxlike evaluates the eval inputs only, never the train one
-  # False (Pax's eval-only configs): an experiment with no training input initialises the
-  # model from its first eval input's shapes, for --mode=eval / decode. With a training
-  # input it changes nothing: the parameters' shapes do not depend on the batch.
+  # An experiment with no training input (eval or decode only) initialises the model from
+  # the shapes its get_input_specs_provider_params() gives; False (Pax's eval-only
+  # configs): from its first eval or decode input's. With a training input it changes
+  # nothing: the parameters' shapes do not depend on the batch.
   always_use_train_for_model_init: bool = True
   # Pax's split of the input over the batch axes: paxlike splits the batch over them by its
   # own rules (_check_split_mapping).

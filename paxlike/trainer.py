@@ -402,7 +402,7 @@ class _TrainRun:
 
   def _save(self, step: int, input_state: dict[str, Any]) -> None:
     with self.gp.span("checkpoint"):
-      self.ckpt.save(step, self.partitioner.to_saveable(self.state), input_state)
+      self.ckpt.save(step, self.partitioner.to_checkpoint(self.state), input_state)
     self.last_saved = step
 
   def _eval_reached_target(self, step: int, input_state: dict[str, Any]) -> bool:

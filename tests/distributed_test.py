@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
-from conftest import describe, read_scalars, run_cli, subprocess_env
+from conftest import REPO_ROOT, describe, read_scalars, run_cli, subprocess_env
 
 from paxlike import distributed
 from paxlike.errors import UserError
@@ -23,10 +24,11 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def launch(process_id: int, port: int, job_log_dir, extra: list[str]) -> subprocess.Popen:
+def launch(process_id: int, port: int, job_log_dir, extra: list[str],
+           common: list[str] = COMMON) -> subprocess.Popen:
   env = subprocess_env(2)
   return subprocess.Popen(
-      [sys.executable, "-m", "paxlike.main", *COMMON, f"--job_log_dir={job_log_dir}",
+      [sys.executable, "-m", "paxlike.main", *common, f"--job_log_dir={job_log_dir}",
        f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
        f"--process_id={process_id}", "--distributed_timeout_s=120", *extra],
       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -62,6 +64,32 @@ def test_two_processes_match_one_process_and_share_checkpoints(tmp_path):
   assert proc.returncode == 0, describe(proc)
   assert "restored step 4" in proc.stderr
   np.testing.assert_allclose(losses(multi)[-2:], single_losses[4:6], rtol=1e-6)
+
+
+def test_two_pmap_processes_train_as_one_does_and_share_checkpoints(tmp_path):
+  """A pmap experiment (no mesh) on two processes: the steps average over every process's
+  devices, so the losses are the one-process run's; the checkpoint they write through
+  tensorstore restores in one process, which goes on as the uninterrupted run."""
+  multi, single = tmp_path / "multi", tmp_path / "single"
+  common = ["--exp=LmCloudTransformerAdamTiny", *COMMON[1:]]
+  port = free_port()
+  procs = [launch(i, port, multi, ["--set", "NUM_TRAIN_STEPS=4", "--pmap_use_tensorstore"],
+                  common) for i in (0, 1)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  for p, (out, err) in zip(procs, outs, strict=True):
+    assert p.returncode == 0, f"exit {p.returncode}\n{out}\n{err[-3000:]}"
+  assert outs[0][0].splitlines()[-1] == outs[1][0].splitlines()[-1]  # one model, not two
+
+  proc = run_cli([*common, f"--job_log_dir={single}", "--set", "NUM_TRAIN_STEPS=6"], tmp_path,
+                 devices=4)
+  assert proc.returncode == 0, describe(proc)
+  single_losses = losses(single)
+  np.testing.assert_allclose(losses(multi), single_losses[:4], rtol=1e-5)
+  proc = run_cli([*common, f"--job_log_dir={multi}", "--set", "NUM_TRAIN_STEPS=6"], tmp_path,
+                 devices=4)
+  assert proc.returncode == 0, describe(proc)
+  assert "restored step 4" in proc.stderr
+  np.testing.assert_allclose(losses(multi)[-2:], single_losses[4:6], rtol=1e-5)
 
 
 def test_unreachable_coordinator_fails_clearly_and_quickly(tmp_path):
@@ -105,12 +133,16 @@ def test_two_processes_evaluate_and_decode_a_finite_set_exactly(tmp_path):
           "EVAL_BATCH_SIZE=120", "--set", "DCN_MESH_SHAPE=[2,1,1]", "--set",
           "PERCORE_BATCH_SIZE=8", f"--job_log_dir={job}"]
 
+  env = subprocess_env(1)  # tests/ on the path: pax_eval_experiments
+  env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT / "tests"), str(REPO_ROOT),
+                                       env.get("PYTHONPATH", "")])
+
   def two_processes(extra: list[str]) -> list[str]:
     port = free_port()
     procs = [subprocess.Popen(
         [sys.executable, "-m", "paxlike.main", *args, f"--coordinator_address=127.0.0.1:{port}",
          "--num_processes=2", f"--process_id={i}", "--distributed_timeout_s=120", *extra],
-        env=subprocess_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in (0, 1)]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outs, strict=True):
@@ -124,3 +156,8 @@ def test_two_processes_evaluate_and_decode_a_finite_set_exactly(tmp_path):
   # --mode=eval: both processes follow what process 0 sees (here: the last checkpoint).
   for out in two_processes(["--mode=eval"]):
     assert "eval test at step 2:" in out and "num_examples 500.0000" in out
+  # A decode set that one host holds a batch fewer of: it decodes a filler while the other
+  # finishes, and the outputs are the same 500 rows.
+  two_processes(["--mode=decode_once", "--exp=pax_eval_experiments.ArithmeticUnevenHosts"])
+  again = (job / "decoder_out" / "test" / "decode_00000002-2.jsonl").read_text().splitlines()
+  assert again == rows

@@ -121,8 +121,11 @@ def test_resnet50_is_praxis_model_and_the_file_names_its_dead_knobs(tmp_path):
     exp = experiment.instantiate(m.ResNet50Pjit)
     assert exp.ICI_MESH_SHAPE == [1, 8, 1]  # Pax runs SPMD on the model's mesh
     task = config.build(experiment.task_config(exp))
-    specs = {"image": np.zeros((1, 224, 224, 3), np.float32),
-             "label_probs": np.zeros((1, 1000), np.float32), "weight": np.ones((1,), np.float32)}
+    # The shapes the file's input specs provider gives (what an eval-only run starts from).
+    given = config.build(exp.get_input_specs_provider_params()).get_input_specs()
+    assert given["image"].shape == (exp.TRAIN_BATCH_SIZE, 224, 224, 3)
+    assert given["label_probs"].shape == (exp.TRAIN_BATCH_SIZE, 1000)
+    specs = {k: np.zeros((1, *v.shape[1:]), v.dtype) for k, v in given.items()}
     params = jax.eval_shape(lambda: task.model.init(jax.random.key(0), specs,
                                                     method="fprop"))["params"]
   finally:

@@ -155,3 +155,49 @@ def input_specs(inp: BaseInput) -> dict[str, Any]:
   import jax
 
   return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in inp.peek_specs().items()}
+
+
+@dataclasses.dataclass
+class SpecsInput(BaseInput):
+  """The stand-in for the training input of a run that has none (eval or decode only):
+  the batch shapes an experiment's input specs provider gives, which the model initialises
+  from. Nothing reads its batches."""
+
+  specs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def get_next(self) -> dict[str, np.ndarray]:
+    raise UserError(f"input {self.name!r} only gives the shapes the model initialises from; "
+                    "it has no batches to read.")
+
+  def reset(self) -> None:
+    pass
+
+  def peek_specs(self) -> dict[str, np.ndarray]:
+    """Zeros of the specs' shapes, as views of one zero each (no batch is allocated)."""
+    return {k: np.broadcast_to(np.zeros((), dtype), shape)
+            for k, (shape, dtype) in self.specs.items()}
+
+
+def specs_input(specs: Any, rows_factor: int, where: str) -> SpecsInput:
+  """A SpecsInput of `specs` (a mapping of feature -> anything with .shape and .dtype, one
+  batch: rows first), the rows multiplied by rows_factor (a pmap provider's are a device's).
+
+  Raises:
+    UserError: (naming `where`) not such a mapping, or features whose rows differ.
+  """
+  if not isinstance(specs, dict) or not specs:
+    raise UserError(f"{where} returned {type(specs).__name__}; it returns a dict (or "
+                    "NestedMap) of feature name -> jax.ShapeDtypeStruct.")
+  flat = {}
+  for key, spec in specs.items():
+    shape = getattr(spec, "shape", None)
+    if isinstance(spec, dict) or shape is None or not hasattr(spec, "dtype") or not shape:
+      raise UserError(f"{where} gave {key!r} as {type(spec).__name__}; paxlike takes a flat "
+                      "dict of jax.ShapeDtypeStruct, each with the batch's rows first.")
+    flat[key] = ((int(shape[0]) * rows_factor, *map(int, shape[1:])), np.dtype(spec.dtype))
+  rows = {shape[0] for shape, _ in flat.values()}
+  if len(rows) != 1:
+    raise UserError(f"{where} gave features with different numbers of rows "
+                    f"({', '.join(f'{k} {s[0]}' for k, (s, _) in flat.items())}); a batch's "
+                    "features share their first dim.")
+  return SpecsInput(name="input_specs", batch_size=rows.pop(), specs=flat)

@@ -49,6 +49,9 @@ Plain methods (no parameters needed; callable on the unbound module):
                           LM applies praxis's params_init here)
   padding_batch(host_batch) the batch with every loss weight 0 (the filler
                           a host with fewer eval batches runs)
+  beside_filler(host_batch) a real batch of a step in which another host runs
+                          a filler, with the filler's features (default: as
+                          it is)
   finish_decode(batch, start, out, settings) -> DecodeOutput
                           the family's last word on generate()'s output
                           (the LM drops the prompt tokens it forced)
@@ -182,6 +185,11 @@ class BaseModel(nn.Module):
   def padding_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The batch with its loss weights 0: `weights`, a decoder-only family's (T5's differ)."""
     return {**host_batch, "weights": np.zeros_like(host_batch["weights"])}
+
+  def beside_filler(self, host_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A real batch of a step in which another host runs padding_batch: padding_batch
+    zeroes the weights the batch has, so it is as it is."""
+    return host_batch
 
   def hf_config(self) -> dict[str, Any]:
     """The Hugging Face config (config.json as a dict) of this model, for interop.hf."""

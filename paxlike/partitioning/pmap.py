@@ -42,6 +42,7 @@ class PmapPartitioner:
     self.num_local = len(self.devices)
     self._stacked = NamedSharding(Mesh(np.asarray(self.devices), (AXIS,)), PartitionSpec(AXIS))
     self._abstract = None
+    self._global: NamedSharding | None = None
 
   @property
   def num_batch_shards(self) -> int:
@@ -54,6 +55,13 @@ class PmapPartitioner:
           f"the per-host batch {per_host} does not divide over the {self.num_local} local "
           "devices of a pmap run; change PERCORE_BATCH_SIZE or the device count.")
 
+  def _step_devices(self) -> list[jax.Device] | None:
+    """The devices a step maps over: these, or (None) every process's where there are
+    several processes and these are this one's."""
+    if jax.process_count() > 1 and self.devices == jax.local_devices():
+      return None
+    return self.devices
+
   def set_state_specs(self, specs: Any) -> None:
     del specs  # pmap replicates everything
 
@@ -62,11 +70,25 @@ class PmapPartitioner:
                         is_leaf=lambda x: isinstance(x, PartitionSpec))
 
   def abstract_state(self, abstract: Any) -> Any:
-    """Restore targets: the unreplicated state, on the host."""
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), abstract)
+    """Restore targets: the unreplicated state, on the first device (with several
+    processes, replicated over every process's devices, as orbax reads it there), whatever
+    devices wrote it."""
+    sharding = self._everywhere() or jax.sharding.SingleDeviceSharding(self.devices[0])
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+                        abstract)
+
+  def _everywhere(self) -> NamedSharding | None:
+    """With several processes: a value replicated over every device of every process."""
+    if jax.process_count() == 1:
+      return None
+    if self._global is None:
+      self._global = NamedSharding(Mesh(np.asarray(jax.devices()), ("all",)), PartitionSpec())
+    return self._global
 
   def _replicate(self, tree: Any) -> Any:
     def rep(x):
+      if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        x = x.addressable_data(0)  # replicated over every process: this one's copy
       x = np.asarray(jax.device_get(x))
       return jax.device_put(np.broadcast_to(x, (self.num_local, *x.shape)), self._stacked)
     return jax.tree.map(rep, tree)
@@ -89,8 +111,22 @@ class PmapPartitioner:
         np.broadcast_to(v, like.shape), self._stacked, may_alias=False)])[0]
 
   def to_saveable(self, state: Any) -> Any:
-    """Device 0's copy: what checkpoints store, and what SPMD runs can load."""
+    """Device 0's copy: the unreplicated state, which SPMD runs can load."""
     return jax.tree.map(lambda x: x[0], state)
+
+  def to_checkpoint(self, state: Any) -> Any:
+    """What checkpoints store: to_saveable, or with several processes each leaf as one
+    array replicated over every process's devices (orbax writes no array of one
+    process's alone there)."""
+    sharding = self._everywhere()
+    if sharding is None:
+      return self.to_saveable(state)
+
+    def everywhere(x: jax.Array) -> jax.Array:
+      copies = [s.data.reshape(x.shape[1:]) for s in x.addressable_shards]  # one per device
+      return jax.make_array_from_single_device_arrays(x.shape[1:], sharding, copies)
+
+    return jax.tree.map(everywhere, state)
 
   def shard_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     out = {}
@@ -136,8 +172,10 @@ class PmapPartitioner:
       finally:
         _TRACING.reset(token)
 
+    # Over every process's devices (each process feeds its own): the step's means and sums
+    # then cover the whole global batch, as Pax's multi-host pmap does.
     mapped = jax.pmap(per_device, axis_name=AXIS, in_axes=(0, 0, None),
-                      donate_argnums=(0,) if donate_state else (), devices=self.devices)
+                      donate_argnums=(0,) if donate_state else (), devices=self._step_devices())
     mapped_run = lambda state, batch, key: mapped(state, batch, key)
     mapped_run.jitted = mapped
     mapped_run.lower = mapped.lower

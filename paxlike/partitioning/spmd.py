@@ -107,6 +107,8 @@ class SpmdPartitioner:
     """The state as checkpoints store it: the global sharded arrays."""
     return state
 
+  to_checkpoint = to_saveable
+
   def shard_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """This process's rows -> global arrays sharded over replica x data."""
     return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)

@@ -99,12 +99,39 @@ class LingvoInputAdaptor:
 
 class BaseInputSpecsProvider:
   """praxis's BaseInputSpecsProvider: what an experiment's get_input_specs_provider_params
-  configures (the batch's shapes for Pax's abstract init). paxlike takes the shapes from
-  the training input itself (peek_specs), so a provider is built by nothing; a subclass's
-  get_input_specs() gives them."""
+  configures. get_input_specs() gives the batch's features as jax.ShapeDtypeStructs (a
+  dict or NestedMap), with the rows of a process under SPMD and of a device under pmap. A
+  run with no training input (eval or decode only) initialises the model from them. A
+  subclass declares its fields as annotations, as praxis's do."""
+
+  def __init_subclass__(cls, **kwargs: Any) -> None:
+    super().__init_subclass__(**kwargs)
+    if "__annotations__" in cls.__dict__:
+      dataclasses.dataclass(cls, kw_only=True)
 
   def get_input_specs(self) -> Any:
-    raise NotImplementedError
+    raise NotImplementedError(f"{type(self).__name__} does not implement get_input_specs.")
+
+
+class DatasetInputSpecsProvider(BaseInputSpecsProvider):
+  """praxis's: the specs of one batch of the input input_p configures (built and peeked,
+  bound to this host; its rows are a process's, under pmap too)."""
+
+  input_p: Any = None
+  paxlike_rows_per_process = True  # a host batch's rows, which pmap does not divide
+
+  def get_input_specs(self) -> Any:
+    import jax
+
+    from paxlike import config, experiment
+    from paxlike.inputs.base_input import input_specs
+
+    if self.input_p is None:
+      raise UserError("pax_fiddle.Config(DatasetInputSpecsProvider) has no input; set "
+                      "input_p to the config of the input whose shapes to take.")
+    inp = config.build(experiment.input_config(self.input_p))
+    inp.bind_host(jax.process_count(), jax.process_index())
+    return input_specs(inp)
 
 
 def _with_name(fields: dict[str, Any], is_training: bool) -> dict[str, Any]:
@@ -114,4 +141,5 @@ def _with_name(fields: dict[str, Any], is_training: bool) -> dict[str, Any]:
   return {**fields, "name": "eval"}
 
 
-__all__ = ["BaseInput", "BaseInputSpecsProvider", "LingvoInputAdaptor"]
+__all__ = ["BaseInput", "BaseInputSpecsProvider", "DatasetInputSpecsProvider",
+           "LingvoInputAdaptor"]

@@ -18,6 +18,12 @@ A model that defines Pax's decode(input_batch) and process_decode_out(input_obj,
 decode_out) decodes as in Pax (paxlike.evaluator runs the two for --mode=decode);
 paxlike's own generation (infer, export) is refused in one line.
 
+An eval or decode step in which some host runs a filler (it is out of batches while
+others are not) marks every row, real or filler (FILLER_WEIGHT). The model's
+WeightedScalars are already averaged over the batch, so under SPMD, whose batch holds
+every host's rows, each host's rows are run apart and only the real hosts' pairs count
+(_by_host). Under pmap a batch is one host's, and the mark scales its weights.
+
 The model's FLOPs per step (for MFU) are XLA's count of the train step's
 gradient (its cost analysis, before optimisation), as no formula knows a
 user's layers; tokens per step are the examples (rows) of the batch.
@@ -78,6 +84,31 @@ class BaseModel(NoDecoder, base_layer.BaseLayer, _ModelContract):
     """(the learner's loss, every metric of compute_loss and add_summary)."""
     batch = dict(batch)
     filler = batch.pop(FILLER_WEIGHT, None)
+    if filler is not None and _hosts_in_batch() > 1:
+      # An eval step in which some hosts run fillers: their rows are left out.
+      pairs = _by_host(self, "paxlike_loss_pairs", batch, filler)
+      loss, weight = pairs[self.paxlike_loss_name]
+      metrics = {key: value for key, (value, _) in pairs.items()}
+      metrics.update(loss=loss, num_tokens=weight, num_examples=jnp.sum(filler))
+      return loss, metrics
+    (pairs, summaries, moves) = self.paxlike_loss_pairs(batch, with_state=True)
+    metrics = {key: value for key, (value, _) in pairs.items()}
+    # update_var's new values reach the train step through the loss (adding 0 to it).
+    loss = metrics[self.paxlike_loss_name] + sum(
+        (nontrainable.moved(*m) for m in moves.values()), jnp.zeros((), jnp.float32))
+    weight = pairs[self.paxlike_loss_name][1]
+    rows = jnp.asarray(_rows(batch), jnp.float32)
+    if filler is not None:  # a batch of one host's rows (pmap, or one process)
+      weight, rows = weight * filler[0], rows * filler[0]
+    for key, value in summaries.items():
+      metrics.setdefault(key, value)
+    metrics.update(loss=loss, num_tokens=weight, num_examples=rows)
+    return loss, metrics
+
+  def paxlike_loss_pairs(self, batch: dict[str, jax.Array], with_state: bool = False
+                         ) -> Any:
+    """compute_loss's WeightedScalars as float32 pairs (with_state: and the add_summary
+    scalars and update_var moves of the pass)."""
     token = base_layer._SUMMARIES.set(({}, self.paxlike_summary_verbosity))
     moves_token = base_layer._MOVES.set({})
     try:
@@ -93,18 +124,7 @@ class BaseModel(NoDecoder, base_layer.BaseLayer, _ModelContract):
                       f"compute_loss's metrics ({', '.join(sorted(weighted))}); set "
                       "task_p.train.learner.loss_name to the one to minimise.")
     pairs = _weighted_pairs(self, "compute_loss", weighted)
-    metrics = {key: value for key, (value, _) in pairs.items()}
-    # update_var's new values reach the train step through the loss (adding 0 to it).
-    loss = metrics[name] + sum((nontrainable.moved(*m) for m in moves.values()),
-                               jnp.zeros((), jnp.float32))
-    weight = pairs[name][1]
-    rows = jnp.asarray(_rows(batch), jnp.float32)
-    if filler is not None:
-      weight, rows = weight * filler[0], rows * filler[0]
-    for key, value in summaries.items():
-      metrics.setdefault(key, value)
-    metrics.update(loss=loss, num_tokens=weight, num_examples=rows)
-    return loss, metrics
+    return (pairs, summaries, moves) if with_state else pairs
 
   # ------------------------------------------------------- the contract
 
@@ -157,9 +177,22 @@ class BaseModel(NoDecoder, base_layer.BaseLayer, _ModelContract):
     return {}, [], {}
 
   def pax_decode_step(self, batch: dict[str, jax.Array]
-                      ) -> tuple[dict[str, tuple[jax.Array, jax.Array]], Any]:
+                      ) -> tuple[dict[str, tuple[jax.Array, jax.Array]], Any, jax.Array]:
+    """(decode's WeightedScalars as float32 pairs, its per-example outputs, per row 1 for
+    an example and 0 for a filler's row) of a batch. The pairs leave fillers out."""
+    batch = dict(batch)
+    filler = batch.pop(FILLER_WEIGHT, None)
+    if filler is None:
+      return (*self.paxlike_decode_pairs(batch), jnp.ones((_rows(batch),), jnp.float32))
+    if _hosts_in_batch() > 1:
+      pairs, per_example = _by_host(self, "paxlike_decode_pairs", batch, filler)
+      return pairs, per_example, filler
+    pairs, per_example = self.paxlike_decode_pairs(batch)  # one host's rows
+    return {k: (v, w * filler[0]) for k, (v, w) in pairs.items()}, per_example, filler
+
+  def paxlike_decode_pairs(self, batch: dict[str, jax.Array]
+                           ) -> tuple[dict[str, tuple[jax.Array, jax.Array]], Any]:
     """(decode's WeightedScalars as float32 pairs, its per-example outputs) of a batch."""
-    batch = {k: v for k, v in batch.items() if k != FILLER_WEIGHT}
     out = type(self).decode(self, _nested(batch))
     if not isinstance(out, tuple | list) or len(out) not in (2, 3):
       raise UserError(f"{type(self).__name__}.decode returned {type(out).__name__}; Pax's "
@@ -213,6 +246,44 @@ class BaseModel(NoDecoder, base_layer.BaseLayer, _ModelContract):
     """host_batch marked as a filler: its metrics weigh 0 (compute_loss's weights are the
     model's own, so the mark scales them)."""
     return {**host_batch, FILLER_WEIGHT: np.zeros((_rows(host_batch),), np.float32)}
+
+  def beside_filler(self, host_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """host_batch marked as real, in a step in which another host runs a filler."""
+    return {**host_batch, FILLER_WEIGHT: np.ones((_rows(host_batch),), np.float32)}
+
+
+def _hosts_in_batch() -> int:
+  """Whose rows the batch a step sees holds: under SPMD (a mesh is set) every process's,
+  in process order; under pmap (a device's rows) and on one device, one host's."""
+  return 1 if jax.sharding.get_abstract_mesh().empty else jax.process_count()
+
+
+def _by_host(model: BaseModel, method: str, batch: dict[str, jax.Array], filler: jax.Array
+             ) -> Any:
+  """model.METHOD(batch) -> (pairs, ...) run on each host's rows apart (vmapped over the
+  hosts), its pairs combined over the hosts whose rows are real (filler: per row, 1 real
+  and 0 a filler's), sum(value x weight) / sum(weight): what the real rows alone give.
+  Anything else METHOD returns comes back with its rows in the batch's order."""
+  hosts = _hosts_in_batch()
+  unbound = model.clone(parent=None)
+  variables = model.variables
+
+  def split(x: jax.Array) -> jax.Array:
+    return x.reshape(hosts, x.shape[0] // hosts, *x.shape[1:])
+
+  def one_host(rows: dict[str, jax.Array]) -> Any:
+    return unbound.apply(variables, rows, method=method)
+
+  out = jax.vmap(one_host)(jax.tree.map(split, batch))
+  pairs, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
+  real = split(filler)[:, 0]
+  combined = {}
+  for key, (value, weight) in pairs.items():
+    weight = weight * real
+    total = jnp.sum(weight)
+    combined[key] = (jnp.sum(value * weight) / jnp.maximum(total, 1e-30), total)
+  rest = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]) if x.ndim >= 2 else x, rest)
+  return (combined, *rest) if rest else combined
 
 
 def _weighted_pairs(model: Any, method: str, weighted: Any
