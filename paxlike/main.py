@@ -9,6 +9,7 @@ JAX's own options are flags too (--jax_debug_nans, --jax_compilation_cache_dir,
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -556,6 +557,7 @@ def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: fl
     f.write(experiment.format_hparams(exp))
   with open(os.path.join(job_log_dir, "model_params.txt"), "w") as f:
     f.write(config.dump_model_params(built.task_cfg, built.dataset_cfgs))
+  _write_input_specs(built.train_input, partitioner, job_log_dir)
   if argv_flags.mode == "train" and getattr(built.train_input, "vocab", None) is not None:
     vocab_lib.record(built.train_input.vocab, job_log_dir)  # what later runs of this job read
   vocab = next((i.vocab for i in (built.train_input, *built.inputs, *built.decode_inputs)
@@ -569,6 +571,21 @@ def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: fl
       **({"vocabulary": vocab.spec} if vocab is not None else {})}))
   # Each new attention choice (logged once) is added as programs are lowered.
   attention_policy.on_choice(lambda rec: xla_flags.update_run_env(job_log_dir, {"attention": rec}))
+
+
+def _write_input_specs(train_input: Any, partitioner: Any, job_log_dir: str) -> None:
+  """input_specs.json, as Pax writes it: the shape and dtype of each feature of the batch
+  the model initialises from, a process's rows under SPMD and a device's under pmap."""
+  import jax
+
+  from paxlike.inputs.base_input import input_specs
+
+  per_device = jax.local_device_count() if partitioner.kind == "pmap" else 1
+  specs = {key: {"_array": {"shape": [spec.shape[0] // per_device, *spec.shape[1:]],
+                            "dtype": str(spec.dtype)}}
+           for key, spec in input_specs(train_input).items()}
+  with open(os.path.join(job_log_dir, "input_specs.json"), "w") as f:
+    json.dump(specs, f, indent=2, sort_keys=True)
 
 
 def _train_options(built: _Built, partitioner: Any, job_log_dir: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -79,6 +80,9 @@ def test_two_pmap_processes_train_as_one_does_and_share_checkpoints(tmp_path):
   for p, (out, err) in zip(procs, outs, strict=True):
     assert p.returncode == 0, f"exit {p.returncode}\n{out}\n{err[-3000:]}"
   assert outs[0][0].splitlines()[-1] == outs[1][0].splitlines()[-1]  # one model, not two
+  # Pax's input_specs.json under pmap: a device's rows (PERCORE_BATCH_SIZE=4).
+  specs = json.loads((multi / "input_specs.json").read_text())
+  assert specs["ids"] == {"_array": {"shape": [4, 64], "dtype": "int32"}}
 
   proc = run_cli([*common, f"--job_log_dir={single}", "--set", "NUM_TRAIN_STEPS=6"], tmp_path,
                  devices=4)

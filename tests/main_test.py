@@ -98,6 +98,14 @@ def test_tiny_run_dumps_model_analysis(tiny_job):
   assert rows["softmax/embedding"]["dtype"] == "float32"
 
 
+def test_tiny_run_writes_the_input_specs_as_pax_does(tiny_job):
+  _, job = tiny_job
+  specs = json.loads((job / "input_specs.json").read_text())
+  # A host's batch (16 rows of MAX_SEQ_LEN 64) in Pax's layout.
+  assert specs["ids"] == {"_array": {"shape": [16, 64], "dtype": "int32"}}
+  assert set(specs) >= {"ids", "labels", "weights"}
+
+
 def test_tiny_run_records_the_environment(tiny_job):
   _, job = tiny_job
   env = json.loads((job / "run_env.json").read_text())

@@ -111,8 +111,10 @@ class PmapPartitioner:
         np.broadcast_to(v, like.shape), self._stacked, may_alias=False)])[0]
 
   def to_saveable(self, state: Any) -> Any:
-    """Device 0's copy: the unreplicated state, which SPMD runs can load."""
-    return jax.tree.map(lambda x: x[0], state)
+    """The first device's copy: the unreplicated state, which SPMD runs can load. Taken
+    from the shard itself: indexing the stacked array would be a program over the step's
+    devices, every process's on many hosts, which each process runs alone."""
+    return jax.tree.map(lambda x: x.addressable_data(0).reshape(x.shape[1:]), state)
 
   def to_checkpoint(self, state: Any) -> Any:
     """What checkpoints store: to_saveable, or with several processes each leaf as one
@@ -121,7 +123,6 @@ class PmapPartitioner:
     sharding = self._everywhere()
     if sharding is None:
       return self.to_saveable(state)
-
     def everywhere(x: jax.Array) -> jax.Array:
       copies = [s.data.reshape(x.shape[1:]) for s in x.addressable_shards]  # one per device
       return jax.make_array_from_single_device_arrays(x.shape[1:], sharding, copies)
