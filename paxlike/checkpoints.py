@@ -31,6 +31,7 @@ from etils import epath
 from flax import serialization
 
 from paxlike.errors import UserError
+from paxlike.partitioning.host_blocks import process_copy
 
 STEP_PREFIX = "checkpoint"
 STEP_DIGITS = 8
@@ -43,9 +44,7 @@ class MsgpackHandler(ocp.CheckpointHandler):
 
   def save(self, directory: epath.Path, args: MsgpackSave) -> None:
     if jax.process_index() == 0:
-      tree = jax.tree.map(lambda x: np.asarray(jax.device_get(
-          x if not isinstance(x, jax.Array) or x.is_fully_addressable
-          else x.addressable_data(0))), args.item)  # replicated: this process's copy
+      tree = jax.tree.map(lambda x: np.asarray(jax.device_get(process_copy(x))), args.item)
       (directory / MSGPACK_FILE).write_bytes(serialization.msgpack_serialize(
           serialization.to_state_dict(tree)))
 
@@ -283,9 +282,9 @@ class Checkpointer:
     if step not in self._manager.all_steps():
       raise UserError(f"no checkpoint for step {step} in {self.directory}; "
                       f"available: {self.all_steps() or 'none'}.")
-    if self.format_of(step) == "tensorstore":  # msgpack: checked as it is read
-      _check_fits(abstract_state, self.state_metadata(step), step, self.directory)
     fmt = self.format_of(step)
+    if fmt == "tensorstore":  # msgpack: checked as it is read
+      _check_fits(abstract_state, self.state_metadata(step), step, self.directory)
     state_args = (ocp.args.StandardRestore(abstract_state) if fmt == "tensorstore"
                   else MsgpackRestore(abstract_state))
     # orbax binds an item to the handler of its first use: a step of the other format is

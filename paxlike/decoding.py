@@ -82,6 +82,33 @@ class DecodeStart:
   num_steps: int = struct.field(pytree_node=False)
 
 
+def prompt_start(batch: dict[str, jax.Array], settings: DecodeSettings,
+                 fill: Callable[[jax.Array], Any]) -> DecodeStart:
+  """A decoder-only model's start: fill(tokens) runs the prompts (batch's ids up to
+  prompt_lens, zeros after) through the model once, filling its KV caches.
+
+  Rows' prompts differ in length: extends start after the shortest, and the longer
+  prompts' tokens are forced at the positions they cover. Output position i is buffer
+  position p_min + i.
+  """
+  ids, lens = batch["ids"], jnp.maximum(batch["prompt_lens"], 1)
+  length = ids.shape[1]
+  positions = jnp.arange(length)
+  tokens = jnp.where(positions[None] < lens[:, None], ids, 0).astype(jnp.int32)
+  fill(tokens)
+  p_min = jnp.min(lens)
+  out_pos = p_min + positions[:length - 1]  # buffer position of each output position
+  limit = length - p_min
+  if settings.max_decode_length is not None:
+    limit = jnp.minimum(limit, jnp.max(lens) - p_min + settings.max_decode_length)
+  return DecodeStart(
+      first_tokens=jnp.take(tokens, p_min - 1, axis=1),
+      start_index=(p_min - 1).astype(jnp.int32),
+      forced_tokens=jnp.take(tokens, jnp.minimum(out_pos, length - 1), axis=1),
+      forced_mask=out_pos[None] < lens[:, None],
+      limit=limit.astype(jnp.int32), num_steps=length - 1)
+
+
 @struct.dataclass
 class DecodeOutput:
   """Generated ids, best first.

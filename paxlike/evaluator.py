@@ -301,10 +301,12 @@ class Evaluator:
     host's); under pmap, where each host decodes its own rows, every host's combined."""
     if self.partitioner.kind != "pmap" or jax.process_count() == 1:
       return weighted
-    every = {k: multihost_utils.process_allgather(np.asarray(
-        [float(v) * float(w), float(w)], np.float64)) for k, (v, w) in weighted.items()}
-    return {k: (x[:, 0].sum() / max(x[:, 1].sum(), 1e-30), x[:, 1].sum())
-            for k, x in every.items()}
+    keys = sorted(weighted)  # the same order on every host: one gather of every pair
+    every = multihost_utils.process_allgather(np.asarray(
+        [[float(weighted[k][0]) * float(weighted[k][1]), float(weighted[k][1])] for k in keys],
+        np.float64).reshape(len(keys), 2))
+    return {k: (every[:, i, 0].sum() / max(every[:, i, 1].sum(), 1e-30), every[:, i, 1].sum())
+            for i, k in enumerate(keys)}
 
   def infer(self, state: Any, step: int) -> dict[str, tuple[int, str]]:
     """Predicts for every example of every decode input; writes infer_out/<name>/.

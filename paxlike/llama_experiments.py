@@ -20,10 +20,9 @@ import jax.numpy as jnp
 
 from paxlike.errors import UserError
 from paxlike.file_data import FilesDataset
-from paxlike.inputs.synthetic import SyntheticLmInput
 from paxlike.inputs.text import TextInput
 from paxlike.layers.llama import rope_type
-from paxlike.lm_experiments import PipelineHParams
+from paxlike.lm_experiments import PipelineHParams, synthetic_train_input
 from paxlike.models.llama import LlamaModel
 from paxlike.training_experiment import AdamTraining, LoraHParams
 
@@ -139,10 +138,7 @@ class SyntheticLlamaDataset(FilesDataset):
   _replaced_by_files = ("DATA_SEED", "SYNTHETIC_NOISE_RATE")
 
   def own_datasets(self) -> list[fdl.Config]:
-    return [fdl.Config(
-        SyntheticLmInput, name="train", batch_size=self.per_host_batch_size(),
-        is_training=True, vocab_size=self.VOCAB_SIZE, seq_len=self.MAX_SEQ_LEN,
-        noise_rate=self.SYNTHETIC_NOISE_RATE, seed=self.DATA_SEED)]
+    return [synthetic_train_input(self)]
 
 
 class TextLlamaDataset(FilesDataset):

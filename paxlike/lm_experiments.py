@@ -388,6 +388,15 @@ class TransformerLmPmapAdam(TransformerLmSpmdAdam):
   SOFTMAX_CAP_LOGITS = 0.0  # Pax's pmap template caps only the attention logits (50)
 
 
+def synthetic_train_input(exp: Any) -> fdl.Config:
+  """The learnable synthetic LM stream of an experiment's VOCAB_SIZE, MAX_SEQ_LEN,
+  SYNTHETIC_NOISE_RATE and DATA_SEED, the per-host share of its batch."""
+  return fdl.Config(
+      SyntheticLmInput, name="train", batch_size=exp.per_host_batch_size(),
+      is_training=True, vocab_size=exp.VOCAB_SIZE, seq_len=exp.MAX_SEQ_LEN,
+      noise_rate=exp.SYNTHETIC_NOISE_RATE, seed=exp.DATA_SEED)
+
+
 class SyntheticDataset(FilesDataset):
   """Data mixin: the learnable synthetic LM stream of paxlike.inputs.synthetic.
 
@@ -401,7 +410,4 @@ class SyntheticDataset(FilesDataset):
   _replaced_by_files = ("DATA_SEED", "SYNTHETIC_NOISE_RATE")
 
   def own_datasets(self) -> list[fdl.Config]:
-    return [fdl.Config(
-        SyntheticLmInput, name="train", batch_size=self.per_host_batch_size(),
-        is_training=True, vocab_size=self.VOCAB_SIZE, seq_len=self.MAX_SEQ_LEN,
-        noise_rate=self.SYNTHETIC_NOISE_RATE, seed=self.DATA_SEED)]
+    return [synthetic_train_input(self)]

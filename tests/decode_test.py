@@ -15,10 +15,11 @@ from conftest import describe, run_cli
 from paxlike.decoding import DecodeSettings
 from paxlike.models import LanguageModel
 
-TEST_STEPS = 1500
-TEST_BAR = 0.4  # exact match after the test-sized run (measured 0.92 on JAX 0.10 and 0.87 on
-# JAX 0.12, where 1000 steps gave 0.35 and 0.68: when the loss drops varies; the full
-# 2500-step run: 0.976 and 0.966)
+TEST_STEPS = 2500  # the README's run, whose exact match it states as about 0.97
+TEST_BAR = 0.9  # measured 0.976 / 0.966 (JAX 0.10 / 0.12) on a Xeon, 0.966 (JAX 0.10) on an
+# EPYC. The shorter run this test took before was not a fixed point: at 1500 steps the loss
+# is still falling steeply, and the same code reached 0.92 on the Xeon and 0.39 on the EPYC,
+# whose float32 sums run in another order.
 
 
 def greedy_by_rerunning(model, params, tokens, lens):
@@ -57,9 +58,8 @@ def test_kv_cached_decoding_gives_the_same_tokens_as_rerunning_the_prefix(repeat
 def arithmetic_job(tmp_path_factory):
   job = tmp_path_factory.mktemp("arith") / "job"
   proc = run_cli(["--exp=ArithmeticAdditionTiny", f"--job_log_dir={job}",
-                  "--set", f"NUM_TRAIN_STEPS={TEST_STEPS}", "--set",
-                  f"LR_COS_DECAY_END={TEST_STEPS}", "--set", "EVAL_INTERVAL_STEPS=500",
-                  "--set", "CHECKPOINT_EVERY_N_STEPS=500"], job.parent, timeout=600,
+                  "--set", "EVAL_INTERVAL_STEPS=500", "--set", "CHECKPOINT_EVERY_N_STEPS=500"],
+                 job.parent, timeout=900,
                  optimized=True)
   assert proc.returncode == 0, describe(proc)
   return job, proc

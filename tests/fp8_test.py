@@ -31,6 +31,26 @@ def test_an_fp8_projection_is_the_product_of_the_quantised_operands():
   assert float(grads["fp8"]["output_grad_amax_history"][0]) == 1.0  # d sum / d y
 
 
+def test_fp8_experts_compute_near_the_exact_experts_and_track_their_weights():
+  """praxis's Fp8EinsumOp / Fp8EinsumGatedOp on a mixture of experts (Grok's USE_FP8): each
+  of the gated pair and the output einsum has its own scales; routing is left exact."""
+  from paxlike.layers.moe import MoeFeedForward
+
+  x = jax.random.normal(jax.random.key(0), (2, 16, 32))
+  kw = dict(num_experts=4, hidden_dims=64, gated_activation=True, num_groups=2)
+  layer = MoeFeedForward(fp8=True, **kw)
+  params = nn_unbox(layer.init(jax.random.key(1), x)["params"])
+  assert sorted(k for k in params if k.endswith("fp8")) == ["wi_fp8", "wi_gate_fp8", "wo_fp8"]
+  y, _ = layer.apply({"params": params}, x)
+  exact, _ = MoeFeedForward(**kw).apply(
+      {"params": {k: v for k, v in params.items() if not k.endswith("fp8")}}, x)
+  error = float(jnp.linalg.norm(y - exact) / jnp.linalg.norm(exact))
+  assert 0.0 < error < 0.15, error
+  grads = jax.grad(lambda p: jnp.sum(layer.apply({"params": p}, x)[0]))(params)
+  assert float(grads["wo_fp8"]["kernel_amax_history"][0]) == pytest.approx(
+      float(jnp.max(jnp.abs(params["wo"]))), rel=1e-6)
+
+
 def nn_unbox(tree):
   import flax.linen as nn
 

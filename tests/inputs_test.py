@@ -112,6 +112,37 @@ def test_text_input_tokenizes_prompts_and_targets_and_resumes_its_position(jsonl
   np.testing.assert_array_equal(again.get_next()["ids"], expected["ids"])
 
 
+@pytest.mark.parametrize("pack", [False, True])
+def test_peeking_a_large_text_input_copies_none_of_its_data_and_keeps_its_place(tmp_path,
+                                                                               pack):
+  """Every run peeks its training input's shapes a few times before step 1; for the user's
+  own files that must not hold a second copy of every tokenized example."""
+  import tracemalloc
+
+  path = tmp_path / "big.txt"
+  path.write_text("".join(f"line {i} of a user's own text file\n" for i in range(20000)))
+  inp = TextInput(file_pattern=str(path), seq_len=64, pack=pack, name="t", batch_size=4,
+                  num_infeed_hosts=1, infeed_host_index=0)
+  data_bytes = sum(v.nbytes for v in inp._features.values())
+  first, second = inp.get_next(), inp.get_next()
+  tracemalloc.start()
+  try:
+    peeked = inp.peek_specs()
+    peak = tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+  assert peak < data_bytes / 20, (peak, data_bytes)
+  assert {k: (v.shape, v.dtype) for k, v in peeked.items()} == {
+      k: (v.shape, v.dtype) for k, v in first.items()}
+  again = TextInput(file_pattern=str(path), seq_len=64, pack=pack, name="t", batch_size=4,
+                    num_infeed_hosts=1, infeed_host_index=0)
+  np.testing.assert_array_equal(again.get_next()["ids"], first["ids"])
+  np.testing.assert_array_equal(again.get_next()["ids"], second["ids"])
+  third = inp.get_next()  # the stream goes on after the second batch
+  for key, value in again.get_next().items():
+    np.testing.assert_array_equal(third[key], value)
+
+
 def test_plain_text_packs_lines(tmp_path):
   """Lines fill rows whole (segments 1, 2, ..., positions restarting); a line longer than a
   row is cut into pieces overlapping by one token, so no next-token prediction is lost."""

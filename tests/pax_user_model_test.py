@@ -632,7 +632,8 @@ def test_an_activation_split_mapping_constrains_the_output_in_an_spmd_step():
   assert len(out.addressable_shards) == 4
   plain = jax.jit(relu_sum)(params, x)[0]  # no mesh: left as it is
   assert "Sharding" not in jax.jit(relu_sum).lower(params, x).as_text()
-  np.testing.assert_allclose(np.asarray(out), np.asarray(plain), rtol=1e-6)
+  # The split output sums in another order: a value near 0 differs by 2e-8 on an EPYC.
+  np.testing.assert_allclose(np.asarray(out), np.asarray(plain), rtol=1e-6, atol=1e-6)
   # The bias is split as the output's last dim (praxis does so where mesh_shape is set).
   import flax.linen as nn
 

@@ -59,7 +59,8 @@ class ArithmeticAdditionTiny(ArithmeticDataset):
   # Pax's Adam caps each parameter's update at an RMS of 1.0 (ADAM_CLIP_THRESHOLD), which
   # slows this small model down: exact match after 1500 steps 0.54 with the cap, 0.92
   # without (JAX 0.10; 0.87 under JAX 0.12). Without it 2500 steps give 0.976 (JAX 0.10)
-  # and 0.966 (JAX 0.12), where 3000 capped steps gave 0.96 and 0.988.
+  # and 0.966 (JAX 0.12), where 3000 capped steps gave 0.96 and 0.988 (on a Xeon; an AMD
+  # EPYC gives 0.966 under JAX 0.10 and, after 1500 steps, 0.39).
   ADAM_CLIP_THRESHOLD = 0.0
   LR_SCHEDULE = "linear_rampup_cosine_decay"
   LR_COS_WARMUP = 100

@@ -537,6 +537,16 @@ class TextInput(BaseInput):
   def reset(self) -> None:
     self._index, self._cursor = 0, 0
 
+  def peek_specs(self) -> dict[str, np.ndarray]:
+    """The first batch, read in place with the position put back: the generic peek
+    deep-copies the input, and with it every tokenized example of the user's files."""
+    position = self._index, self._cursor
+    self._index, self._cursor = 0, 0
+    try:
+      return self.get_next()
+    finally:
+      self._index, self._cursor = position
+
   def get_state(self) -> dict[str, Any]:
     if self.packed:
       return {"index": self._index, "cursor": self._cursor}

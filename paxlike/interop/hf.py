@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from paxlike.errors import UserError
-from paxlike.interop.hf_files import CONFIG, INDEX, SINGLE, lazy_tree, materialize
+from paxlike.interop.hf_files import CONFIG, INDEX, SINGLE, lazy_tree, materialize, write_directory
 from paxlike.interop.hf_files import get_path as _get
 from paxlike.interop.hf_files import same as _same
 
@@ -423,7 +423,6 @@ def export_params(params: Any, model: Any, directory: str) -> None:
   Raises:
     UserError: directory exists and is not empty, or the model has no HF layout.
   """
-  from safetensors.numpy import save_file
 
   config = model.hf_config()
   if os.path.exists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
@@ -440,9 +439,4 @@ def export_params(params: Any, model: Any, directory: str) -> None:
     if model.use_repeated_layer and layer is not None:
       value = value[layer]
     tensors[hf_name] = np.ascontiguousarray(_to_torch(kind, value))
-  os.makedirs(directory, exist_ok=True)
-  with open(os.path.join(directory, CONFIG), "w") as f:
-    json.dump(config, f, indent=2, sort_keys=True)
-    f.write("\n")
-  # transformers refuses safetensors files without the format metadata.
-  save_file(tensors, os.path.join(directory, SINGLE), metadata={"format": "pt"})
+  write_directory(directory, config, tensors)

@@ -15,6 +15,22 @@ SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
 
+def write_directory(directory: str, config: dict[str, Any],
+                    tensors: dict[str, np.ndarray]) -> None:
+  """config.json and model.safetensors, as transformers' from_pretrained reads them (it
+  refuses a safetensors file without the format metadata)."""
+  import json
+  import os
+
+  from safetensors.numpy import save_file
+
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, CONFIG), "w") as f:
+    json.dump(config, f, indent=2, sort_keys=True)
+    f.write("\n")
+  save_file(tensors, os.path.join(directory, SINGLE), metadata={"format": "pt"})
+
+
 def same(a: Any, b: Any) -> bool:
   """Config values equal (floats to 1e-9 relative)."""
   if isinstance(a, float) or isinstance(b, float):

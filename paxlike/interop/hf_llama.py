@@ -19,8 +19,6 @@ model once (float32) plus the tensor being read.
 from __future__ import annotations
 
 import functools
-import json
-import os
 from typing import Any
 
 import numpy as np
@@ -290,10 +288,8 @@ def _read(ckpt: Any, name: str, kind: str, shape: tuple[int, ...]) -> np.ndarray
 
 def export_params(params: Any, model: Any, directory: str) -> None:
   """Writes config.json + model.safetensors that AutoModelForCausalLM.from_pretrained loads."""
-  from safetensors.numpy import save_file
-
-  from paxlike.interop.hf_files import CONFIG, SINGLE
   from paxlike.interop.hf_files import get_path as _get
+  from paxlike.interop.hf_files import write_directory
 
   config = model_config(model)
   tensors: dict[str, np.ndarray] = {}
@@ -302,8 +298,4 @@ def export_params(params: Any, model: Any, directory: str) -> None:
     if model.use_repeated_layer and layer is not None:
       value = value[layer]
     tensors[hf_name] = np.ascontiguousarray(_to_torch(kind, value))
-  os.makedirs(directory, exist_ok=True)
-  with open(os.path.join(directory, CONFIG), "w") as f:
-    json.dump(config, f, indent=2, sort_keys=True)
-    f.write("\n")
-  save_file(tensors, os.path.join(directory, SINGLE), metadata={"format": "pt"})
+  write_directory(directory, config, tensors)

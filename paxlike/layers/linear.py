@@ -93,7 +93,9 @@ _project_cpu.defvjp(_project_cpu_fwd, _project_cpu_bwd)
 # GPUs that have them (H100); elsewhere the step computes in x's dtype on the quantised
 # values.
 AMAX_HISTORY = 1024
-FP8_META = r"(.*/)?(post_)?fp8/(input|kernel|output_grad)_(scale|amax_history)"
+# Scopes: `fp8` and `post_fp8` (a projection's), `wi_fp8`, `wi_gate_fp8`, `wo_fp8` (the
+# experts' einsums, paxlike.layers.moe).
+FP8_META = r"(.*/)?([a-z]+_)*fp8/(input|kernel|output_grad)_(scale|amax_history)"
 
 
 class Fp8Meta(nn.Module):
@@ -110,16 +112,24 @@ class Fp8Meta(nn.Module):
             for which in ("input", "kernel", "output_grad")}
 
 
-def fp8_project(module: nn.Module, x: jax.Array, w: jax.Array, in_dims: int = 1,
+def fp8_product(module: nn.Module, x: jax.Array, w: jax.Array,
+                product: Callable[[jax.Array, jax.Array], jax.Array],
                 name: str = "fp8") -> jax.Array:
-  """project(x, w, in_dims) through FP8, with module's Fp8Meta `name` (see FP8_META)."""
+  """product(x, w) of the FP8-quantised operands, its gradient quantised too, with
+  module's Fp8Meta `name` (see FP8_META)."""
   from flax.linen import fp8_ops
 
   meta = Fp8Meta(name=name, parent=module)()
   dtype = x.dtype
   xq = fp8_ops.in_qdq(dtype, jnp.float8_e4m3fn, x, *meta["input"])
   wq = fp8_ops.in_qdq(dtype, jnp.float8_e4m3fn, w, *meta["kernel"])
-  return fp8_ops.out_qdq(dtype, jnp.float8_e5m2, _dot(xq, wq, in_dims), *meta["output_grad"])
+  return fp8_ops.out_qdq(dtype, jnp.float8_e5m2, product(xq, wq), *meta["output_grad"])
+
+
+def fp8_project(module: nn.Module, x: jax.Array, w: jax.Array, in_dims: int = 1,
+                name: str = "fp8") -> jax.Array:
+  """project(x, w, in_dims) through FP8 (fp8_product)."""
+  return fp8_product(module, x, w, lambda a, b: _dot(a, b, in_dims), name)
 
 
 LORA_TARGETS = ("all", "attention", "mlp")

@@ -32,6 +32,7 @@ from paxlike.layers.attention import (
   use_kv_cache,
 )
 from paxlike.layers.linear import Linear, lora_output, lora_targets, project
+from paxlike.layers.norms import RmsNorm
 from paxlike.layers.platform import lowering_platform
 
 Dtype = Any
@@ -79,21 +80,6 @@ def rope_inv_freq(head_dim: int, theta: float,
   smoothed = (1 - smooth) * scaled / factor + smooth * scaled
   medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
   return np.where(medium, smoothed, scaled).astype(np.float32)
-
-
-class RmsNorm(nn.Module):
-  """x / rms(x) (in float32) times a learned scale."""
-
-  epsilon: float = 1e-6
-  dtype: Dtype = jnp.float32
-
-  @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                       (x.shape[-1],), jnp.float32)
-    xf = x.astype(jnp.float32)
-    y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + self.epsilon)
-    return y.astype(self.dtype) * scale.astype(self.dtype)
 
 
 class GqaAttention(nn.Module):

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from paxlike.errors import UserError
-from paxlike.layers.linear import ACTIVATIONS, dropout_active
+from paxlike.layers.linear import ACTIVATIONS, dropout_active, fp8_product
 
 Dtype = Any
 
@@ -180,6 +180,10 @@ class MoeFeedForward(nn.Module):
   dropout_rate: float = 0.0
   decode: bool = False
   shard_experts: bool = True
+  # Pax's USE_FP8 (praxis's Fp8EinsumOp / Fp8EinsumGatedOp on the experts): the experts'
+  # einsums with wi, wi_gate and wo through FP8 (linear.fp8_product; scopes wi_fp8,
+  # wi_gate_fp8, wo_fp8). Routing (gate, dispatch, combine) stays in the compute dtype.
+  fp8: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array, nonpadding: jax.Array | None = None
@@ -201,16 +205,21 @@ class MoeFeedForward(nn.Module):
     act = ACTIVATIONS[self.activation]
     x = x.astype(self.dtype)
 
+    def expert_einsum(spec: str, inputs: jax.Array, w: jax.Array, name: str) -> jax.Array:
+      if not self.fp8:
+        return jnp.einsum(spec, inputs, w)
+      return fp8_product(self, inputs, w, lambda a, b: jnp.einsum(spec, a, b), f"{name}_fp8")
+
     def hidden(inputs: jax.Array, spec: str, out: str) -> jax.Array:
       """act(inputs @ wi), gated or not: einsum `spec`m,emh->`out`h."""
-      h = jnp.einsum(f"{spec}m,emh->{out}h", inputs, wi)
+      h = expert_einsum(f"{spec}m,emh->{out}h", inputs, wi, "wi")
       if wi_gate is not None:
-        return act(jnp.einsum(f"{spec}m,emh->{out}h", inputs, wi_gate)) * h
+        return act(expert_einsum(f"{spec}m,emh->{out}h", inputs, wi_gate, "wi_gate")) * h
       return act(h)
 
     if self.decode:
       gates = dense_top2(jnp.einsum("blm,me->ble", x, gate_w), self.gating_logit_cap)
-      outs = jnp.einsum("eblh,ehm->eblm", hidden(x, "bl", "ebl"), wo)
+      outs = expert_einsum("eblh,ehm->eblm", hidden(x, "bl", "ebl"), wo, "wo")
       y = jnp.einsum("eblm,ble->blm", outs, gates.astype(self.dtype))
       return y, no_routing()
 
@@ -240,7 +249,7 @@ class MoeFeedForward(nn.Module):
     hid = nn.Dropout(self.dropout_rate)(
         hid, deterministic=not dropout_active(self, self.dropout_rate))
     hid = checkpoint_name(hid, "ffn1")
-    expert_out = jnp.einsum("egch,ehm->egcm", hid, wo)
+    expert_out = expert_einsum("egch,ehm->egcm", hid, wo, "wo")
     expert_out = nn.with_logical_constraint(expert_out, spread)
     expert_out = expert_out.transpose(1, 0, 2, 3).reshape(g, e * capacity, d)
     y = combine(expert_out, assignments)

@@ -38,6 +38,7 @@ from paxlike.layers.attention import (
   use_kv_cache,
 )
 from paxlike.layers.linear import dropout_active, lora_output, lora_targets, project
+from paxlike.layers.norms import RmsNorm
 
 Dtype = Any
 
@@ -118,21 +119,6 @@ class Embed(nn.Module):
   def attend(self, x: jax.Array) -> jax.Array:
     """Tied logits: x @ embedding.T (the caller applies T5's d**-0.5)."""
     return jnp.einsum("btd,vd->btv", x.astype(self.dtype), self.embedding.astype(self.dtype))
-
-
-class RmsNorm(nn.Module):
-  """T5's layer norm: x * rsqrt(mean(x^2) + eps) * scale; no mean, no bias; float32 inside."""
-
-  epsilon: float = 1e-6
-  dtype: Dtype = jnp.float32
-
-  @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                       (x.shape[-1],), jnp.float32)
-    xf = x.astype(jnp.float32)
-    var = jnp.mean(jnp.square(xf), axis=-1, keepdims=True)
-    return (xf * jax.lax.rsqrt(var + self.epsilon) * scale).astype(self.dtype)
 
 
 # -------------------------------------------------------- relative positions
@@ -293,7 +279,7 @@ class T5LayerConfig(nn.Module):
     return nn.with_logical_constraint(x + y, ("batch", "length", "activation_embed"))
 
   def norm(self, name: str) -> RmsNorm:
-    return RmsNorm(self.layer_norm_epsilon, self.dtype, name=name)
+    return RmsNorm(self.layer_norm_epsilon, self.dtype, scale_in_float32=True, name=name)
 
   def attention(self, name: str, cross: bool = False) -> T5Attention:
     return T5Attention(self.num_heads, self.dim_per_head, cross, self.dropout_rate, self.dtype,

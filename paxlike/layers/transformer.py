@@ -13,8 +13,8 @@ from paxlike.errors import UserError
 from paxlike.layers import pipeline
 from paxlike.layers.attention import DotProductAttention
 from paxlike.layers.linear import FeedForward, LayerNorm, dropout_active, lora_targets
-from paxlike.layers.llama import RmsNorm
 from paxlike.layers.moe import MoeFeedForward, no_routing
+from paxlike.layers.norms import RmsNorm
 
 Dtype = Any
 

@@ -277,6 +277,9 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
   # Pax's USE_FP8: every layer's attention and feed-forward projections in FP8 with
   # delayed scaling (paxlike.layers.linear.fp8_project); the softmax stays in fprop_dtype.
   use_fp8: bool = False
+  # praxis's Fp8EinsumOp on the experts (moe_layer_tpl.einsum_tpl; Grok's builder with
+  # use_fp8): their einsums in FP8 too. Pax's LM templates leave the experts out of USE_FP8.
+  moe_fp8: bool = False
   query_scale: bool = True
   attention_extra_logit: float | None = None
   relative_bias: tuple[int, int] | None = None
@@ -319,10 +322,15 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
                     ("activation", self.moe_activation or self.activation),
                     ("shard_experts", self.num_experts % max(self.expert_shards, 1) == 0),
                     ("gating_logit_cap", float(self.moe_gating_logit_cap)),
-                    ("load_balance_loss_weight", float(self.moe_load_balance_loss_weight)))
+                    ("load_balance_loss_weight", float(self.moe_load_balance_loss_weight)),
+                    ("fp8", self.moe_fp8))
 
   def setup(self) -> None:
     lora_targets(self.lora_rank, self.lora_target_layers)
+    if (self.use_fp8 or self.moe_fp8) and self.num_stages is not None:
+      raise UserError("FP8 einsums (USE_FP8, or Fp8EinsumOp in the tree) on a pipelined LM: a "
+                      "stage's FP8 scales are used once per microbatch, and their next values "
+                      "would add up instead of being written; drop FP8 or the pipeline.")
     moe_layers, moe_kwargs = self._moe()
     rows = padded_vocab(self.vocab_size, self.vocab_pad_multiple)
     self.softmax = SharedEmbeddingSoftmax(
@@ -454,28 +462,9 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
 
   def prefill(self, batch: dict[str, jax.Array],
               settings: decoding.DecodeSettings) -> decoding.DecodeStart:
-    """Runs the prompts through the model once, filling every layer's KV cache.
-
-    Rows' prompts differ in length: extends start after the shortest, and
-    the longer prompts' tokens are forced at the positions they cover.
-    Output position i is buffer position p_min + i.
-    """
-    ids, lens = batch["ids"], jnp.maximum(batch["prompt_lens"], 1)
-    length = ids.shape[1]
-    positions = jnp.arange(length)
-    tokens = jnp.where(positions[None] < lens[:, None], ids, 0).astype(jnp.int32)
-    self(tokens, "prefill")
-    p_min = jnp.min(lens)
-    out_pos = p_min + positions[:length - 1]  # buffer position of each output position
-    limit = length - p_min
-    if settings.max_decode_length is not None:
-      limit = jnp.minimum(limit, jnp.max(lens) - p_min + settings.max_decode_length)
-    return decoding.DecodeStart(
-        first_tokens=jnp.take(tokens, p_min - 1, axis=1),
-        start_index=(p_min - 1).astype(jnp.int32),
-        forced_tokens=jnp.take(tokens, jnp.minimum(out_pos, length - 1), axis=1),
-        forced_mask=out_pos[None] < lens[:, None],
-        limit=limit.astype(jnp.int32), num_steps=length - 1)
+    """Runs the prompts through the model once, filling every layer's KV cache
+    (decoding.prompt_start)."""
+    return decoding.prompt_start(batch, settings, lambda tokens: self(tokens, "prefill"))
 
   def extend(self, tokens: jax.Array, index: jax.Array) -> jax.Array:
     return self(tokens[:, None], "extend", index)[:, 0].astype(jnp.float32)

@@ -157,27 +157,9 @@ class LlamaModel(pipeline.PipelinedModel, BaseModel):
 
   def prefill(self, batch: dict[str, jax.Array],
               settings: decoding.DecodeSettings) -> decoding.DecodeStart:
-    """One pass over the prompt buffer fills every layer's KV cache (the LM's scheme).
-
-    Extends start after the shortest prompt; longer prompts' tokens are
-    forced at the positions they cover.
-    """
-    ids, lens = batch["ids"], jnp.maximum(batch["prompt_lens"], 1)
-    length = ids.shape[1]
-    positions = jnp.arange(length)
-    tokens = jnp.where(positions[None] < lens[:, None], ids, 0).astype(jnp.int32)
-    self(tokens, mode=PREFILL)
-    p_min = jnp.min(lens)
-    out_pos = p_min + positions[:length - 1]
-    limit = length - p_min
-    if settings.max_decode_length is not None:
-      limit = jnp.minimum(limit, jnp.max(lens) - p_min + settings.max_decode_length)
-    return decoding.DecodeStart(
-        first_tokens=jnp.take(tokens, p_min - 1, axis=1),
-        start_index=(p_min - 1).astype(jnp.int32),
-        forced_tokens=jnp.take(tokens, jnp.minimum(out_pos, length - 1), axis=1),
-        forced_mask=out_pos[None] < lens[:, None],
-        limit=limit.astype(jnp.int32), num_steps=length - 1)
+    """One pass over the prompt buffer fills every layer's KV cache (the LM's scheme,
+    decoding.prompt_start)."""
+    return decoding.prompt_start(batch, settings, lambda tokens: self(tokens, mode=PREFILL))
 
   def extend(self, tokens: jax.Array, index: jax.Array) -> jax.Array:
     """tokens [N] at position `index` -> next-token logits [N, vocab] float32."""

@@ -118,7 +118,7 @@ class T5Stack(nn.Module):
 
   def final(self, x: jax.Array, name: str) -> jax.Array:
     """The stack's final norm, then dropout."""
-    x = RmsNorm(self.layer_norm_epsilon, self.dtype, name=name)(x)
+    x = RmsNorm(self.layer_norm_epsilon, self.dtype, scale_in_float32=True, name=name)(x)
     x = nn.Dropout(self.dropout_rate)(
         x, deterministic=not dropout_active(self, self.dropout_rate))
     return nn.with_logical_constraint(x, EMBED_AXES)

@@ -6,6 +6,7 @@ import gc
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,14 @@ import numpy as np
 # A transfer that has not let go of its block after this long is left to the
 # collector; the import goes on (it only holds one more block for a while).
 _RELEASE_WAIT_S = 2.0
+
+
+def process_copy(x: Any) -> Any:
+  """This process's copy of a value replicated over every process's devices (reading the
+  whole array would need the others); any other value as it is."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return x.addressable_data(0)
+  return x
 
 
 def put_and_release(block: np.ndarray, put: Callable[[np.ndarray], list[jax.Array]]

@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from paxlike.errors import UserError
-from paxlike.partitioning.host_blocks import put_and_release
+from paxlike.partitioning.host_blocks import process_copy, put_and_release
 
 AXIS = "batch"
 
@@ -87,9 +87,7 @@ class PmapPartitioner:
 
   def _replicate(self, tree: Any) -> Any:
     def rep(x):
-      if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        x = x.addressable_data(0)  # replicated over every process: this one's copy
-      x = np.asarray(jax.device_get(x))
+      x = np.asarray(jax.device_get(process_copy(x)))
       return jax.device_put(np.broadcast_to(x, (self.num_local, *x.shape)), self._stacked)
     return jax.tree.map(rep, tree)
 

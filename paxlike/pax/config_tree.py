@@ -40,6 +40,7 @@ import numpy as np
 
 from paxlike.errors import UserError
 from paxlike.layers import activations
+from paxlike.layers.linear import AMAX_HISTORY
 from paxlike.layers.transformer import AutodiffCheckpointType, moe_period, policy_name
 from paxlike.pax import praxis_layers as pl
 from paxlike.pax.base_layer import WeightInitSpec
@@ -143,6 +144,10 @@ def tree_of(m: fdl.Config) -> Config:
       atten.relative_bias_tpl = Config(pl.RelativeBias,
                                        relative_attention_num_buckets=m.relative_bias[0],
                                        relative_attention_max_distance=m.relative_bias[1])
+  if m.use_fp8 and not issubclass(fdl.get_callable(atten), pl.GroupedQueryAttention):
+    atten.proj_tpl.einsum_tpl = Config(pl.Fp8EinsumOp)  # as Pax's USE_FP8 sets it
+    if m.combine_qkv:
+      atten.combined_qkv_proj_tpl.einsum_tpl = Config(pl.Fp8EinsumOp)
   ffn = Config(pl.TransformerFeedForward, hidden_dims=m.hidden_dims,
                activation_tpl=Config(ACTIVATION_CLASSES[m.activation]),
                use_gated_activation=m.use_gated_activation, has_bias=m.ffn_has_bias,
@@ -224,6 +229,9 @@ def _moe_fields(m: fdl.Config) -> dict[str, Any]:
                  use_gated_activation=m.moe_gated_activation,
                  gating_logit_cap=m.moe_gating_logit_cap,
                  moe_load_balance_loss_weight=m.moe_load_balance_loss_weight, **_hints())
+    if m.moe_fp8:  # as praxis's Grok builder sets it
+      moe.einsum_tpl = Config(pl.Fp8EinsumOp)
+      moe.einsum_gated_tpl = Config(pl.Fp8EinsumGatedOp)
   return dict(num_experts=m.num_experts, num_groups=m.num_groups,
               moe_layers=list(m.moe_layers or ()), moe_layer_tpl=moe)
 
@@ -356,8 +364,13 @@ def _read_glam_attention(r: Reader, cfg: fdl.Buildable, path: str) -> None:
   for name, cls in (("proj_tpl", pl.AttentionProjection),
                     ("combined_qkv_proj_tpl", pl.CombinedQKVProjectionLayer)):
     if getattr(cfg, name, None) is not None:
-      r.fields(r.node(getattr(cfg, name), f"{path}.{name}", cls), f"{path}.{name}",
-               ("attention_combine_dims", "use_bias"))
+      proj = r.node(getattr(cfg, name), f"{path}.{name}", cls)
+      r.fields(proj, f"{path}.{name}", ("attention_combine_dims", "use_bias", "einsum_tpl"))
+      # praxis builds the combined projection only with combine_qkv (q/k/v; proj_tpl then
+      # gives the output's), so its einsum counts only then.
+      if name == "proj_tpl" or getattr(cfg, "combine_qkv", False):
+        where = f"{path}.{name}.einsum_tpl"
+        r.set("use_fp8", where, _fp8(r, proj.einsum_tpl, where))
   extra = cfg.attention_extra_logit
   r.set("attention_extra_logit", path + ".attention_extra_logit",
         None if extra is None else float(extra))
@@ -509,7 +522,15 @@ def _read_moe(r: Reader, cfg: fdl.Buildable, path: str, repeats: int) -> None:
                         "use_gated_activation", "gating_logit_cap", "apply_padding_first",
                         "moe_load_balance_loss_weight",
                         "internal_gshard_variance_scaling_fan_in_init", "second_expert_policy",
-                        "moe_gating_embedding_level"))
+                        "moe_gating_embedding_level", "einsum_tpl", "einsum_gated_tpl"))
+  fp8 = _fp8(r, moe.einsum_tpl, mpath + ".einsum_tpl")
+  if moe.use_gated_activation:  # praxis: the gated pair through einsum_gated_tpl, wo not
+    gated = _fp8(r, moe.einsum_gated_tpl, mpath + ".einsum_gated_tpl")
+    if gated != fp8:
+      raise UserError(f"{mpath}.einsum_gated_tpl is {'' if gated else 'not '}FP8 and "
+                      f"{mpath}.einsum_tpl is {'' if fp8 else 'not '}: paxlike's experts "
+                      "run their einsums in FP8 or none; set both alike.")
+  r.set("moe_fp8", mpath + ".einsum_tpl", fp8)
   for name, only in (("second_expert_policy", "all"), ("moe_gating_embedding_level", "token")):
     if getattr(moe, name) != only:
       raise UserError(f"{mpath}.{name} = {getattr(moe, name)!r}: paxlike routes as praxis's "
@@ -540,6 +561,22 @@ def _read_moe(r: Reader, cfg: fdl.Buildable, path: str, repeats: int) -> None:
     raise UserError(f"{mpath}.moe_load_balance_loss_weight = {weight!r}: praxis requires a "
                     "positive weight for the load-balancing loss.")
   r.set("moe_load_balance_loss_weight", mpath + ".moe_load_balance_loss_weight", weight)
+
+
+def _fp8(r: Reader, cfg: Any, path: str) -> bool:
+  """Whether an einsum_tpl at `path` is praxis's FP8 einsum (None, EinsumOp: not)."""
+  if cfg is None:
+    return False
+  node = r.node(cfg, path, pl.EinsumOp)
+  if not issubclass(fdl.get_callable(node), pl.Fp8EinsumOp):
+    r.fields(node, path, ())
+    return False
+  r.fields(node, path, ("amax_history_length", "use_direct_quant"))
+  if node.amax_history_length != AMAX_HISTORY:
+    raise UserError(f"{path}.amax_history_length = {node.amax_history_length!r}: paxlike's "
+                    f"FP8 scales follow the last {AMAX_HISTORY} steps (praxis's default); "
+                    "leave it.")
+  return True
 
 
 def _read_input_dropout(r: Reader, cfg: Any, path: str, block: bool, pipelined: bool) -> None:

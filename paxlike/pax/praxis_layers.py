@@ -179,13 +179,49 @@ class RelativeBias(_Template):
   name: str = ""
 
 
+# ------------------------------------------------------------- einsums
+
+
+@dataclasses.dataclass
+class EinsumOp(_Template):
+  """praxis's base_ops.EinsumOp: a layer's plain einsum (in the compute dtype)."""
+
+  name: str = ""
+
+
+@dataclasses.dataclass
+class EinsumGatedOp(EinsumOp):
+  """praxis's base_ops.EinsumGatedOp: a gated feed-forward's pair of einsums."""
+
+
+@dataclasses.dataclass
+class Fp8EinsumOp(EinsumOp):
+  """praxis's fp8_nvidia_gpu.Fp8EinsumOp: the einsum of FP8 operands with delayed scaling,
+  paxlike's USE_FP8 (paxlike.layers.linear.fp8_product). use_direct_quant picks how praxis
+  writes the same quantisation; both read the same here."""
+
+  amax_history_length: int = 1024
+  use_direct_quant: bool = True
+
+
+@dataclasses.dataclass
+class Fp8EinsumGatedOp(Fp8EinsumOp):
+  """praxis's fp8_nvidia_gpu.Fp8EinsumGatedOp: both einsums of a gated pair in FP8."""
+
+
 @dataclasses.dataclass
 class AttentionProjection(_Template):
-  """praxis's q/k/v/output projection; its fields lay out the weights, not the math."""
+  """praxis's q/k/v/output projection; its fields lay out the weights, not the math, but
+  for einsum_tpl (Fp8EinsumOp: the projection in FP8)."""
 
   attention_combine_dims: bool = False
   use_bias: bool = True
+  einsum_tpl: Any = None
   name: str = ""
+
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    return {"einsum_tpl": EinsumOp}
 
 
 @dataclasses.dataclass
@@ -334,6 +370,14 @@ class TransformerFeedForwardMoe(_FeedForwardLayer):
   moe_load_balance_loss_weight: float = 1.0
   gating_logit_cap: float = 0.0
   moe_gating_embedding_level: str = "token"
+  # praxis's einsums of the experts (Fp8EinsumOp / Fp8EinsumGatedOp: in FP8; paxlike's
+  # dispatch and combine are gathers, which have no product to quantise).
+  einsum_tpl: Any = None
+  einsum_gated_tpl: Any = None
+
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    return {**super().sub_templates(), "einsum_tpl": EinsumOp, "einsum_gated_tpl": EinsumGatedOp}
 
 
 # ------------------------------------------------------- the layer stack

@@ -123,6 +123,11 @@ class FeedForward(BaseLayer):
     return self.activation(out)
 
 
+def _keep_mask(layer: BaseLayer, prob: float, shape: Sequence[int], dtype: Any) -> jax.Array:
+  """praxis's keep mask: 1 with probability prob, else 0, from the layer's next key."""
+  return jnp.floor(prob + jax.random.uniform(layer.next_prng_key(), shape, dtype))
+
+
 class Dropout(BaseLayer):
   """praxis's Dropout: keeps each value with keep_prob (scaled by 1 / keep_prob) while
   training; the identity in eval (a pass without the train step's key)."""
@@ -143,8 +148,7 @@ class Dropout(BaseLayer):
     shape = list(self.noise_shape or inputs.shape)
     for dim in self.noise_shape_broadcast_dims or ():
       shape[dim] = 1
-    keep = jnp.floor(self.keep_prob + jax.random.uniform(self.next_prng_key(), shape,
-                                                          inputs.dtype))
+    keep = _keep_mask(self, self.keep_prob, shape, inputs.dtype)
     if self.transpose_qk and len(shape) == 4 and shape[2] == shape[3]:
       keep = jnp.swapaxes(keep, 2, 3)
     return inputs * keep / self.keep_prob
@@ -438,8 +442,7 @@ class StochasticResidual(BaseLayer):
   def __call__(self, inputs: jax.Array, residual: jax.Array) -> jax.Array:
     if not self.do_eval:
       shape = (residual.shape[0],) + (1,) * (residual.ndim - 1)
-      keep = jnp.floor(self.survival_prob + jax.random.uniform(
-          self.next_prng_key(), shape, residual.dtype))
+      keep = _keep_mask(self, self.survival_prob, shape, residual.dtype)
       residual = residual / self.survival_prob * keep
     return inputs + self.residual_weight * residual
 

@@ -17,15 +17,15 @@ returns (paxlike.pax.config_tree reads it onto paxlike's LM):
   denominator.
 
 num_pipeline_stages > 1 builds praxis's pipelined Grok (nvidia.py's Grok_PP and
-Grok_Proxy_PP), every layer of every stage with experts. use_fp8 (praxis's FP8
-einsums, here on the experts' too) is refused in one line.
+Grok_Proxy_PP), every layer of every stage with experts. use_fp8 sets praxis's FP8 einsums
+on the attention's projections and the experts' einsums (USE_FP8 on nvidia.py's Grok
+classes): paxlike's LM reads them as use_fp8 and moe_fp8 (a pipelined one refuses them).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from paxlike.errors import UserError
 from paxlike.layers import activations
 from paxlike.layers.transformer import AutodiffCheckpointType
 from paxlike.pax import praxis_layers as pl
@@ -49,10 +49,6 @@ def GrokStackedTransformerHParams(  # noqa: N802  (praxis's name)
   # praxis's builder sets these on a DotProductAttention it then replaces (see above).
   del atten_logit_cap, attention_extra_logit, relative_attention_num_buckets
   del relative_attention_max_distance, combine_qkv, bidirectional
-  if use_fp8:
-    raise UserError("grok.GrokUniTransformerLmHParams(use_fp8=True): paxlike runs USE_FP8 on "
-                    "the LM templates' dense projections, not yet on Grok's experts; set "
-                    "USE_FP8 = False.")
   attention = Config(pl.MultiQueryDotProductAttention, num_kv_heads=attention_num_groups,
                      combine_qkv=False)
   attention.proj_tpl.use_bias = True
@@ -65,6 +61,10 @@ def GrokStackedTransformerHParams(  # noqa: N802  (praxis's name)
   experts.add_skip_connection = True
   experts.activation_tpl = Config(ffn_activation_cls)
   experts.use_gated_activation = use_gated_activation
+  if use_fp8:  # as praxis's builder: the projections' and the experts' einsums in FP8
+    attention.proj_tpl.einsum_tpl = Config(pl.Fp8EinsumOp)
+    experts.einsum_tpl = Config(pl.Fp8EinsumOp)
+    experts.einsum_gated_tpl = Config(pl.Fp8EinsumGatedOp)
   return Config(pl.StackedTransformer, name=name, packed_input=True,
                 moe_layers=[0] if moe else None, num_layers=1, model_dims=model_dim,
                 hidden_dims=ff_dim, num_heads=attention_num_heads,

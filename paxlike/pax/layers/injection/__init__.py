@@ -1,0 +1,1 @@
+"""praxis.layers.injection: the einsum injections Pax files configure."""
