@@ -8,7 +8,7 @@ A Pax experiment file ports by rewriting its import lines, nothing else:
 
 (a plain text substitution of `paxml` and `praxis` by `paxlike.pax` in the
 import lines). The modules here are thin: each re-exports paxlike's own
-classes under the name Pax's files use. What paxlike does not run yet
-(ClassificationModelAdam's MLPs, mixture-of-experts layers) exists so a file
-imports and registers, and is refused in one sentence when it is run or used.
+classes under the name Pax's files use. What paxlike does not run yet exists
+so a file imports and registers, and is refused in one sentence when it is run
+or used.
 """
