@@ -435,6 +435,12 @@ def test_seqio_input_imports_without_tensorflow_and_maps_paxs_fields(monkeypatch
   assert "target_has_suffix=True" in _one_line(e)
 
 
+def type_name(cfg) -> str:
+  import fiddle as fdl
+
+  return fdl.get_callable(cfg).__name__
+
+
 def test_paxs_helper_modules():
   m = py_utils.NestedMap(map_1d=("data",), inner=py_utils.NestedMap(x=1))
   m.extra = 3
@@ -450,9 +456,12 @@ def test_paxs_helper_modules():
   grok_dims = dict(vocab_size=8, model_dim=8, ff_dim=8, attention_num_heads=2,
                    attention_num_groups=1, attention_key_value_dim=4, num_transformer_layers=2,
                    moe=True, e_dim=4)
-  with pytest.raises(UserError, match=r"use_fp8=True\): paxlike runs USE_FP8 on the LM "
-                     r"templates' dense projections, not yet on Grok's experts"):
-    grok.GrokUniTransformerLmHParams(**grok_dims, use_fp8=True)
+  # use_fp8, as praxis's builder: FP8 einsums on the projections and the experts.
+  block = grok.GrokUniTransformerLmHParams(**grok_dims, use_fp8=True).stacked_transformer_tpl.block
+  assert [type_name(c) for c in (
+      block.transformer_layer_params_tpl.tr_atten_tpl.proj_tpl.einsum_tpl,
+      block.moe_layer_tpl.einsum_tpl, block.moe_layer_tpl.einsum_gated_tpl)] == [
+          "Fp8EinsumOp", "Fp8EinsumOp", "Fp8EinsumGatedOp"]
   # Pipelined, as praxis's builders: each stage's template holds its share of the layers.
   stage = grok.GrokUniTransformerLmHParams(
       **grok_dims, num_pipeline_stages=2).stacked_transformer_tpl.pipeline_stage
