@@ -71,7 +71,9 @@ REEXEC_MARK = "PAXLIKE_DRY_RUN_REEXEC"
 
 def mesh_size(exp: Any) -> tuple[list[int], int]:
   """(the combined ICI x DCN mesh shape, its device count)."""
-  if exp.ICI_MESH_SHAPE is None:
+  from paxlike import experiment
+
+  if experiment.is_pmap(exp):
     raise UserError("--mode=dry_run checks SPMD experiments; this one has ICI_MESH_SHAPE=None "
                     "(pmap): set ICI_MESH_SHAPE, e.g. --set ICI_MESH_SHAPE=[1,8,1].")
   ici = list(exp.ICI_MESH_SHAPE)

@@ -213,6 +213,11 @@ def pax_alias(name: str, pax_name: str, convert: Callable[[Any], Any] | None = N
   return alias
 
 
+def is_pmap(exp: Any) -> bool:
+  """Pax's rule: an experiment that sets no ICI_MESH_SHAPE runs under pmap."""
+  return exp.ICI_MESH_SHAPE is None
+
+
 def user_name(exp: Any, name: str) -> str:
   """The name a user sets hyperparameter `name` by on exp's class: Pax's, where a template
   reads it through pax_alias (MESH_SHAPE for ICI_MESH_SHAPE), else name itself."""

@@ -130,10 +130,11 @@ def _config_lines(cfg: Any, prefix: str) -> dict[str, str]:
 
 def _mesh_axis_sizes(exp: Any) -> tuple[dict[str, int], bool]:
   """({mesh axis: size}, is_spmd); a pmap experiment counts as PMAP_DEVICES replicas."""
+  from paxlike import experiment
   from paxlike import mesh as mesh_lib
   from paxlike.dry_run import mesh_size
 
-  if exp.ICI_MESH_SHAPE is None:
+  if experiment.is_pmap(exp):
     return dict(zip(mesh_lib.MESH_AXES, (1, PMAP_DEVICES, 1), strict=True)), False
   shape, _ = mesh_size(exp)
   return dict(zip(mesh_lib.axis_names(exp), shape, strict=True)), True

@@ -151,9 +151,9 @@ def _tuned_layout(exp: Any, job_log_dir: str) -> dict[str, Any] | None:
 
 def _tune(exp: Any, job_log_dir: str, argv_flags: flags.FlagValues) -> int:
   """--mode=tune: compile and time the candidate layouts; the table goes to job_log_dir/tune."""
-  from paxlike import tune
+  from paxlike import experiment, tune
 
-  if _is_pmap(exp):
+  if experiment.is_pmap(exp):
     raise UserError(f"--mode=tune compiles SPMD steps; {type(exp).__name__} sets no "
                     "ICI_MESH_SHAPE (a pmap experiment): set one, e.g. [1, 1, 1].")
   if argv_flags.device_memory_gib is not None and argv_flags.device_memory_gib <= 0:
@@ -324,11 +324,6 @@ def _start_profiler_server(port: int) -> None:
            "localhost:%d", port, port)
 
 
-def _is_pmap(exp: Any) -> bool:
-  """Pax's rule: an experiment that sets no ICI_MESH_SHAPE runs under pmap."""
-  return exp.ICI_MESH_SHAPE is None
-
-
 def _partitioner(exp: Any) -> tuple[Any, dict[str, int]]:
   """The pmap partitioner (no ICI_MESH_SHAPE, as in Pax) or SPMD on the named mesh."""
   import jax
@@ -336,7 +331,7 @@ def _partitioner(exp: Any) -> tuple[Any, dict[str, int]]:
   from paxlike import experiment, mesh
   from paxlike.partitioning import PmapPartitioner, SpmdPartitioner
 
-  if _is_pmap(exp):
+  if experiment.is_pmap(exp):
     return PmapPartitioner(), {"pmap": jax.local_device_count(), "processes": jax.process_count()}
   device_mesh = mesh.build(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE, names=mesh.axis_names(exp),
                            ici_name=experiment.user_name(exp, "ICI_MESH_SHAPE"))
@@ -438,7 +433,7 @@ def _init_input(exp: Any, argv_flags: flags.FlagValues, provider_cfg: Any, task:
       provider = config.build(provider_cfg)
       specs = provider.get_input_specs()
     per_process = getattr(provider, "paxlike_rows_per_process", False)
-    rows_factor = 1 if not _is_pmap(exp) or per_process else (
+    rows_factor = 1 if not experiment.is_pmap(exp) or per_process else (
         jax.local_device_count())  # pmap: a provider gives a device's rows
     init = base_input.specs_input(specs, rows_factor, f"{type(provider).__name__}"
                                   ".get_input_specs()")

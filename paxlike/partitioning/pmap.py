@@ -121,6 +121,7 @@ class PmapPartitioner:
     sharding = self._everywhere()
     if sharding is None:
       return self.to_saveable(state)
+
     def everywhere(x: jax.Array) -> jax.Array:
       copies = [s.data.reshape(x.shape[1:]) for s in x.addressable_shards]  # one per device
       return jax.make_array_from_single_device_arrays(x.shape[1:], sharding, copies)
