@@ -51,6 +51,20 @@ def test_fp8_experts_compute_near_the_exact_experts_and_track_their_weights():
       float(jnp.max(jnp.abs(params["wo"]))), rel=1e-6)
 
 
+def test_one_key_value_head_keeps_its_own_fp8_choice():
+  """praxis's one-key/value-head attention projects k and v through headless_proj_tpl, which
+  USE_FP8 leaves exact: kv_fp8=False keeps those two exact while q and the output are FP8."""
+  from paxlike.layers.attention import DotProductAttention
+
+  x = jax.random.normal(jax.random.key(0), (2, 8, 32))
+  kw = dict(num_heads=4, dim_per_head=8, num_kv_heads=1, fp8=True)
+  params = nn_unbox(DotProductAttention(kv_fp8=False, **kw).init(jax.random.key(1), x)["params"])
+  fp8_scopes = sorted(k for k, v in fp8_meta(params).items() if k.endswith("kernel_scale"))
+  assert fp8_scopes == ["post_fp8/kernel_scale", "query/fp8/kernel_scale"], fp8_scopes
+  everything = nn_unbox(DotProductAttention(**kw).init(jax.random.key(1), x)["params"])
+  assert {"key", "value"} <= {k.split("/")[0] for k in fp8_meta(everything)}
+
+
 def nn_unbox(tree):
   import flax.linen as nn
 

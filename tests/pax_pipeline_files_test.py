@@ -632,6 +632,36 @@ def test_fp8_on_only_some_of_the_experts_einsums_is_refused_in_one_line():
   message = str(err.value)
   assert "\n" not in message and ".moe_layer_tpl.einsum_gated_tpl is FP8" in message, message
   assert "set both alike" in message
+
+
+def test_one_key_value_head_projects_its_keys_and_values_as_praxis_does_with_use_fp8():
+  """With one key/value head, praxis projects k and v through headless_proj_tpl, which
+  Grok's builder leaves without FP8: paxlike's LM reads kv_fp8=False beside use_fp8, writes
+  the same tree back, and an Fp8EinsumOp set there by hand turns them FP8 too."""
+  import fiddle as fdl
+
+  from paxlike.models.language_model import LanguageModel
+  from paxlike.pax import config_tree, pax_fiddle, praxis_layers
+  from paxlike.pax.layers import grok
+  from paxlike.pax.layers.injection import fp8_nvidia_gpu
+
+  lm = grok.GrokUniTransformerLmHParams(
+      vocab_size=64, model_dim=32, ff_dim=64, attention_num_heads=4, attention_num_groups=1,
+      attention_key_value_dim=8, num_transformer_layers=2, moe=True, e_dim=4, num_groups=1,
+      capacity_factor=2.0, use_fp8=True)
+  tree = {"lm_tpl": lm, "params_init": None, "num_stages": None, "report_strict_acc": False,
+          "decoder_tpl": pax_fiddle.Config(praxis_layers.DecoderHParams, eos_id=1)}
+  values, _ = config_tree.read_tree(tree)
+  assert (values["num_kv_heads"], values["use_fp8"], values["kv_fp8"]) == (1, True, False)
+  m = fdl.Config(LanguageModel, **{k: v for k, v in values.items()
+                                   if k not in ("packed_input", "report_strict_acc")})
+  stack = config_tree.tree_of(m).stacked_transformer_tpl
+  atten = stack.block.transformer_layer_params_tpl.tr_atten_tpl
+  assert fdl.get_callable(atten.proj_tpl.einsum_tpl) is fp8_nvidia_gpu.Fp8EinsumOp
+  assert fdl.get_callable(atten.headless_proj_tpl.einsum_tpl) is praxis_layers.EinsumOp
+  block = lm.stacked_transformer_tpl.block.transformer_layer_params_tpl.tr_atten_tpl
+  block.headless_proj_tpl.einsum_tpl = pax_fiddle.Config(fp8_nvidia_gpu.Fp8EinsumOp)
+  assert config_tree.read_tree(tree)[0]["kv_fp8"] is None  # as use_fp8: every projection
 def _grok_count(layers: int) -> int:
   """Grok's parameters from its dims: per layer, multi-query attention with biases (48
   query and 8 key/value heads of 128), two RMS norms, a [6144, 8] router and 8 gated

@@ -556,6 +556,9 @@ class DotProductAttention(nn.Module):
   relative_bias: tuple[int, int] | None = None
   causal: bool = True
   fp8: bool = False  # Pax's USE_FP8: the q/k/v and output projections in FP8 (linear.fp8_project)
+  # The key/value projections in FP8 or not, where they differ from the rest (praxis's
+  # one-key/value-head attention projects them through headless_proj_tpl); None: fp8.
+  kv_fp8: bool | None = None
 
   def _relative_bias(self, query_pos: jax.Array, key_pos: jax.Array) -> jax.Array | None:
     if self.relative_bias is None:
@@ -572,7 +575,11 @@ class DotProductAttention(nn.Module):
     kv = self.num_kv_heads or n
     if kv <= 0 or n % kv:
       raise UserError(f"NUM_KV_HEADS={kv} must divide NUM_HEADS={n}.")
+    kv_fp8 = self.fp8 if self.kv_fp8 is None else self.kv_fp8
     if self.combine_qkv:
+      if kv_fp8 != self.fp8:
+        raise UserError("combined q/k/v projections are in FP8 all or none; set COMBINE_QKV="
+                        "False to quantise the key/value projections differently.")
       if kv != n:
         raise UserError("combined q/k/v projections need as many key/value heads as query "
                         f"heads ({kv} != {n}); set COMBINE_QKV=False.")
@@ -583,9 +590,9 @@ class DotProductAttention(nn.Module):
     else:
       q = checkpoint_name(Linear((n, h), ("embed", "heads", "kv"), self.dtype, b, r, self.fp8,
                                  name="query")(x), "query_proj")
-      k = checkpoint_name(Linear((kv, h), ("embed", "heads", "kv"), self.dtype, b, r, self.fp8,
+      k = checkpoint_name(Linear((kv, h), ("embed", "heads", "kv"), self.dtype, b, r, kv_fp8,
                                  name="key")(x), "key_proj")
-      v = checkpoint_name(Linear((kv, h), ("embed", "heads", "kv"), self.dtype, b, r, self.fp8,
+      v = checkpoint_name(Linear((kv, h), ("embed", "heads", "kv"), self.dtype, b, r, kv_fp8,
                                  name="value")(x), "value_proj")
     if self.rope_timescales is not None:
       if positions is None:

@@ -125,6 +125,7 @@ class TransformerLayer(nn.Module):
   relative_bias: tuple[int, int] | None = None
   causal: bool = True  # False: every token attends to every token of its segment (BERT)
   fp8: bool = False  # Pax's USE_FP8: the attention's and the feed-forward's projections in FP8
+  kv_fp8: bool | None = None  # the attention's key/value projections' own (DotProductAttention)
 
   def _residual(self, x: jax.Array, sublayer: Any, name: str) -> jax.Array:
     """x + sublayer(x) with this layer's norm policy; norms named pre_/post_<name>_norm."""
@@ -157,7 +158,8 @@ class TransformerLayer(nn.Module):
         per_dim_scale=self.per_dim_scale, num_kv_heads=self.num_kv_heads,
         rope_timescales=self.rope_timescales, lora_rank=atten_rank,
         query_scale=self.query_scale, extra_logit=self.attention_extra_logit,
-        relative_bias=self.relative_bias, causal=self.causal, fp8=self.fp8, name="attention")
+        relative_bias=self.relative_bias, causal=self.causal, fp8=self.fp8, kv_fp8=self.kv_fp8,
+        name="attention")
     x = nn.Dropout(self.input_dropout_rate)(
         x, deterministic=not dropout_active(self, self.input_dropout_rate))
     x = self._residual(x, lambda h: attention(h, index, segment_ids, positions), "attn")

@@ -280,6 +280,10 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
   # praxis's Fp8EinsumOp on the experts (moe_layer_tpl.einsum_tpl; Grok's builder with
   # use_fp8): their einsums in FP8 too. Pax's LM templates leave the experts out of USE_FP8.
   moe_fp8: bool = False
+  # praxis's headless_proj_tpl.einsum_tpl on a multi-query attention with one key/value
+  # head: its key/value projections in FP8 (True) or not (False), apart from use_fp8's
+  # query and output projections; None: as use_fp8.
+  kv_fp8: bool | None = None
   query_scale: bool = True
   attention_extra_logit: float | None = None
   relative_bias: tuple[int, int] | None = None
@@ -327,7 +331,7 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
 
   def setup(self) -> None:
     lora_targets(self.lora_rank, self.lora_target_layers)
-    if (self.use_fp8 or self.moe_fp8) and self.num_stages is not None:
+    if (self.use_fp8 or self.moe_fp8 or self.kv_fp8) and self.num_stages is not None:
       raise UserError("FP8 einsums (USE_FP8, or Fp8EinsumOp in the tree) on a pipelined LM: a "
                       "stage's FP8 scales are used once per microbatch, and their next values "
                       "would add up instead of being written; drop FP8 or the pipeline.")
@@ -358,7 +362,8 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
                     ("query_scale", self.query_scale),
                     ("attention_extra_logit", self.attention_extra_logit),
                     ("relative_bias", _int_pair(self.relative_bias)),
-                    ("causal", self.causal), ("fp8", self.use_fp8))
+                    ("causal", self.causal), ("fp8", self.use_fp8),
+                    ("kv_fp8", self.kv_fp8))
     self.transformer = StackedTransformer(
         num_layers=self.num_layers, num_heads=self.num_heads, dim_per_head=self.dim_per_head,
         hidden_dims=self.hidden_dims, activation=self.activation,

@@ -148,6 +148,9 @@ def tree_of(m: fdl.Config) -> Config:
     atten.proj_tpl.einsum_tpl = Config(pl.Fp8EinsumOp)  # as Pax's USE_FP8 sets it
     if m.combine_qkv:
       atten.combined_qkv_proj_tpl.einsum_tpl = Config(pl.Fp8EinsumOp)
+  if (fdl.get_callable(atten) is pl.MultiQueryDotProductAttention and m.num_kv_heads == 1
+      and (m.use_fp8 if m.kv_fp8 is None else m.kv_fp8)):
+    atten.headless_proj_tpl.einsum_tpl = Config(pl.Fp8EinsumOp)
   ffn = Config(pl.TransformerFeedForward, hidden_dims=m.hidden_dims,
                activation_tpl=Config(ACTIVATION_CLASSES[m.activation]),
                use_gated_activation=m.use_gated_activation, has_bias=m.ffn_has_bias,
@@ -345,12 +348,21 @@ def _read_multi_query(r: Reader, cfg: fdl.Buildable, path: str, common: tuple[st
     raise UserError(f"{path}.local_window_size = {cfg.local_window_size!r}: paxlike's "
                     "attention sees every earlier position; leave it None.")
   _read_glam_attention(r, cfg, path)
+  kv = count(cfg.num_kv_heads, path + ".num_kv_heads")
   if cfg.headless_proj_tpl is not None:
     hpath = path + ".headless_proj_tpl"
-    r.fields(r.node(cfg.headless_proj_tpl, hpath, pl.OneHeadedAttentionProjection), hpath,
-             ("input_dim", "output_dim", "use_bias"))
+    headless = r.node(cfg.headless_proj_tpl, hpath, pl.OneHeadedAttentionProjection)
+    r.fields(headless, hpath, ("input_dim", "output_dim", "use_bias", "einsum_tpl"))
+    fp8 = _fp8(r, headless.einsum_tpl, hpath + ".einsum_tpl")
+    # praxis projects the keys and values through headless_proj_tpl with one key/value
+    # head only; with more, proj_tpl projects them and this template is not built.
+    if kv == 1:
+      r.set("kv_fp8", hpath + ".einsum_tpl", fp8)
+    elif fp8:
+      r.notes.append(f"{hpath}.einsum_tpl = Fp8EinsumOp is not applied: praxis builds "
+                     f"headless_proj_tpl for one key/value head only (num_kv_heads = {kv}).")
   _read_rope(r, cfg, path)
-  r.set("num_kv_heads", path + ".num_kv_heads", count(cfg.num_kv_heads, path + ".num_kv_heads"))
+  r.set("num_kv_heads", path + ".num_kv_heads", kv)
   r.set("use_bias", path + ".use_bias", bool(cfg.use_bias))
   r.set("query_scale", path, True)
   r.set("per_dim_scale", path, False)
@@ -801,6 +813,8 @@ def read_tree(tree: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
   values = {k: v for k, (_, v) in r.values.items()}
   if values.get("moe_activation") == values.get("activation"):
     values["moe_activation"] = None  # the experts' activation is the model's
+  if "kv_fp8" in values and values["kv_fp8"] == values.get("use_fp8", False):
+    values["kv_fp8"] = None  # the key/value projections' FP8 is the model's
   return values, r.notes
 
 

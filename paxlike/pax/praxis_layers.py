@@ -262,12 +262,18 @@ class GroupedQueryAttention(_Attention):
 
 @dataclasses.dataclass
 class OneHeadedAttentionProjection(_Template):
-  """praxis's key/value projection of a one-key/value-head MultiQueryDotProductAttention."""
+  """praxis's key/value projection of a one-key/value-head MultiQueryDotProductAttention;
+  einsum_tpl (Fp8EinsumOp: the key and value projections in FP8)."""
 
   input_dim: int = 0
   output_dim: int = 0
   use_bias: bool = True
+  einsum_tpl: Any = None
   name: str = ""
+
+  @classmethod
+  def sub_templates(cls) -> dict[str, type]:
+    return {"einsum_tpl": EinsumOp}
 
 
 @dataclasses.dataclass
