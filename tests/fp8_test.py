@@ -71,8 +71,12 @@ def nn_unbox(tree):
   return nn.unbox(tree)
 
 
+STEPS = 20
+
+
 def test_an_fp8_lm_learns_and_its_scales_follow_its_weights(tmp_path):
-  result, _, _ = train_in_process(TINY_KEY, ["USE_FP8=True", "NUM_TRAIN_STEPS=30",
+  # 20 steps (6.24 -> 4.06): an FP8 step of the tiny LM takes about 0.9 s on a CPU.
+  result, _, _ = train_in_process(TINY_KEY, ["USE_FP8=True", f"NUM_TRAIN_STEPS={STEPS}",
                                              "SUMMARY_INTERVAL_STEPS=10"], tmp_path / "job")
   losses = [h["loss"] for h in result.history]
   assert losses[-1] < losses[0] - 1.0, losses
@@ -85,12 +89,12 @@ def test_an_fp8_lm_learns_and_its_scales_follow_its_weights(tmp_path):
     kernel = params_at(params, path.replace("fp8/kernel_amax_history", "w"))
     history = np.asarray(meta[path])
     # Written by the step: the newest entry (first) is the kernel's largest magnitude one
-    # update ago (Adam moves it by about the learning rate), and each of the 30 steps
+    # update ago (Adam moves it by about the learning rate), and each of the 20 steps
     # added one entry (the history rolls: the older ones sit at its end).
     lead = history.reshape(-1, history.shape[-1]) if history.ndim > 1 else history[None]
     top = np.abs(kernel).reshape(lead.shape[0], -1).max(axis=1)
     np.testing.assert_allclose(lead[:, 0], top, rtol=0.05)
-    assert ((lead > 0).sum(axis=1) == 30).all() and (lead[:, -29:] > 0).all()
+    assert ((lead > 0).sum(axis=1) == STEPS).all() and (lead[:, 1 - STEPS:] > 0).all()
     scale = np.asarray(meta[path.replace("kernel_amax_history", "kernel_scale")])
     assert (scale != 1.0).all()
 

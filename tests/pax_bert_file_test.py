@@ -142,7 +142,8 @@ def test_bert_py_trains_and_evaluates_on_mlperf_records(pax_bert):
   proc = run_cli(["--exp=pax_bert_mine.Mine", f"--job_log_dir={root / 'job'}",
                   "--set", "NUM_TRAIN_STEPS=25", "--set", "PERCORE_BATCH_SIZE=8",
                   "--set", "LR_SCHEDULE=constant", "--set", "LEARNING_RATE=3e-3",
-                  "--set", "EVAL_INTERVAL_STEPS=25"], cwd=root, pythonpath=[root])
+                  "--set", "EVAL_INTERVAL_STEPS=25"], cwd=root, pythonpath=[root],
+                 optimized=True)  # its 32000-row softmax: 58 s -> 37 s on 2 cores
   assert proc.returncode == 0, describe(proc)
   trained = parse_trained_line(proc.stdout)
   assert trained["last_loss"] < trained["first_loss"] - 1.0, trained
