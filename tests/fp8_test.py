@@ -59,7 +59,7 @@ def test_one_key_value_head_keeps_its_own_fp8_choice():
   x = jax.random.normal(jax.random.key(0), (2, 8, 32))
   kw = dict(num_heads=4, dim_per_head=8, num_kv_heads=1, fp8=True)
   params = nn_unbox(DotProductAttention(kv_fp8=False, **kw).init(jax.random.key(1), x)["params"])
-  fp8_scopes = sorted(k for k, v in fp8_meta(params).items() if k.endswith("kernel_scale"))
+  fp8_scopes = sorted(k for k in fp8_meta(params) if k.endswith("kernel_scale"))
   assert fp8_scopes == ["post_fp8/kernel_scale", "query/fp8/kernel_scale"], fp8_scopes
   everything = nn_unbox(DotProductAttention(**kw).init(jax.random.key(1), x)["params"])
   assert {"key", "value"} <= {k.split("/")[0] for k in fp8_meta(everything)}

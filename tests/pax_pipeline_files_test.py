@@ -606,24 +606,31 @@ def test_nvidias_grok_proxy_with_use_fp8_runs_its_projections_and_experts_in_fp8
   assert ((history > 0).sum(axis=1) == 16).all()
 
 
+def _small_fp8_grok_tree(kv_heads: int) -> dict:
+  """The tree config_tree reads of a 2-layer Grok built by praxis's builder with use_fp8."""
+  from paxlike.pax import pax_fiddle, praxis_layers
+  from paxlike.pax.layers import grok
+
+  lm = grok.GrokUniTransformerLmHParams(
+      vocab_size=64, model_dim=32, ff_dim=64, attention_num_heads=4,
+      attention_num_groups=kv_heads, attention_key_value_dim=8, num_transformer_layers=2,
+      moe=True, e_dim=4, num_groups=1, capacity_factor=2.0, use_fp8=True)
+  return {"lm_tpl": lm, "params_init": None, "num_stages": None, "report_strict_acc": False,
+          "decoder_tpl": pax_fiddle.Config(praxis_layers.DecoderHParams, eos_id=1)}
+
+
 def test_fp8_on_only_some_of_the_experts_einsums_is_refused_in_one_line():
   """praxis runs a gated expert's pair through einsum_gated_tpl and its output through
   einsum_tpl; paxlike's experts are in FP8 or not, so a tree that mixes them is refused."""
   import fiddle as fdl
 
-  from paxlike.pax import config_tree, pax_fiddle, praxis_layers
-  from paxlike.pax.layers import grok
+  from paxlike.pax import config_tree, pax_fiddle
   from paxlike.pax.layers.injection import fp8_nvidia_gpu
   from paxlike.pax.praxis_layers import EinsumOp
 
-  lm = grok.GrokUniTransformerLmHParams(
-      vocab_size=64, model_dim=32, ff_dim=64, attention_num_heads=4, attention_num_groups=2,
-      attention_key_value_dim=8, num_transformer_layers=2, moe=True, e_dim=4, num_groups=1,
-      capacity_factor=2.0, use_fp8=True)
-  moe = lm.stacked_transformer_tpl.block.moe_layer_tpl
+  tree = _small_fp8_grok_tree(kv_heads=2)
+  moe = tree["lm_tpl"].stacked_transformer_tpl.block.moe_layer_tpl
   assert fdl.get_callable(moe.einsum_gated_tpl) is fp8_nvidia_gpu.Fp8EinsumGatedOp
-  tree = {"lm_tpl": lm, "params_init": None, "num_stages": None, "report_strict_acc": False,
-          "decoder_tpl": pax_fiddle.Config(praxis_layers.DecoderHParams, eos_id=1)}
   values, _ = config_tree.read_tree(tree)
   assert (values["use_fp8"], values["moe_fp8"]) == (True, True)
   moe.einsum_tpl = pax_fiddle.Config(EinsumOp)
@@ -642,15 +649,9 @@ def test_one_key_value_head_projects_its_keys_and_values_as_praxis_does_with_use
 
   from paxlike.models.language_model import LanguageModel
   from paxlike.pax import config_tree, pax_fiddle, praxis_layers
-  from paxlike.pax.layers import grok
   from paxlike.pax.layers.injection import fp8_nvidia_gpu
 
-  lm = grok.GrokUniTransformerLmHParams(
-      vocab_size=64, model_dim=32, ff_dim=64, attention_num_heads=4, attention_num_groups=1,
-      attention_key_value_dim=8, num_transformer_layers=2, moe=True, e_dim=4, num_groups=1,
-      capacity_factor=2.0, use_fp8=True)
-  tree = {"lm_tpl": lm, "params_init": None, "num_stages": None, "report_strict_acc": False,
-          "decoder_tpl": pax_fiddle.Config(praxis_layers.DecoderHParams, eos_id=1)}
+  tree = _small_fp8_grok_tree(kv_heads=1)
   values, _ = config_tree.read_tree(tree)
   assert (values["num_kv_heads"], values["use_fp8"], values["kv_fp8"]) == (1, True, False)
   m = fdl.Config(LanguageModel, **{k: v for k, v in values.items()
@@ -659,7 +660,7 @@ def test_one_key_value_head_projects_its_keys_and_values_as_praxis_does_with_use
   atten = stack.block.transformer_layer_params_tpl.tr_atten_tpl
   assert fdl.get_callable(atten.proj_tpl.einsum_tpl) is fp8_nvidia_gpu.Fp8EinsumOp
   assert fdl.get_callable(atten.headless_proj_tpl.einsum_tpl) is praxis_layers.EinsumOp
-  block = lm.stacked_transformer_tpl.block.transformer_layer_params_tpl.tr_atten_tpl
+  block = tree["lm_tpl"].stacked_transformer_tpl.block.transformer_layer_params_tpl.tr_atten_tpl
   block.headless_proj_tpl.einsum_tpl = pax_fiddle.Config(fp8_nvidia_gpu.Fp8EinsumOp)
   assert config_tree.read_tree(tree)[0]["kv_fp8"] is None  # as use_fp8: every projection
 def _grok_count(layers: int) -> int:
