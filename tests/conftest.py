@@ -62,7 +62,8 @@ def _jaxlib_version() -> tuple[int, ...]:
     return ()
 
 
-LEGACY_FUSION = (0, 0) < _jaxlib_version() < (0, 11)
+_JAXLIB = _jaxlib_version()
+LEGACY_FUSION = bool(_JAXLIB) and _JAXLIB < (0, 11)
 
 os.environ["XLA_FLAGS"] = xla_flags_with_devices(NUM_FAKE_DEVICES, with_xla_flag(
     with_xla_flag(os.environ.get("XLA_FLAGS", ""), OPT_LEVEL_FLAG, 0),
