@@ -663,6 +663,8 @@ def test_one_key_value_head_projects_its_keys_and_values_as_praxis_does_with_use
   block = tree["lm_tpl"].stacked_transformer_tpl.block.transformer_layer_params_tpl.tr_atten_tpl
   block.headless_proj_tpl.einsum_tpl = pax_fiddle.Config(fp8_nvidia_gpu.Fp8EinsumOp)
   assert config_tree.read_tree(tree)[0]["kv_fp8"] is None  # as use_fp8: every projection
+
+
 def _grok_count(layers: int) -> int:
   """Grok's parameters from its dims: per layer, multi-query attention with biases (48
   query and 8 key/value heads of 128), two RMS norms, a [6144, 8] router and 8 gated
