@@ -197,7 +197,8 @@ def analyse(exp: Any) -> dict[str, Any]:
   key = jax.eval_shape(lambda: jax.random.key(0))
   step_fn = partitioner.compile(make_train_step(task.model, tx, task.learner.lr_schedule(),
                                                 partitioner.reduce,
-                                                num_microbatches=task.train.num_microbatches))
+                                                num_microbatches=task.train.num_microbatches,
+                                                reduce_sum=partitioner.reduce_sum))
   try:
     lowered = step_fn.lower(state, batch, key)
   except ValueError as e:  # a dim the mesh does not divide (jax names the array and dim)

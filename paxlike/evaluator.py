@@ -43,6 +43,7 @@ from paxlike import decoding, log, summaries
 from paxlike.errors import UserError
 from paxlike.inputs.base_input import BaseInput
 from paxlike.inputs.text import TextInput
+from paxlike.models.base import weighted_means, weighted_sums
 
 # Counts a model's fprop may add, reported per example under praxis's metric names: rows
 # predicted whole (eval_task 'lambada', report_strict_acc) and BoolQ's answers.
@@ -51,6 +52,8 @@ PER_EXAMPLE = {"strict_correct": "acc_strict", "yes_no_correct": "boolq_acc"}
 # gives (a Pax user's model's) is summed as EXTRA + its name and reported as its mean.
 _OWN = ("loss", "log_pplx", "accuracy")
 EXTRA = "mean_of/"
+# A metric with its own weight (paxlike.models.base.WEIGHT) is summed as WEIGHTED + its name.
+WEIGHTED = "weighted/"
 
 
 def _global_min_max(n: int) -> tuple[int, int]:
@@ -99,6 +102,9 @@ def eval_step_sums(model: Any, reduce_sum: Callable[[Any], Any]) -> Callable:
   def step(state, batch, key):
     del key
     _, m = model.apply({"params": state.params}, batch, method="fprop")
+    # A metric with its own weight (a Pax model's WeightedScalars) adds up value x weight
+    # and the weight, and is reported as Pax does, sum(value x weight) / sum(weight).
+    m, weighted = weighted_sums(m)
     n = m["num_tokens"]
     # log_pplx is the cross-entropy alone; loss may add more (an MoE model's aux loss).
     sums = {"loss_sum": m["loss"] * n, "xent_sum": m.get("log_pplx", m["loss"]) * n,
@@ -110,6 +116,7 @@ def eval_step_sums(model: Any, reduce_sum: Callable[[Any], Any]) -> Callable:
     # mean too, summed here like the loss.
     sums.update({f"{EXTRA}{k}": v * n for k, v in m.items() if k not in _OWN and k not in
                  PER_EXAMPLE and not k.startswith("num_")})
+    sums.update({f"{WEIGHTED}{k}": v for k, v in weighted.items()})
     return reduce_sum(sums)
 
   return step
@@ -172,6 +179,8 @@ class Evaluator:
       metrics.update({name: t[k] / max(t["num_examples"], 1.0)
                       for k, name in PER_EXAMPLE.items() if k in t})
       metrics.update({k[len(EXTRA):]: v / tokens for k, v in t.items() if k.startswith(EXTRA)})
+      metrics.update({k: float(v) for k, v in weighted_means(
+          {k[len(WEIGHTED):]: v for k, v in t.items() if k.startswith(WEIGHTED)}).items()})
       writer = self._writer(f"eval_test_{inp.name}")
       writer.scalars(step, metrics)
       writer.close()

@@ -16,6 +16,7 @@ from paxlike import nontrainable
 from paxlike.errors import UserError
 from paxlike.layers.linear import FP8_META
 from paxlike.learners import FrozenTransformation, apply_updates
+from paxlike.models.base import WEIGHT, weighted_means, weighted_sums
 from paxlike.train_state import TrainState
 
 # Metrics key of an int32 code saying what, if anything, was not finite in a step:
@@ -75,8 +76,9 @@ def _accumulated_grads(grad_fn: Callable, params: Any, batch: dict[str, jax.Arra
 
   fprop's loss is a mean over its weighted tokens (metrics["num_tokens"]), so
   the whole batch's gradient is the token-weighted mean of the microbatches'
-  gradients; it is accumulated in float32. Count metrics (num_*) add up, the
-  others are token-weighted means, as for the whole batch.
+  gradients; it is accumulated in float32. Count metrics (num_*) add up, a metric
+  with its own weight (paxlike.models.base.WEIGHT) is averaged by it, the others
+  are token-weighted means, as for the whole batch.
   """
   micro = split_microbatches(batch, num_microbatches)
   trained = params if select is None else select(params)  # grad_fn's gradients' tree
@@ -88,9 +90,12 @@ def _accumulated_grads(grad_fn: Callable, params: Any, batch: dict[str, jax.Arra
     (loss, metrics), grads = grad_fn(params, mb, jax.random.fold_in(key, index))
     n = jnp.asarray(metrics.get("num_tokens", 1.0), jnp.float32)
     grad_sum = jax.tree.map(lambda s, g: s + n * g.astype(jnp.float32), grad_sum, grads)
-    metrics = dict(metrics, loss=loss)
-    metric_sums = {k: metric_sums[k] + (v if k.startswith("num_") else n * v)
-                   for k, v in ((k, v.astype(jnp.float32)) for k, v in metrics.items())}
+    metrics = {k: v.astype(jnp.float32) for k, v in dict(metrics, loss=loss).items()}
+    means, weighted = weighted_sums({k: v for k, v in metrics.items() if not _is_count(k)})
+    adds = {k: v for k, v in metrics.items() if _is_count(k)}
+    adds.update({k: n * v for k, v in means.items()})
+    adds.update(weighted)  # value x its own weight, and the weight
+    metric_sums = {k: metric_sums[k] + v for k, v in adds.items()}
     return (grad_sum, metric_sums), None
 
   (_, first_metrics), _ = jax.eval_shape(
@@ -100,8 +105,17 @@ def _accumulated_grads(grad_fn: Callable, params: Any, batch: dict[str, jax.Arra
       body, (zeros, metric_zeros), (jnp.arange(num_microbatches), micro))
   total = jnp.maximum(metric_sums.get("num_tokens", float(num_microbatches)), 1e-8)
   grads = jax.tree.map(lambda g, p: (g / total).astype(p.dtype), grad_sum, trained)
-  metrics = {k: v if k.startswith("num_") else v / total for k, v in metric_sums.items()}
+  paired = {k for k in metric_sums if k + WEIGHT in metric_sums and not _is_count(k)}
+  weights = {k + WEIGHT for k in paired}
+  metrics = {k: v if _is_count(k) or k in weights else v / total
+             for k, v in metric_sums.items() if k not in paired}
+  metrics.update(weighted_means({k: metric_sums[k] for k in paired | weights}))
   return (metrics["loss"], metrics), grads
+
+
+def _is_count(name: str) -> bool:
+  """A metric that adds up (num_tokens, a Pax model's num_predictions or Metrics/num_tokens)."""
+  return name.rsplit("/", 1)[-1].startswith("num_")
 
 
 def fp8_meta(grads: Any) -> dict[str, jax.Array]:
@@ -130,8 +144,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     schedule: optax.Schedule,
                     reduce: Callable[[Any], Any] = lambda t: t,
                     skip_nonfinite: bool = False, num_microbatches: int = 1,
-                    variable_norms: bool = False) -> Callable:
-  """One optimizer step. `reduce` averages gradients and metrics over pmap devices.
+                    variable_norms: bool = False,
+                    reduce_sum: Callable[[Any], Any] = lambda t: t) -> Callable:
+  """One optimizer step. `reduce` averages gradients and metrics over pmap devices;
+  a metric with its own weight (a Pax model's) is averaged by it (`reduce_sum` adds
+  value x weight and the weight up), as Pax's pmap step does.
 
   The key is folded with the step, so a resumed run draws the same randomness.
   metrics[NONFINITE_KEY] says whether the loss and gradients were finite; with
@@ -166,7 +183,9 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                                                     num_microbatches, select)
       else:
         (loss, metrics), grads = grad_fn(state.params, batch, step_key)
+    metrics, weighted = weighted_sums(metrics)
     grads, metrics, loss = reduce((grads, metrics, loss))
+    metrics = {**metrics, **weighted_means(reduce_sum(weighted))}
     # FP8 scales and histories are written over, and non-trainable parameters (batch
     # norm's moving statistics) moved by their change, not optimised: zero gradients for
     # the optimizer (no clipping share, no update but weight decay's, which the write
@@ -199,14 +218,3 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     return new_state, metrics
 
   return train_step
-
-
-def make_eval_step(model: nn.Module, reduce: Callable[[Any], Any] = lambda t: t) -> Callable:
-  """Loss and metrics on one batch, no update."""
-
-  def eval_step(state: TrainState, batch: dict[str, jax.Array], key: jax.Array):
-    del key
-    _, metrics = model.apply({"params": state.params}, batch, method="fprop")
-    return reduce(metrics)
-
-  return eval_step

@@ -179,7 +179,8 @@ def build_train_program(task: Task, train_input: BaseInput, partitioner: Any,
   step_fn = partitioner.compile(make_train_step(task.model, tx, schedule, partitioner.reduce,
                                                 skip_nonfinite=skip_nonfinite,
                                                 num_microbatches=num_microbatches,
-                                                variable_norms=task.train.variable_norm_summary))
+                                                variable_norms=task.train.variable_norm_summary,
+                                                reduce_sum=partitioner.reduce_sum))
   return TrainProgram(
       task=task, partitioner=partitioner, tx=tx, schedule=schedule, sample_batch=sample_batch,
       global_specs=global_specs, global_batch=global_batch,

@@ -483,6 +483,91 @@ def test_pax_decode_interval_steps_decodes_while_training(tmp_path):
   assert written == ["decode_00000002.jsonl", "decode_00000004.jsonl", "decode_00000005.jsonl"]
 
 
+# ------------------------------------------- metrics as Pax aggregates them
+
+
+class _Weighed(_Model):
+  """_Model adding a metric with a weight of its own (the mean output of the rows whose
+  first feature is above 2.5, weighted by their count) and two named as paxlike's own."""
+
+  def compute_loss(self, predictions, input_batch):
+    metrics, per_example = super().compute_loss(predictions, input_batch)
+    out = jnp.sum(predictions.astype(jnp.float32), axis=-1)
+    mask = (input_batch.x[:, 0] > 2.5).astype(jnp.float32)
+    count = jnp.sum(mask)
+    metrics.update(pos=(jnp.sum(out * mask) / jnp.maximum(count, 1.0), count),
+                   num_tokens=(count, 1.0), loss=(2.0 * metrics.mse[0], 1.0))
+    return metrics, per_example
+
+
+def test_each_metric_is_averaged_by_its_own_weight_over_an_eval_set(tmp_path):
+  """Pax's eval summary: sum(value x weight) / sum(weight) per metric, and the weights summed;
+  a metric named as paxlike's own (num_tokens, loss) is kept under Pax's Metrics/ name."""
+  from paxlike import mesh as mesh_lib
+  from paxlike.evaluator import Evaluator
+  from paxlike.partitioning import SpmdPartitioner
+  from paxlike.train_state import TrainState
+
+  model = _task(pax_fiddle.Config(_Weighed)).model
+  inp = config.build(pax_fiddle.Config(_Rows, name="rows", batch_size=4, is_training=False,
+                                       reset_for_eval=True))
+  params = model.init(jax.random.key(0), BATCH, method="fprop")["params"]
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=())
+  part = SpmdPartitioner(mesh_lib.build([1, 2, 1], devices=jax.devices()[:2]))
+  ev = Evaluator(model, part, [inp], [], str(tmp_path), enable_summary_writer=False)
+  metrics = ev.evaluate(state, 3)["rows"]
+  inp.reset()
+  xs = [inp.get_next().x for _ in range(3)]  # first features 1.0-2.2, 2.0-3.2, 3.0-4.2
+  outs = [np.asarray(model.apply({"params": params}, x, method=lambda m, x: m.net(x))).sum(-1)
+          for x in xs]
+  masks = [x[:, 0] > 2.5 for x in xs]
+  assert [int(m.sum()) for m in masks] == [0, 2, 4]
+  pos = np.concatenate([o[m] for o, m in zip(outs, masks, strict=True)])
+  np.testing.assert_allclose(metrics["pos"], pos.mean(), rtol=1e-5)  # over the 6 rows
+  assert metrics["pos-weight"] == 6.0
+  # The model's own num_tokens, Pax's mean of its per-batch counts; paxlike's beside it
+  # (the loss's weights: 4 a batch).
+  assert metrics["Metrics/num_tokens"] == 2.0 and metrics["Metrics/num_tokens-weight"] == 3.0
+  assert metrics["num_tokens"] == 12.0
+  np.testing.assert_allclose(metrics["Metrics/loss"], 2.0 * metrics["mse"], rtol=1e-6)
+  np.testing.assert_allclose(metrics["loss"], metrics["mse"], rtol=1e-6)
+
+
+def test_a_train_step_averages_each_metric_by_its_own_weight():
+  """A metric with its own weight reads the same whether the batch ran whole, in two
+  microbatches or over two pmap devices (Pax's psum(value x weight) / psum(weight))."""
+  import optax
+
+  from paxlike import steps
+  from paxlike.partitioning import PmapPartitioner
+  from paxlike.train_state import TrainState
+
+  model = _task(pax_fiddle.Config(_Weighed)).model
+  # Rows 0-3 (pmap's first device) have one first feature above 2.5, rows 4-7 three.
+  x = np.tile(np.array([[3.0], [1.0], [0.0], [2.0], [3.5], [4.0], [0.5], [5.0]], np.float32),
+              (1, 4)) + np.arange(4, dtype=np.float32) / 10
+  batch = {"x": x, "y": np.zeros((8, 3), np.float32)}
+  params = model.init(jax.random.key(0), batch, method="fprop")["params"]
+  tx = optax.sgd(0.0)
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+  _, whole = jax.jit(steps.make_train_step(model, tx, lambda s: 0.0))(
+      state, batch, jax.random.key(1))
+  _, micro = jax.jit(steps.make_train_step(model, tx, lambda s: 0.0, num_microbatches=2))(
+      state, batch, jax.random.key(1))
+  pmap = PmapPartitioner(jax.devices()[:2])
+  run = pmap.compile(steps.make_train_step(model, tx, lambda s: 0.0, pmap.reduce,
+                                           reduce_sum=pmap.reduce_sum))
+  _, pmapped = run(pmap.shard_state(state), pmap.shard_batch(batch), jax.random.key(1))
+  pmapped = pmap.unshard(pmapped)
+  out = np.asarray(model.apply({"params": params}, x, method=lambda m, x: m.net(x))).sum(-1)
+  want = out[x[:, 0] > 2.5].mean()
+  for metrics in (whole, micro, pmapped):
+    np.testing.assert_allclose(float(metrics["pos"]), want, rtol=1e-5)
+    assert float(metrics["pos-weight"]) == 4.0
+  # Counts add up over microbatches, as over the whole batch.
+  assert float(whole["Metrics/num_tokens"]) == float(micro["Metrics/num_tokens"]) == 4.0
+
+
 # ------------------------------------------------------ praxis's arithmetic
 
 

@@ -7,7 +7,11 @@ they hold. A family (models/language_model.py, models/t5.py) implements:
 Flax methods (run through `model.apply`):
   fprop(batch) -> (loss, metrics)
       Weighted mean loss and metrics; metrics hold at least `loss`,
-      `accuracy` and `num_tokens` (the weight sum). Dropout is active only
+      `accuracy` and `num_tokens` (the weight sum). A metric `<name>` with a
+      `<name>-weight` beside it (WEIGHT: a Pax model's WeightedScalars) is
+      averaged by its own weight over microbatches, pmap devices and an eval
+      set, as Pax does (weighted_sums, weighted_means); the others by
+      num_tokens, and num_* counts add up. Dropout is active only
       when the caller passes a 'dropout' rng (the train step does; eval,
       init and decode do not), so one method serves train and eval.
   prefill(batch, settings) -> DecodeStart       (mutable=["cache"])
@@ -71,6 +75,32 @@ import numpy as np
 
 from paxlike import decoding
 from paxlike.layers import attention
+
+# The suffix of a metric's own weight (Pax's TensorBoard name for a WeightedScalar's summed
+# weight, Metrics/<name>-weight).
+WEIGHT = "-weight"
+
+
+def weighted_sums(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+  """(the metrics without a weight of their own, {name: value x weight, name-weight:
+  weight} for those with one): what adds up over microbatches, devices and batches."""
+  pairs = {k for k in metrics if k + WEIGHT in metrics}
+  weights = {k + WEIGHT for k in pairs}
+  rest = {k: v for k, v in metrics.items() if k not in pairs and k not in weights}
+  sums = {}
+  for k in pairs:
+    sums[k], sums[k + WEIGHT] = metrics[k] * metrics[k + WEIGHT], metrics[k + WEIGHT]
+  return rest, sums
+
+
+def weighted_means(sums: dict[str, Any]) -> dict[str, Any]:
+  """weighted_sums' sums, added up, as Pax reports WeightedScalars: {name: sum(value x
+  weight) / sum(weight), name-weight: sum(weight)}."""
+  out = dict(sums)
+  for k in sums:
+    if k + WEIGHT in sums:
+      out[k] = sums[k] / jnp.maximum(sums[k + WEIGHT], 1e-8)
+  return out
 
 
 class BaseModel(nn.Module):

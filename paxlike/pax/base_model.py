@@ -7,10 +7,13 @@ Such a class runs as a paxlike model family: its fprop calls the two, and
 trains on the metric the learner names (`task_p.train.learner.loss_name`,
 which Pax requires and paxlike requires to be among compute_loss's metrics).
 
-Every WeightedScalars entry `name: (value, weight)` becomes the metric
-`name` (summaries/train and each eval's summaries, aggregated as Pax does:
-sum(weight x value) / sum(weight) over an eval set); the loss metric's
-weight is what a step's microbatches and an eval's batches are weighted by.
+Every WeightedScalars entry `name: (value, weight)` becomes the metrics
+`name` and `name-weight` (summaries/train and each eval's summaries), averaged
+by its own weight as Pax does: sum(weight x value) / sum(weight) over pmap
+devices, a step's microbatches (where num_* counts add up) and an eval set,
+with the weights summed. A name paxlike's own metrics take (loss, num_tokens,
+num_examples) is written under Pax's TensorBoard name, `Metrics/name`. The
+loss metric's weight is what a step's gradient and eval loss are weighted by.
 add_summary scalars of the layers join them. What the layers set with
 update_var (batch norm's moving statistics) a train step stores.
 
@@ -39,14 +42,17 @@ import numpy as np
 
 from paxlike import nontrainable
 from paxlike.errors import UserError
+from paxlike.models.base import WEIGHT, NoDecoder
 from paxlike.models.base import BaseModel as _ModelContract
-from paxlike.models.base import NoDecoder
 from paxlike.pax import base_layer
 from paxlike.pax.py_utils import NestedMap
 
 Predictions = Any
 WeightedScalars = dict
 DecodeOut = tuple
+
+# fprop's own metrics: the trained loss and its weights (the evaluator's and the step's).
+_PAXLIKE_KEYS = ("loss", "num_tokens", "num_examples")
 
 # The batch key with which padding_batch marks a filler batch (an eval host that ran out of
 # batches before the others): its metrics weigh 0.
@@ -88,18 +94,19 @@ class BaseModel(NoDecoder, base_layer.BaseLayer, _ModelContract):
       # An eval step in which some hosts run fillers: their rows are left out.
       pairs = _by_host(self, "paxlike_loss_pairs", batch, filler)
       loss, weight = pairs[self.paxlike_loss_name]
-      metrics = {key: value for key, (value, _) in pairs.items()}
+      metrics = _metrics(pairs)
       metrics.update(loss=loss, num_tokens=weight, num_examples=jnp.sum(filler))
       return loss, metrics
     (pairs, summaries, moves) = self.paxlike_loss_pairs(batch, with_state=True)
-    metrics = {key: value for key, (value, _) in pairs.items()}
     # update_var's new values reach the train step through the loss (adding 0 to it).
-    loss = metrics[self.paxlike_loss_name] + sum(
+    loss = pairs[self.paxlike_loss_name][0] + sum(
         (nontrainable.moved(*m) for m in moves.values()), jnp.zeros((), jnp.float32))
-    weight = pairs[self.paxlike_loss_name][1]
     rows = jnp.asarray(_rows(batch), jnp.float32)
     if filler is not None:  # a batch of one host's rows (pmap, or one process)
-      weight, rows = weight * filler[0], rows * filler[0]
+      pairs = {k: (v, w * filler[0]) for k, (v, w) in pairs.items()}
+      rows = rows * filler[0]
+    weight = pairs[self.paxlike_loss_name][1]
+    metrics = _metrics(pairs)
     for key, value in summaries.items():
       metrics.setdefault(key, value)
     metrics.update(loss=loss, num_tokens=weight, num_examples=rows)
@@ -284,6 +291,18 @@ def _by_host(model: BaseModel, method: str, batch: dict[str, jax.Array], filler:
     combined[key] = (jnp.sum(value * weight) / jnp.maximum(total, 1e-30), total)
   rest = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]) if x.ndim >= 2 else x, rest)
   return (combined, *rest) if rest else combined
+
+
+def _metrics(pairs: dict[str, tuple[jax.Array, jax.Array]]) -> dict[str, jax.Array]:
+  """fprop's metrics of compute_loss's pairs: each value under its name and its weight
+  beside it (paxlike.models.base.WEIGHT), which microbatches, pmap devices and eval sets
+  average it by. A name of paxlike's own (the loss it trains, the weights it counts) goes
+  under Pax's TensorBoard name for it, Metrics/<name>."""
+  out = {}
+  for key, (value, weight) in pairs.items():
+    name = f"Metrics/{key}" if key in _PAXLIKE_KEYS else key
+    out[name], out[name + WEIGHT] = value, weight
+  return out
 
 
 def _weighted_pairs(model: Any, method: str, weighted: Any
