@@ -420,21 +420,29 @@ class _Rows(base_input.BaseInput):
     self._n = 0
 
 
-def test_a_model_with_pax_decode_decodes_as_pax_does(tmp_path):
-  import json
-
+def _evaluating(model_class, batch_size, tmp_path, decode=False):
+  """(model, its fresh params, _Rows of batch_size as the eval or the decode input, the
+  state, an Evaluator on a 2-device mesh)."""
   from paxlike import mesh as mesh_lib
   from paxlike.evaluator import Evaluator
   from paxlike.partitioning import SpmdPartitioner
   from paxlike.train_state import TrainState
 
-  model = _task(pax_fiddle.Config(_Decoding)).model
-  inp = config.build(pax_fiddle.Config(_Rows, name="rows", batch_size=2, is_training=False,
-                                       reset_for_eval=True))
+  model = _task(pax_fiddle.Config(model_class)).model
+  inp = config.build(pax_fiddle.Config(_Rows, name="rows", batch_size=batch_size,
+                                       is_training=False, reset_for_eval=True))
   params = model.init(jax.random.key(0), BATCH, method="fprop")["params"]
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=())
   part = SpmdPartitioner(mesh_lib.build([1, 2, 1], devices=jax.devices()[:2]))
-  ev = Evaluator(model, part, [], [inp], str(tmp_path), enable_summary_writer=False)
+  inputs = ([], [inp]) if decode else ([inp], [])
+  return model, params, inp, state, Evaluator(model, part, *inputs, str(tmp_path),
+                                              enable_summary_writer=False)
+
+
+def test_a_model_with_pax_decode_decodes_as_pax_does(tmp_path):
+  import json
+
+  model, params, inp, state, ev = _evaluating(_Decoding, 2, tmp_path, decode=True)
   metrics = ev.decode(state, 7)["rows"]
   # What the model computes, batch by batch, on the host.
   inp.reset()
@@ -503,18 +511,7 @@ class _Weighed(_Model):
 def test_each_metric_is_averaged_by_its_own_weight_over_an_eval_set(tmp_path):
   """Pax's eval summary: sum(value x weight) / sum(weight) per metric, and the weights summed;
   a metric named as paxlike's own (num_tokens, loss) is kept under Pax's Metrics/ name."""
-  from paxlike import mesh as mesh_lib
-  from paxlike.evaluator import Evaluator
-  from paxlike.partitioning import SpmdPartitioner
-  from paxlike.train_state import TrainState
-
-  model = _task(pax_fiddle.Config(_Weighed)).model
-  inp = config.build(pax_fiddle.Config(_Rows, name="rows", batch_size=4, is_training=False,
-                                       reset_for_eval=True))
-  params = model.init(jax.random.key(0), BATCH, method="fprop")["params"]
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=())
-  part = SpmdPartitioner(mesh_lib.build([1, 2, 1], devices=jax.devices()[:2]))
-  ev = Evaluator(model, part, [inp], [], str(tmp_path), enable_summary_writer=False)
+  model, params, inp, state, ev = _evaluating(_Weighed, 4, tmp_path)
   metrics = ev.evaluate(state, 3)["rows"]
   inp.reset()
   xs = [inp.get_next().x for _ in range(3)]  # first features 1.0-2.2, 2.0-3.2, 3.0-4.2
