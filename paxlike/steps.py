@@ -142,13 +142,15 @@ def with_leaves(tree: dict[str, Any], leaves: dict[str, Any]) -> dict[str, Any]:
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     schedule: optax.Schedule,
-                    reduce: Callable[[Any], Any] = lambda t: t,
+                    reduce: Callable[..., Any] = lambda t, weight=None: t,
                     skip_nonfinite: bool = False, num_microbatches: int = 1,
                     variable_norms: bool = False,
                     reduce_sum: Callable[[Any], Any] = lambda t: t) -> Callable:
-  """One optimizer step. `reduce` averages gradients and metrics over pmap devices;
-  a metric with its own weight (a Pax model's) is averaged by it (`reduce_sum` adds
-  value x weight and the weight up), as Pax's pmap step does.
+  """One optimizer step. `reduce(tree, weight)` averages gradients, the loss and the
+  token-mean metrics over pmap devices, each device's weighed by its num_tokens (so the
+  step is the whole batch's, as a microbatched one is); `reduce_sum` adds counts (num_*)
+  up, and value x weight and the weight of a metric with its own weight (a Pax model's,
+  averaged by it as Pax's pmap step does).
 
   The key is folded with the step, so a resumed run draws the same randomness.
   metrics[NONFINITE_KEY] says whether the loss and gradients were finite; with
@@ -183,9 +185,12 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                                                     num_microbatches, select)
       else:
         (loss, metrics), grads = grad_fn(state.params, batch, step_key)
+    tokens = metrics.get("num_tokens")
     metrics, weighted = weighted_sums(metrics)
-    grads, metrics, loss = reduce((grads, metrics, loss))
-    metrics = {**metrics, **weighted_means(reduce_sum(weighted))}
+    counts = {k: v for k, v in metrics.items() if _is_count(k)}
+    means = {k: v for k, v in metrics.items() if not _is_count(k)}
+    grads, means, loss = reduce((grads, means, loss), tokens)
+    metrics = {**means, **reduce_sum(counts), **weighted_means(reduce_sum(weighted))}
     # FP8 scales and histories are written over, and non-trainable parameters (batch
     # norm's moving statistics) moved by their change, not optimised: zero gradients for
     # the optimizer (no clipping share, no update but weight decay's, which the write

@@ -1,4 +1,4 @@
-"""NUM_MICROBATCHES: k accumulated slices make the same update as the whole batch."""
+"""NUM_MICROBATCHES and pmap's devices: k slices of a batch make the whole batch's update."""
 
 from __future__ import annotations
 
@@ -45,6 +45,31 @@ def test_four_microbatches_equal_the_whole_batch_update():
   moved = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.max(jnp.abs(a - b)), s1.params,
                                        state.params))
   assert max(float(x) for x in moved) > 1e-4  # the update is not a no-op
+  for a, b in zip(jax.tree.leaves(s4.params), jax.tree.leaves(s1.params), strict=True):
+    np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-5)
+
+
+def test_pmap_devices_make_the_whole_batch_update():
+  """Four pmap devices hold different numbers of weighted tokens: each one's gradient, loss
+  and metrics weigh by its tokens (as Pax's pmap weighs its loss), so the step is the whole
+  batch's, as under SPMD, and the counts are the whole batch's."""
+  from paxlike.partitioning import PmapPartitioner
+
+  task, batch = _task_and_batch()
+  tx = task.learner.transform()
+  state = jax.jit(init_fn(task.model, tx, task.model.init_batch(batch)))(jax.random.key(0))
+  key = jax.random.key(1)
+  s1, m1 = jax.jit(make_train_step(task.model, tx, task.learner.lr_schedule()))(
+      state, batch, key)
+  pmap = PmapPartitioner(jax.devices()[:4])
+  step = pmap.compile(make_train_step(task.model, tx, task.learner.lr_schedule(), pmap.reduce,
+                                      reduce_sum=pmap.reduce_sum))
+  tokens = np.asarray(batch["weights"]).reshape(4, -1).sum(-1)
+  assert len(set(tokens.tolist())) > 1  # the devices' token counts differ
+  s4, m4 = step(pmap.shard_state(state), pmap.shard_batch(jax.device_get(batch)), key)
+  s4, m4 = pmap.to_saveable(s4), pmap.unshard(m4)
+  for name in ("loss", "accuracy", "num_tokens", "num_examples", "grad_norm"):
+    np.testing.assert_allclose(m4[name], m1[name], rtol=1e-5, err_msg=name)
   for a, b in zip(jax.tree.leaves(s4.params), jax.tree.leaves(s1.params), strict=True):
     np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-5)
 

@@ -1,7 +1,8 @@
 """The pmap partitioner: state replicated over local devices, batch split.
 
 Pax runs an experiment with pmap when ICI_MESH_SHAPE is None. Gradients and
-metrics are averaged with a collective over the 'batch' axis; the PRNG key
+metrics are averaged with a collective over the 'batch' axis, each device's
+weighed by its tokens (the whole batch's mean, as under SPMD); the PRNG key
 is folded with the device index (after the step fold done by the train
 step), so devices draw different randomness, reproducibly.
 """
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -141,9 +143,19 @@ class PmapPartitioner:
     return jax.tree.map(lambda x: np.asarray(jax.device_get(x))[0], tree)
 
   @staticmethod
-  def reduce(tree: Any) -> Any:
-    """Mean over devices: the step calls this on gradients and metrics."""
-    return jax.lax.pmean(tree, AXIS)
+  def reduce(tree: Any, weight: jax.Array | None = None) -> Any:
+    """Mean over devices, each device's values weighed by its `weight` where given: the
+    step weighs gradients, loss and metrics by each device's loss weight (its tokens), so
+    that they are the whole batch's, as under SPMD (and as Pax's pmap loss aggregation)."""
+    if weight is None:
+      return jax.lax.pmean(tree, AXIS)
+    share = weight / jnp.maximum(jax.lax.psum(weight, AXIS), 1e-8)
+
+    def weigh(x: jax.Array) -> jax.Array:
+      if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return jax.lax.pmean(x, AXIS)
+      return jax.lax.psum(x * share.astype(x.dtype), AXIS)
+    return jax.tree.map(weigh, tree)
 
   @staticmethod
   def reduce_sum(tree: Any) -> Any:

@@ -119,8 +119,10 @@ class SpmdPartitioner:
     return jax.device_get(tree)
 
   @staticmethod
-  def reduce(tree: Any) -> Any:
-    """Cross-device mean of per-device values: nothing to do under SPMD."""
+  def reduce(tree: Any, weight: jax.Array | None = None) -> Any:
+    """Cross-device (weighted) mean of per-device values: nothing to do under SPMD, whose
+    values are already the whole batch's."""
+    del weight
     return tree
 
   @staticmethod
