@@ -16,7 +16,7 @@ from paxlike import nontrainable
 from paxlike.errors import UserError
 from paxlike.layers.linear import FP8_META
 from paxlike.learners import FrozenTransformation, apply_updates
-from paxlike.models.base import WEIGHT, weighted_means, weighted_sums
+from paxlike.models.base import WEIGHT, split_weighted, weighted_means, weighted_sums
 from paxlike.train_state import TrainState
 
 # Metrics key of an int32 code saying what, if anything, was not finite in a step:
@@ -113,6 +113,18 @@ def _accumulated_grads(grad_fn: Callable, params: Any, batch: dict[str, jax.Arra
   return (metrics["loss"], metrics), grads
 
 
+def _by_own_weights(pairs: dict[str, tuple[jax.Array, jax.Array]],
+                    reduce_sum: Callable[[Any], Any]) -> dict[str, jax.Array]:
+  """{name: sum(value x weight) / sum(weight), name-weight: sum(weight)} over pmap devices
+  (reduce_sum) of metrics with their own weights. Each value is scaled by its device's
+  share of the weight before the sum, so that where there is nothing to sum (SPMD) a
+  value comes back as it is (x 1.0)."""
+  totals = reduce_sum({k + WEIGHT: w for k, (_, w) in pairs.items()})
+  out = reduce_sum({k: v * (w / jnp.maximum(totals[k + WEIGHT], 1e-8))
+                    for k, (v, w) in pairs.items()})
+  return {**out, **totals}
+
+
 def _is_count(name: str) -> bool:
   """A metric that adds up (num_tokens, a Pax model's num_predictions or Metrics/num_tokens)."""
   return name.rsplit("/", 1)[-1].startswith("num_")
@@ -186,11 +198,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
       else:
         (loss, metrics), grads = grad_fn(state.params, batch, step_key)
     tokens = metrics.get("num_tokens")
-    metrics, weighted = weighted_sums(metrics)
+    metrics, pairs = split_weighted(metrics)
     counts = {k: v for k, v in metrics.items() if _is_count(k)}
     means = {k: v for k, v in metrics.items() if not _is_count(k)}
     grads, means, loss = reduce((grads, means, loss), tokens)
-    metrics = {**means, **reduce_sum(counts), **weighted_means(reduce_sum(weighted))}
+    metrics = {**means, **reduce_sum(counts), **_by_own_weights(pairs, reduce_sum)}
     # FP8 scales and histories are written over, and non-trainable parameters (batch
     # norm's moving statistics) moved by their change, not optimised: zero gradients for
     # the optimizer (no clipping share, no update but weight decay's, which the write

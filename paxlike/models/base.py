@@ -81,15 +81,20 @@ from paxlike.layers import attention
 WEIGHT = "-weight"
 
 
+def split_weighted(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
+  """(the metrics without a weight of their own, {name: (value, weight)} for those with one)."""
+  pairs = {k: (v, metrics[k + WEIGHT]) for k, v in metrics.items() if k + WEIGHT in metrics}
+  weights = {k + WEIGHT for k in pairs}
+  return {k: v for k, v in metrics.items() if k not in pairs and k not in weights}, pairs
+
+
 def weighted_sums(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
   """(the metrics without a weight of their own, {name: value x weight, name-weight:
   weight} for those with one): what adds up over microbatches, devices and batches."""
-  pairs = {k for k in metrics if k + WEIGHT in metrics}
-  weights = {k + WEIGHT for k in pairs}
-  rest = {k: v for k, v in metrics.items() if k not in pairs and k not in weights}
+  rest, pairs = split_weighted(metrics)
   sums = {}
-  for k in pairs:
-    sums[k], sums[k + WEIGHT] = metrics[k] * metrics[k + WEIGHT], metrics[k + WEIGHT]
+  for k, (value, weight) in pairs.items():
+    sums[k], sums[k + WEIGHT] = value * weight, weight
   return rest, sums
 
 
