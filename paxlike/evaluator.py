@@ -43,7 +43,7 @@ from paxlike import decoding, log, summaries
 from paxlike.errors import UserError
 from paxlike.inputs.base_input import BaseInput
 from paxlike.inputs.text import TextInput
-from paxlike.models.base import weighted_means, weighted_sums
+from paxlike.models.base import split_weighted, weighted_means, weighted_sums
 
 # Counts a model's fprop may add, reported per example under praxis's metric names: rows
 # predicted whole (eval_task 'lambada', report_strict_acc) and BoolQ's answers.
@@ -179,8 +179,9 @@ class Evaluator:
       metrics.update({name: t[k] / max(t["num_examples"], 1.0)
                       for k, name in PER_EXAMPLE.items() if k in t})
       metrics.update({k[len(EXTRA):]: v / tokens for k, v in t.items() if k.startswith(EXTRA)})
-      metrics.update({k: float(v) for k, v in weighted_means(
-          {k[len(WEIGHTED):]: v for k, v in t.items() if k.startswith(WEIGHTED)}).items()})
+      _, sums = split_weighted({k[len(WEIGHTED):]: v for k, v in t.items()
+                                if k.startswith(WEIGHTED)})
+      metrics.update({k: float(v) for k, v in weighted_means(sums).items()})
       writer = self._writer(f"eval_test_{inp.name}")
       writer.scalars(step, metrics)
       writer.close()

@@ -105,11 +105,10 @@ def _accumulated_grads(grad_fn: Callable, params: Any, batch: dict[str, jax.Arra
       body, (zeros, metric_zeros), (jnp.arange(num_microbatches), micro))
   total = jnp.maximum(metric_sums.get("num_tokens", float(num_microbatches)), 1e-8)
   grads = jax.tree.map(lambda g, p: (g / total).astype(p.dtype), grad_sum, trained)
-  paired = {k for k in metric_sums if k + WEIGHT in metric_sums and not _is_count(k)}
-  weights = {k + WEIGHT for k in paired}
-  metrics = {k: v if _is_count(k) or k in weights else v / total
-             for k, v in metric_sums.items() if k not in paired}
-  metrics.update(weighted_means({k: metric_sums[k] for k in paired | weights}))
+  means, sums = split_weighted({k: v for k, v in metric_sums.items() if not _is_count(k)})
+  metrics = {k: v for k, v in metric_sums.items() if _is_count(k)}
+  metrics.update({k: v / total for k, v in means.items()})
+  metrics.update(weighted_means(sums))
   return (metrics["loss"], metrics), grads
 
 

@@ -98,13 +98,13 @@ def weighted_sums(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
   return rest, sums
 
 
-def weighted_means(sums: dict[str, Any]) -> dict[str, Any]:
-  """weighted_sums' sums, added up, as Pax reports WeightedScalars: {name: sum(value x
-  weight) / sum(weight), name-weight: sum(weight)}."""
-  out = dict(sums)
-  for k in sums:
-    if k + WEIGHT in sums:
-      out[k] = sums[k] / jnp.maximum(sums[k + WEIGHT], 1e-8)
+def weighted_means(sums: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+  """{name: (sum(value x weight), sum(weight))} (weighted_sums' sums, added up, split again)
+  as Pax reports WeightedScalars: {name: sum(value x weight) / sum(weight), name-weight:
+  sum(weight)}."""
+  out = {}
+  for k, (total, weight) in sums.items():
+    out[k], out[k + WEIGHT] = total / jnp.maximum(weight, 1e-8), weight
   return out
 
 
