@@ -23,10 +23,10 @@ from paxlike import mesh as mesh_lib
 from paxlike.errors import UserError
 from paxlike.experiment import pax_alias
 from paxlike.models.classifier import MLP_AXES, SOFTMAX_AXES, ClassificationMLP
-from paxlike.training_experiment import AdamTraining
+from paxlike.training_experiment import AdamTraining, PaxLearner
 
 
-class ClassificationModelAdam(AdamTraining):
+class ClassificationModelAdam(PaxLearner, AdamTraining):
   """Pax's model_params.ClassificationModelAdam: an MLP classifier trained with Adam."""
 
   NUM_LAYER = 8

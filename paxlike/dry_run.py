@@ -135,12 +135,14 @@ def _bytes_per_device(tree: Any) -> int:
   return total
 
 
-def input_specs(dataset_cfg: Any) -> dict[str, Any]:
+def input_specs(dataset_cfg: Any, model: Any = None) -> dict[str, Any]:
   """Shapes and dtypes of a training input's global batch, reading one row only.
 
   Pod-scale batches (thousands of rows) are never generated: the input is
   built with batch_size=1, and the leading dim scaled back up. A wrapper's
-  config (Pax's LingvoInputAdaptor) is read as the input it wraps.
+  config (Pax's LingvoInputAdaptor) is read as the input it wraps. With the
+  model, the input is checked against it first (and takes what it needs from
+  it, as a training run's does).
   """
   import jax
 
@@ -152,6 +154,8 @@ def input_specs(dataset_cfg: Any) -> dict[str, Any]:
   one.batch_size = 1
   inp = config.build(one)
   inp.bind_host(1, 0)
+  if model is not None:
+    inp.check_model(model)
   return {k: jax.ShapeDtypeStruct((global_batch, *v.shape[1:]), v.dtype)
           for k, v in inp.peek_specs().items()}
 
@@ -181,7 +185,7 @@ def analyse(exp: Any) -> dict[str, Any]:
                 if getattr(c, "is_training", True)]
   if not train_cfgs:
     raise UserError(f"{type(exp).__name__}.datasets() has no input with is_training=True.")
-  specs = input_specs(train_cfgs[0])
+  specs = input_specs(train_cfgs[0], task.model)
   global_batch = next(iter(specs.values())).shape[0]
   partitioner.check_global_batch(global_batch)
   check_microbatches(global_batch, task.train.num_microbatches, batch_shards(partitioner))

@@ -26,6 +26,10 @@ from paxlike.layers.linear import FP8_META
 
 SCHEDULES = ("constant", "linear_rampup_cosine_decay", "linear_rampup_exponential_decay")
 OPTIMIZERS = ("adam", "adafactor", "sgd")
+# Learner's fields that only a named optimizer reads (a praxis optimizer config has its own).
+KNOB_FIELDS = ("learning_rate", "schedule", "warmup_steps", "decay_start", "decay_end",
+               "min_ratio", "max", "beta1", "beta2", "epsilon", "epsilon_root",
+               "clip_threshold", "weight_decay", "clip_gradient_norm_to_value")
 
 
 def config_name(value: Any) -> str:
@@ -107,6 +111,12 @@ class Learner:
         raise UserError(f"learner.optimizer is {config_name(self.optimizer)}, which paxlike's "
                         f"learner cannot run; use one of {OPTIMIZERS} or a praxis optimizer "
                         "config (optimizers.Adam, optimizers.ShardedAdafactor, ...).")
+      for f in dataclasses.fields(self):
+        if f.name in KNOB_FIELDS and getattr(self, f.name) != f.default:
+          raise UserError(f"learner.{f.name}={getattr(self, f.name)!r} is not read when "
+                          f"learner.optimizer is {config_name(self.optimizer)}, which says "
+                          f"the rate, schedule and clipping itself; set it on the optimizer "
+                          f"(lp.optimizer.learning_rate, lp.optimizer.lr_schedule, ...).")
       return
     if self.optimizer not in OPTIMIZERS:
       raise UserError(f"OPTIMIZER={self.optimizer!r} is not one of {OPTIMIZERS}.")
@@ -156,6 +166,21 @@ class Learner:
                       "the names are those model_analysis.txt lists "
                       f"({_param_name(first_path)}, ...).")
     return out
+
+  def check_names(self, params: Any) -> None:
+    """Refuses a bprop_variable_* pattern that matches none of the model's parameters
+    (a pattern in praxis's names, `.*ff_layer.*`, would otherwise freeze nothing).
+
+    Raises:
+      UserError: naming the pattern and the names it is matched against.
+    """
+    names = [_param_name(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    for field in ("bprop_variable_inclusion", "bprop_variable_exclusion"):
+      for pattern in getattr(self, field):
+        if not any(re.fullmatch(pattern, name) for name in names):
+          raise UserError(f"learner.{field} entry {pattern!r} matches no parameter; the "
+                          "names are those model_analysis.txt lists "
+                          f"({names[0] if names else 'none'}, ...), not praxis's.")
 
   def transform(self) -> optax.GradientTransformation:
     """The optax chain: clip by global norm, then the optimizer; freeze() around it when

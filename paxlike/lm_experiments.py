@@ -30,10 +30,10 @@ from paxlike.layers.linear import ACTIVATIONS
 from paxlike.layers.transformer import NORM_POLICIES
 from paxlike.models.language_model import LanguageModel
 from paxlike.pax.config_tree import LmConfig
-from paxlike.training_experiment import AdamTraining, LoraHParams
+from paxlike.training_experiment import AdamTraining, LoraHParams, PaxLearner
 
 
-class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
+class TransformerLmSpmdAdam(PaxLearner, LoraHParams, AdamTraining):
   """A decoder-only Transformer LM trained with Adam on a device mesh.
 
   Pax's c4.TransformerLmSpmdAdam: its own values, and those it inherits
@@ -77,6 +77,10 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
   # Pax's RELATIVE_BIAS: praxis's RelativeBias in every layer's attention (32 causal T5-style
   # buckets up to distance 128, a [buckets, heads] table per layer), beside the positions.
   RELATIVE_BIAS = False
+  # Pax's USE_ROTARY_POSITION_EMB: rotary positions (praxis's timescales 1 to 10^4) on every
+  # layer's queries and keys, beside the position embedding; not with RELATIVE_BIAS.
+  USE_ROTARY_POSITION_EMB = False
+  ENABLE_DCONV = False  # Pax's Primer q/k/v depthwise convolution: refused when True
 
   LEARNING_RATE = 1e-3
   ADAM_BETA1 = 0.9
@@ -196,6 +200,12 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
 
   def model(self) -> fdl.Config[LanguageModel]:
     """The LM's config; praxis's `lm_tpl` / `params_init` edits reach it (config_tree)."""
+    if self.ENABLE_DCONV:
+      raise UserError("ENABLE_DCONV=True: paxlike's attention has no depthwise convolution of "
+                      "q/k/v (Primer's dconv); leave it False.")
+    if self.RELATIVE_BIAS and self.USE_ROTARY_POSITION_EMB:
+      raise UserError("RELATIVE_BIAS and USE_ROTARY_POSITION_EMB are both True; Pax's template "
+                      "allows one of them.")
     return LmConfig(
         self.model_class(), vocab_size=self.VOCAB_SIZE, model_dims=self.MODEL_DIMS,
         num_layers=self.NUM_LAYERS, num_heads=self.num_heads(),
@@ -212,6 +222,7 @@ class TransformerLmSpmdAdam(LoraHParams, AdamTraining):
         embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
         vocab_pad_multiple=self.mesh_axis_size("mdl"), softmax_has_bias=self.SOFTMAX_HAS_BIAS,
         per_dim_scale=self.PER_DIM_SCALE, relative_bias=(32, 128) if self.RELATIVE_BIAS else None,
+        **({"rope_timescales": (1.0, 10_000.0)} if self.USE_ROTARY_POSITION_EMB else {}),
         use_fp8=self.USE_FP8,
         expert_shards=self.mesh_axis_size(self.expert_axis()),
         **self.lora_fields()).set_mesh(*self._pax_mesh())
@@ -409,5 +420,18 @@ class SyntheticDataset(FilesDataset):
   SYNTHETIC_NOISE_RATE = 0.05
   _replaced_by_files = ("DATA_SEED", "SYNTHETIC_NOISE_RATE")
 
+  def _dataset_common(self, is_training: bool) -> fdl.Config:
+    """The train or the eval stream (Pax's method: a subclass's override is what runs)."""
+    cfg = synthetic_train_input(self)
+    if not is_training:
+      cfg.name, cfg.is_training = "eval", False
+      cfg.batch_size = self.per_host_eval_batch_size()
+    return cfg
+
   def own_datasets(self) -> list[fdl.Config]:
-    return [synthetic_train_input(self)]
+    """The train stream, and, as Pax's SyntheticDataset, an eval stream (one batch an eval
+    run, a part of the stream training never reads) when EVAL_INTERVAL_STEPS > 0."""
+    out = [self._dataset_common(is_training=True)]
+    if self.EVAL_INTERVAL_STEPS:
+      out.append(self._dataset_common(is_training=False))
+    return out

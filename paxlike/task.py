@@ -66,6 +66,7 @@ class TrainSettings:
   summary_interval_steps: int = 100
   eval_interval_steps: int = 0
   seed: int = 1234
+  random_seed: int | None = None  # Pax's name for seed; set, it is the seed
   num_microbatches: int = 1  # gradient accumulation: the batch in k slices, one update
   target_log_pplx: float | None = None  # stop once an eval's log_pplx is at or below it
   # Pax's fields for what paxlike always does; the other value is refused, not ignored.
@@ -95,6 +96,12 @@ class TrainSettings:
       raise UserError("task.train.eval_skip_train = False: paxlike does not evaluate on the "
                       "training input; leave it True.")
     _check_split_mapping(self.inputs_split_mapping)
+    if self.random_seed is not None:
+      if self.seed not in (1234, self.random_seed):
+        raise UserError(f"task.train.random_seed = {self.random_seed!r} differs from "
+                        f"task.train.seed = {self.seed!r} (TRAINING_SEED); both name the run's "
+                        "seed, so set one of them.")
+      self.seed = self.random_seed
     # Pax writes num_train_steps as a float (its default is 1e7); a step count is whole.
     for name in ("num_train_steps", "save_interval_steps", "summary_interval_steps",
                  "eval_interval_steps", "save_max_to_keep"):

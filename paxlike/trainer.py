@@ -245,6 +245,7 @@ class _TrainRun:
     self.program = build_train_program(task, train_input, partitioner,
                                        skip_nonfinite=options.skip_nonfinite_steps)
     # The parameters the step takes gradients of (the learner's bprop_variable_* rules).
+    task.learner.check_names(self.program.abstract.params)
     self.trained = task.learner.trainable(self.program.abstract.params)
     if options.model_flops_per_step is None:
       options.model_flops_per_step = task.model.model_flops_per_step(self.program.global_specs)

@@ -9,6 +9,7 @@ dims and model().
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import fiddle as fdl
@@ -134,6 +135,15 @@ class AdamTraining(BaseExperiment):
       self.not_used(*adam, reason=f"OPTIMIZER={optimizer!r} is not Adam")
     sched = dict(zip(("warmup_steps", "decay_start", "decay_end", "min_ratio", "max"),
                      (getattr(self, n) for n in chosen), strict=False))
+    learning_rate = self.LEARNING_RATE
+    if learning_rate is None or None in sched.values():
+      learning_rate, sched = self._by_global_batch(learning_rate, sched, schedule)
+      unset = [knob for knob, value in zip(chosen, sched.values(), strict=False)
+               if value is None]
+      if unset:
+        raise UserError(f"{unset[0]}=None: only LEARNING_RATE and the cosine schedule's "
+                        "LR_COS_WARMUP / _DECAY_START / _DECAY_END may be None (Pax's c4 rule "
+                        "derives them from the global batch); give it a value.")
     opt = {}
     if optimizer == "adam":
       opt = dict(beta1=self.ADAM_BETA1, beta2=self.ADAM_BETA2, epsilon=self.ADAM_EPSILON,
@@ -141,9 +151,28 @@ class AdamTraining(BaseExperiment):
     elif optimizer == "sgd":
       opt = dict(beta1=self.ADAM_BETA1)  # the momentum
     return fdl.Config(
-        Learner, optimizer=optimizer, learning_rate=self.LEARNING_RATE, schedule=schedule,
+        Learner, optimizer=optimizer, learning_rate=learning_rate, schedule=schedule,
         weight_decay=self.WEIGHT_DECAY,
         clip_gradient_norm_to_value=self.CLIP_GRADIENT_NORM_TO_VALUE, **sched, **opt)
+
+  def _by_global_batch(self, learning_rate: float | None, sched: dict[str, Any],
+                       schedule: str) -> tuple[float, dict[str, Any]]:
+    """Pax's c4.py rule for the knobs it lets be None, from the global batch (PERCORE_BATCH_SIZE
+    x every device): LEARNING_RATE 2e-5 up to 3584 rows, else 3e-5; the cosine schedule's
+    warmup ceil(265 x 1536 / batch) steps, its decay from the step after, to
+    ceil(108600 x 1536 / batch)."""
+    batch = int(self.PERCORE_BATCH_SIZE * jax.device_count() + 1e-6)
+    if learning_rate is None:
+      learning_rate = 2e-5 if batch <= 3584 else 3e-5
+    sched = dict(sched)
+    if schedule == "linear_rampup_cosine_decay":
+      if sched["warmup_steps"] is None:
+        sched["warmup_steps"] = math.ceil(265.0 * 1536 / batch - 1e-6)
+      if sched["decay_start"] is None:
+        sched["decay_start"] = sched["warmup_steps"] + 1
+      if sched["decay_end"] is None:
+        sched["decay_end"] = math.ceil(108600.0 * 1536 / batch - 1e-6)
+    return learning_rate, sched
 
   def task(self) -> fdl.Config[Task]:
     return fdl.Config(
@@ -179,6 +208,47 @@ class AdamTraining(BaseExperiment):
       return self.per_host_batch_size()
     return pax_batch_size("PERCORE_EVAL_BATCH_SIZE", percore, jax.local_device_count(),
                           jax.process_count())
+
+
+class PaxLearner:
+  """The learner of Pax's templates (model_params, c4): `task_p.train.learner.optimizer` is a
+  praxis optimizer config (paxlike.pax.optimizers), built from the knobs as Pax's
+  set_default_adam / set_default_adafactor / set_adam_and_learning_rate_schedule build it,
+  so a Pax file's edits after `super().task()` (`lp.optimizer.lr_schedule.warmup_steps =
+  10`, `lp.optimizer.beta2 = 0.95`) reach it. OPTIMIZER 'adafactor' is then Pax's
+  ShardedAdafactor (decay_method 'adam', beta1 0.9, decay_adam 0.99, int8 momentum), not
+  T5X's Adafactor that the name means on paxlike's own templates."""
+
+  def learner(self) -> fdl.Config[Learner]:
+    knobs = super().learner()
+    fdl.build(knobs)  # the knobs' own checks, in their names (LR_LRED_WARMUP <= ...)
+    return fdl.Config(Learner, optimizer=praxis_optimizer(knobs))
+
+
+def praxis_optimizer(knobs: fdl.Config[Learner]) -> fdl.Config[Any]:
+  """The praxis optimizer config that runs what the knob-built learner `knobs` runs."""
+  from paxlike.pax import optimizers, schedules
+
+  k = knobs
+  if k.schedule == "constant":
+    schedule = fdl.Config(schedules.Constant)
+  else:
+    schedule = fdl.Config(
+        schedules.LinearRampupCosineDecay if k.schedule == "linear_rampup_cosine_decay"
+        else schedules.LinearRampupExponentialDecay, warmup_steps=k.warmup_steps,
+        decay_start=k.decay_start, decay_end=k.decay_end, min_ratio=k.min_ratio, max=k.max)
+  common = dict(learning_rate=k.learning_rate, lr_schedule=schedule,
+                clip_gradient_norm_to_value=k.clip_gradient_norm_to_value)
+  if k.optimizer == "adam":
+    # maybe_inf_to_nan off: an inf gradient stops the run as a NaN does (paxlike.nonfinite),
+    # and the optimizer state keeps the layout checkpoints of these templates already have.
+    return fdl.Config(optimizers.Adam, beta1=k.beta1, beta2=k.beta2, epsilon=k.epsilon,
+                      epsilon_root=k.epsilon_root, clip_threshold=k.clip_threshold,
+                      weight_decay=k.weight_decay, maybe_inf_to_nan=False, **common)
+  if k.optimizer == "adafactor":
+    return fdl.Config(optimizers.ShardedAdafactor, decay_method="adam", beta1=0.9,
+                      decay_adam=0.99, weight_decay=k.weight_decay, **common)
+  return fdl.Config(optimizers.ShardedSgd, momentum=k.beta1 or None, **common)
 
 
 class LoraHParams:

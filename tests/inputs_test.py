@@ -207,3 +207,22 @@ def test_missing_and_unreadable_data_files_are_user_errors(tmp_path):
   bad.write_text('{"inputs": "1+1=", "targets": "2"}\nnot json\n')
   with pytest.raises(UserError, match="line 2 is not valid JSON"):
     TextInput(file_pattern=str(bad), num_infeed_hosts=1, infeed_host_index=0)
+
+
+def test_synthetic_ids_fit_the_models_vocabulary():
+  """Pax's SyntheticLmData takes the model's vocabulary (Pax's stream is all ones, inside
+  any); a stream wider than the model's table is refused in one line, not a NaN loss."""
+  from paxlike.pax.tasks.lm.input_generator import SyntheticLmData
+
+  model = LanguageModel(vocab_size=64, model_dims=16, num_layers=1, num_heads=2,
+                        dim_per_head=8, hidden_dims=32)
+  pax = SyntheticLmData(name="train", batch_size=4, seq_len=32, is_training=True)
+  pax.check_model(model)
+  batch = pax.get_next()
+  assert batch["ids"].max() < 64 and batch["labels"].max() < 64
+  assert len(np.unique(batch["ids"])) > 8  # still the learnable walk, over 64 tokens
+  wide = SyntheticLmInput(name="train", batch_size=4, seq_len=32, vocab_size=256)
+  with pytest.raises(UserError, match=r"^input 'train' draws token ids below vocab_size=256, "
+                                      r"but the model's VOCAB_SIZE is 64; set the input's "
+                                      r"vocab_size to 64 or less"):
+    wide.check_model(model)

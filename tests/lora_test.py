@@ -292,7 +292,14 @@ def test_bprop_variable_exclusion_freezes_what_it_names_and_bad_patterns_are_one
              if not n.endswith(("lora_b", "/b", "bias")))
   with pytest.raises(UserError, match=r"leave no parameter to train; the names are those "
                                       r"model_analysis.txt lists \(final_norm/bias, "):
-    Learner(bprop_variable_inclusion=["nothing"]).trainable(state.params)
+    Learner(bprop_variable_inclusion=["softmax/.*"],
+            bprop_variable_exclusion=["softmax/.*"]).trainable(state.params)
+  # A pattern in praxis's names (ff_layer) freezes nothing here: refused, not ignored.
+  with pytest.raises(UserError, match=r"^learner.bprop_variable_exclusion entry '.\*ff_layer"
+                                      r".\*' matches no parameter; the names are those "
+                                      r"model_analysis.txt lists \(final_norm/bias, "):
+    Learner(bprop_variable_exclusion=[r".*ff_layer.*", r".*/ffn1/w"]).check_names(state.params)
+  learner.check_names(state.params)  # the patterns above match
   with pytest.raises(UserError, match=r"^learner.bprop_variable_exclusion entry '\(' is not a "
                                       "regular expression"):
     Learner(bprop_variable_exclusion="(")

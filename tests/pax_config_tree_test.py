@@ -254,3 +254,35 @@ def test_gpt3_style_edits_land():
   model = _model(PaxGpt3Style)
   assert (model.activation, model.layernorm_epsilon, model.per_dim_scale, model.use_bias,
           model.special_ids()["eos_id"]) == ("gelu", 1e-5, False, True, 7)
+
+
+def test_lm_vocab_size_and_relative_bias_as_pax_files_spell_them():
+  """lm_tpl.vocab_size alone sets the vocabulary (praxis's TransformerLm gives it to the
+  softmax and the embedding), and layers.RelativeBias is where praxis exports it."""
+  class Edited(_base()):
+    def task(self):
+      task_p = super().task()
+      task_p.model.lm_tpl.vocab_size = 2 * self.VOCAB_SIZE
+      _layer_p(task_p).tr_atten_tpl.relative_bias_tpl = pax_fiddle.Config(
+          layers.RelativeBias, relative_attention_num_buckets=8,
+          relative_attention_max_distance=16)
+      return task_p
+
+  model = _model(Edited)
+  assert model.vocab_size == 2 * _base().VOCAB_SIZE
+  assert tuple(model.relative_bias) == (8, 16)
+  assert _params(model)["softmax"]["embedding"].shape[0] == 2 * _base().VOCAB_SIZE
+
+
+def test_pax_template_knobs_rotary_and_dconv():
+  class Rotary(_base()):
+    USE_ROTARY_POSITION_EMB = True
+
+  class Dconv(_base()):
+    ENABLE_DCONV = True
+
+  model = _model(Rotary)
+  assert tuple(model.rope_timescales) == (1.0, 10_000.0)  # praxis's rotary timescales
+  assert _model(_base()).rope_timescales is None
+  with pytest.raises(UserError, match=r"^ENABLE_DCONV=True: paxlike's attention has no "):
+    _model(Dconv)

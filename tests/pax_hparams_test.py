@@ -108,7 +108,7 @@ def test_a_set_that_task_overwrites_is_refused_naming_the_task():
   # Without the --set the task()'s value stands; another --set is not affected.
   _, configs = _build(_Sets300, [*SMALL, "LEARNING_RATE=0.01"])
   assert configs.task.train.num_train_steps == 300
-  assert configs.task.train.learner.learning_rate == 0.01
+  assert configs.task.train.learner.optimizer.learning_rate == 0.01
 
 
 def test_a_task_that_derives_a_field_from_the_set_key_is_not_refused():
@@ -124,9 +124,9 @@ def test_a_task_that_derives_a_field_from_the_set_key_is_not_refused():
 
 def test_set_of_a_task_path_applies_after_task():
   _, configs = _build(_Sets300, [*SMALL, "train.num_train_steps=3",
-                                 "train.learner.clip_gradient_norm_to_value=2.5"])
+                                 "train.learner.optimizer.clip_gradient_norm_to_value=2.5"])
   assert configs.task.train.num_train_steps == 3
-  assert configs.task.train.learner.clip_gradient_norm_to_value == 2.5
+  assert configs.task.train.learner.optimizer.clip_gradient_norm_to_value == 2.5
   with pytest.raises(UserError, match="the task config has no train.num_trian_steps"):
     _build(_Sets300, ["train.num_trian_steps=3"])
 
@@ -203,9 +203,9 @@ def test_schedule_knobs_are_read_under_paxs_names():
                                     "LR_LRED_WARMUP=0", "LR_LRED_DECAY_START=10",
                                     "LR_LRED_DECAY_END=20", "LR_LRED_MIN_RATIO=0.5",
                                     "LR_LRED_MAX=2.0"])
-  learner = fdl.build(configs.task.train.learner)
-  assert (learner.warmup_steps, learner.decay_start, learner.decay_end, learner.min_ratio,
-          learner.max) == (0, 10, 20, 0.5, 2.0)
+  sched = fdl.build(configs.task.train.learner).optimizer.lr_schedule  # Pax's template's
+  assert (sched.warmup_steps, sched.decay_start, sched.decay_end, sched.min_ratio,
+          sched.max) == (0, 10, 20, 0.5, 2.0)
   with pytest.raises(UserError, match="LR_LRED_WARMUP <= LR_LRED_DECAY_START"):
     Learner(schedule="linear_rampup_exponential_decay", warmup_steps=30, decay_start=10,
             decay_end=20)
@@ -331,3 +331,29 @@ def test_target_log_pplx_without_evals_is_refused(tmp_path):
   assert proc.returncode == 2, describe(proc)
   assert "TARGET_LOG_PPLX=2.0 stops training when an eval reaches it" in proc.stderr
   assert not job.exists()
+
+
+def test_none_learning_rate_and_cosine_steps_follow_paxs_c4_rule():
+  """c4.py lets LEARNING_RATE and the cosine schedule's steps be None: they follow from the
+  global batch (PERCORE_BATCH_SIZE x devices), 2e-5 up to 3584 rows, warmup 265 x 1536 /
+  batch steps, decay from the step after to 108600 x 1536 / batch."""
+  import jax
+
+  class Derived(_tiny_cls()):
+    LEARNING_RATE = None
+    LR_SCHEDULE = "linear_rampup_cosine_decay"
+    LR_COS_WARMUP = LR_COS_DECAY_START = LR_COS_DECAY_END = None
+
+  class Unset(_tiny_cls()):
+    LR_SCHEDULE = "linear_rampup_exponential_decay"
+    LR_LRED_DECAY_END = None
+
+  _, configs = _build(Derived, SMALL)
+  opt = fdl.build(configs.task.train.learner).optimizer
+  batch = 1 * jax.device_count()  # SMALL: PERCORE_BATCH_SIZE=1
+  warmup = -(-265 * 1536 // batch)
+  assert opt.learning_rate == 2e-5
+  assert (opt.lr_schedule.warmup_steps, opt.lr_schedule.decay_start,
+          opt.lr_schedule.decay_end) == (warmup, warmup + 1, -(-108600 * 1536 // batch))
+  with pytest.raises(UserError, match=r"^LR_LRED_DECAY_END=None: only LEARNING_RATE and "):
+    _build(Unset, SMALL)

@@ -149,12 +149,20 @@ def test_set_default_adafactor_and_pax_train_edits_reach_the_built_task():
     pass
 
   task_p = Exp().task()
-  assert config.build(task_p).learner.optimizer == "adafactor"  # the template's own
+  # The template's own learner is Pax's set_default_adafactor, editable as in Pax.
+  task_p.train.learner.optimizer.lr_schedule.decay_end = 50000
+  opt = config.build(task_p).learner.optimizer
+  assert isinstance(opt, optimizers.ShardedAdafactor)
+  assert (opt.decay_method, opt.beta1, opt.decay_adam, opt.learning_rate) == (
+      "adam", 0.9, 0.99, 2.5e-4)
+  assert (opt.lr_schedule.warmup_steps, opt.lr_schedule.decay_end) == (4000, 50000)
   model_params.set_default_adam(task_p, 3e-4, 0.0)
   task_p.train.learner.optimizer.lr_schedule.warmup_steps = 10  # Pax edits it afterwards
   task_p.train.num_train_steps = 1e3  # Pax writes step counts as floats
   task_p.train.save_max_to_keep = 3
+  task_p.train.random_seed = 7  # Pax's name for the seed
   task = config.build(task_p)
+  assert task.train.seed == 7
   opt, train = task.learner.optimizer, task.train
   assert isinstance(opt, optimizers.Adam)
   assert (opt.learning_rate, opt.weight_decay, opt.beta2, opt.clip_threshold) == (

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from paxlike.errors import UserError
 from paxlike.inputs.base_input import BaseInput
 
 
@@ -33,7 +34,23 @@ class SyntheticLmInput(BaseInput):
   def __post_init__(self) -> None:
     super().__post_init__()
     self._step = 0
-    self._perm = np.random.default_rng([self.seed, 0xC0FFEE]).permutation(self.vocab_size)
+    self._perm = None if self.vocab_size is None else self._permutation()
+
+  def _permutation(self) -> np.ndarray:
+    return np.random.default_rng([self.seed, 0xC0FFEE]).permutation(self.vocab_size)
+
+  def check_model(self, model: Any) -> None:
+    """The ids fit the model's table; vocab_size None (Pax's SyntheticLmData) takes it."""
+    table = getattr(model, "vocab_size", None)
+    if table is None:
+      return
+    if self.vocab_size is None:
+      self.vocab_size = table
+      self._perm = self._permutation()
+    elif self.vocab_size > table:
+      raise UserError(f"input {self.name!r} draws token ids below vocab_size="
+                      f"{self.vocab_size}, but the model's VOCAB_SIZE is {table}; set the "
+                      f"input's vocab_size to {table} or less, or raise VOCAB_SIZE.")
 
   def _rows(self, step: int, first_row: int, count: int) -> np.ndarray:
     """Rows first_row .. first_row+count of the global batch at `step`."""

@@ -686,6 +686,14 @@ def _read_pipeline(r: Reader, cfg: fdl.Buildable, path: str, stages: int) -> Non
   _read_stage(r, cfg.pipeline_stage, path + ".pipeline_stage", s * repeat, pipelined=True)
 
 
+def _overwritten_by_vocab(r: Reader, lm: fdl.Buildable, path: str, num_classes: Any) -> None:
+  """A table's num_classes, which praxis's TransformerLm overwrites with lm_tpl.vocab_size:
+  a different value is noted, not applied."""
+  if num_classes and num_classes != lm.vocab_size:
+    r.notes.append(f"{path}.num_classes = {num_classes!r} is not applied: praxis's "
+                   f"TransformerLm sets it to lm_tpl.vocab_size = {lm.vocab_size!r}.")
+
+
 def _read_gshard_softmax(r: Reader, lm: fdl.Buildable, path: str) -> None:
   """praxis's GShardSharedEmbeddingSoftmax (GLaM): the tied table, GShard's way."""
   spath = path + ".softmax_tpl"
@@ -696,8 +704,7 @@ def _read_gshard_softmax(r: Reader, lm: fdl.Buildable, path: str) -> None:
     raise UserError(f"{path}.separate_embedding_tpl is set while {spath} is the tied "
                     "GShardSharedEmbeddingSoftmax; use layers.FullSoftmax with a separate "
                     "embedding.")
-  if softmax.num_classes:
-    r.set("vocab_size", spath + ".num_classes", softmax.num_classes)
+  _overwritten_by_vocab(r, lm, spath, softmax.num_classes)
   r.set("gshard_softmax", spath, True)
   r.set("softmax_has_bias", spath, False)
   r.set("scale_sqrt_depth", spath, False)
@@ -723,8 +730,7 @@ def _read_tables(r: Reader, lm: fdl.Buildable, path: str) -> None:
   spath = path + ".softmax_tpl"
   r.fields(softmax, spath, ("num_classes", "input_dims", "scale_sqrt_depth", "lookup_style",
                             "params_init", "feed_forward_tpl", "soft_cap_logits"))
-  if softmax.num_classes:
-    r.set("vocab_size", spath + ".num_classes", softmax.num_classes)
+  _overwritten_by_vocab(r, lm, spath, softmax.num_classes)
   ff = r.node(softmax.feed_forward_tpl, spath + ".feed_forward_tpl", pl.FeedForward)
   r.fields(ff, spath + ".feed_forward_tpl", ("has_bias", "input_dims", "output_dims"))
   r.set("softmax_has_bias", spath + ".feed_forward_tpl.has_bias", bool(ff.has_bias))
@@ -746,6 +752,7 @@ def _read_tables(r: Reader, lm: fdl.Buildable, path: str) -> None:
     embedder = r.node(lm.separate_embedding_tpl, epath, pl.Embedding)
     r.fields(embedder, epath, ("num_classes", "input_dims", "scale_sqrt_depth",
                                "lookup_style", "params_init"))
+    _overwritten_by_vocab(r, lm, epath, embedder.num_classes)
     if embedder.params_init is not None:
       raise UserError(f"{epath}.params_init: paxlike starts the input table from "
                       "model_p.params_init; set it there.")

@@ -35,18 +35,24 @@ from paxlike.pax.layers import (
     transformer_models,
     transformers,
 )
+from paxlike.pax.layers.linears import Bias, Linear
 from paxlike.pax.layers.models import ClassificationModel
 from paxlike.pax.layers.resnets import ResNet, ResNetBasicBlock, ResNetBlock
+from paxlike.pax.layers.stochastics import Dropout
 from paxlike.pax.praxis_layers import (
+    AttentionProjection,
     DotProductAttention,
+    EinsumOp,
     Embedding,
     FeedForward,
     FullSoftmax,
     GroupedQueryAttention,
+    GShardSharedEmbeddingSoftmax,
     LanguageModelType,
     LayerNorm,
     PipelinedTransformer,
     PositionalEmbedding,
+    RelativeBias,
     RmsNorm,
     RotaryPositionalEmbedding,
     SharedEmbeddingSoftmax,
@@ -55,6 +61,7 @@ from paxlike.pax.praxis_layers import (
     TrainablePositionalEmbedding,
     Transformer,
     TransformerFeedForward,
+    TransformerFeedForwardMoe,
     TransformerLm,
 )
 from paxlike.pax.user_layers import (
@@ -67,7 +74,9 @@ from paxlike.pax.user_layers import (
 )
 
 __all__ = [
-    "GELU", "AutodiffCheckpointType", "BaseActivation", "BatchNorm", "ClassificationModel",
+    "GELU", "AttentionProjection", "AutodiffCheckpointType", "Bias", "Dropout", "EinsumOp",
+    "GShardSharedEmbeddingSoftmax", "Linear", "RelativeBias", "TransformerFeedForwardMoe",
+    "BaseActivation", "BatchNorm", "ClassificationModel",
     "Conv2D", "ConvBNAct", "DotProductAttention", "Embedding", "GlobalPooling", "Pooling",
     "ResNet", "ResNetBasicBlock", "ResNetBlock", "StochasticResidual",
     "FeedForward", "FullSoftmax", "GroupedQueryAttention", "Identity", "LanguageModelType",

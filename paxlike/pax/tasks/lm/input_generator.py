@@ -13,10 +13,12 @@ from paxlike.pax._hparams import HParams
 class SyntheticLmData(SyntheticLmInput):
   """paxlike's learnable synthetic stream; `SyntheticLmData.HParams()` as in Pax.
 
-  Pax's fields batch_size and seq_len mean the same here; the token ids stay
-  below vocab_size (default 256), inside any LM's vocabulary.
+  Pax's fields batch_size and seq_len mean the same here. The token ids stay
+  below vocab_size, by default the model's VOCAB_SIZE (Pax's stream is all ones,
+  inside any vocabulary).
   """
 
+  vocab_size: int | None = None
   HParams = HParams()
 
 
