@@ -88,6 +88,18 @@ class InitFrom:
     out.source()  # a malformed spec fails here
     return out
 
+  def check_exists(self) -> None:
+    """The source is there (checked before its tokenizer is looked for in it).
+
+    Raises:
+      UserError: naming the path.
+    """
+    kind, path, _ = self.source()
+    if not os.path.exists(path):
+      raise UserError(f"INIT_FROM / --init_from {self.spec!r}: {path} does not exist; pass the "
+                      f"{'Hugging Face directory' if kind == 'hf' else 'checkpoint folder'} "
+                      "itself.")
+
   def source(self) -> tuple[str, str, int | None]:
     """(kind, absolute path, step or None)."""
     kind, sep, rest = self.spec.partition(":")

@@ -120,6 +120,8 @@ class Learner:
       return
     if self.optimizer not in OPTIMIZERS:
       raise UserError(f"OPTIMIZER={self.optimizer!r} is not one of {OPTIMIZERS}.")
+    if isinstance(self.learning_rate, int | float) and self.learning_rate < 0:
+      raise UserError(f"LEARNING_RATE={self.learning_rate!r} must be 0 or more.")
     if self.schedule not in SCHEDULES:
       raise UserError(f"LR_SCHEDULE={self.schedule!r} is not one of {SCHEDULES}.")
     if self.schedule != "constant":

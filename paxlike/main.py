@@ -101,7 +101,7 @@ def run(argv_flags: flags.FlagValues) -> int:
   # Nothing is created in job_log_dir until the experiment's configs are built and
   # every hyperparameter the user wrote was read (experiment.build_checked).
   job_log_dir = _job_log_dir_path(argv_flags.job_log_dir)
-  _use_job_vocabulary(exp, job_log_dir)
+  _use_job_vocabulary(exp, job_log_dir, argv_flags.mode)
   if argv_flags.mode == "dry_run":
     return _dry_run(exp, job_log_dir, argv_flags)
   layout = _tuned_layout(exp, job_log_dir) if argv_flags.mode == "train" else None
@@ -205,6 +205,18 @@ def _set_flags(values: list[str]) -> list[str]:
   return out
 
 
+# Flags only some modes read: given to another, they are refused (not ignored).
+_DECODING = ("train", "decode", "decode_once", "infer", "export")
+MODE_FLAGS = {
+    "target": ("dry_run",), "dry_run_layouts": ("dry_run",),
+    "export_format": ("export",), "export_dir": ("export",), "export_overwrite": ("export",),
+    "export_platforms": ("export",), "device_memory_gib": ("train", "tune"),
+    "skip_nonfinite_steps": ("train",), "profile_steps": ("train",),
+    **{f"decode_{k}": _DECODING
+       for k in ("temperature", "top_k", "top_p", "num_beams", "alpha", "max_length")},
+}
+
+
 def _experiment(argv_flags: flags.FlagValues) -> Any:
   """--exp and --set -> the experiment instance; flags that do not fit the mode are refused."""
   from paxlike import experiment, registry
@@ -225,6 +237,10 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
   if argv_flags["eval_on_test"].present and argv_flags.mode != "train":
     raise UserError(f"--eval_on_test is read only by --mode=train, not --mode={argv_flags.mode}"
                     "; drop it (--mode=eval runs the eval datasets).")
+  for name, modes in MODE_FLAGS.items():
+    if argv_flags[name].present and argv_flags.mode not in modes:
+      raise UserError(f"--{name} is read only by --mode={' and '.join(modes)}, not "
+                      f"--mode={argv_flags.mode}; drop it.")
   subdir = argv_flags.checkpoint_todelete_subdir
   if subdir is not None and argv_flags.mode != "train":
     raise UserError(f"--checkpoint_todelete_subdir is read only by --mode=train, not "
@@ -245,7 +261,7 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
   return exp
 
 
-def _use_job_vocabulary(exp: Any, job_log_dir: str) -> None:
+def _use_job_vocabulary(exp: Any, job_log_dir: str, mode: str) -> None:
   """A later run of a job reads the tokenizer the job recorded: it becomes VOCABULARY (so
   the inputs, chat template and the Llama family's special ids follow it), and a VOCABULARY
   or INIT_FROM tokenizer that is another one is refused (vocabulary.for_job)."""
@@ -253,6 +269,11 @@ def _use_job_vocabulary(exp: Any, job_log_dir: str) -> None:
   from paxlike.inputs import vocabulary
 
   init_from = initial.InitFrom.of(exp, None)  # exp.INIT_FROM holds --init_from already
+  ckpts = os.path.join(job_log_dir, "checkpoints")
+  # A dry run needs only the shapes, and a job with checkpoints starts from its own.
+  if init_from and mode != "dry_run" and not (os.path.isdir(ckpts) and any(
+      re.fullmatch(r"checkpoint_\d+", n) for n in os.listdir(ckpts))):
+    init_from.check_exists()
   setting = getattr(exp, "VOCABULARY", None)
   spec = vocabulary.for_job(setting, init_from.vocabulary_dir() if init_from else None,
                             job_log_dir)
@@ -289,6 +310,14 @@ def _start_backend(exp: Any, job_log_dir: str, argv_flags: flags.FlagValues,
 
   from paxlike.layers import attention_policy
 
+  try:
+    jax.devices()
+  except (RuntimeError, AssertionError) as e:  # JAX asserts when no listed platform starts
+    wanted = jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS") or "the default"
+    raise UserError(f"JAX starts no backend for platforms {wanted!r} on this machine"
+                    f"{': ' + str(e).splitlines()[0] if str(e) else ''}; drop --jax_platforms "
+                    "(and JAX_PLATFORMS), or install that platform's JAX (a CUDA GPU: pip "
+                    "install -e '.[cuda]').") from None
   log.setup(jax.process_index(), jax.process_count(),
             quiet_libraries=not argv_flags["verbosity"].present)
   # Pax's switches -> the attention policy every program of this run is lowered with.
@@ -508,7 +537,7 @@ def _preflight(exp: Any, built: _Built, job_log_dir: str,
   Returns:
     (INIT_FROM or None, the checkpoint source, (exporter, plan, export_dir) or None).
   """
-  from paxlike import experiment, initial, resume
+  from paxlike import checkpoints, experiment, initial, resume
   from paxlike import export as export_lib
 
   mode, task = argv_flags.mode, built.task
@@ -519,6 +548,17 @@ def _preflight(exp: Any, built: _Built, job_log_dir: str,
         task, built.train_input, job_log_dir, mode, argv_flags.restore_checkpoint_dir,
         step, argv_flags.restore_fallback, will_save=argv_flags.enable_checkpoint_saving,
         init_from=init_from) for step in _restore_steps(argv_flags)]
+  asked = argv_flags.restore_checkpoint_step
+  if mode == "train" and asked and argv_flags.restore_checkpoint_dir is None:
+    ckpt_dir = checkpoints.checkpoint_dir(job_log_dir)
+    later = sorted(int(n[len("checkpoint_"):]) for n in (
+        os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else ())
+        if re.fullmatch(r"checkpoint_\d+", n) and int(n[len("checkpoint_"):]) > asked[0])
+    if later:
+      raise UserError(f"--restore_checkpoint_step={asked[0]} trains on from there, but "
+                      f"{ckpt_dir} already has step {later[0]} after it, which this run would "
+                      "write again; train into a new --job_log_dir with --restore_checkpoint_dir="
+                      f"{ckpt_dir}, or move the later checkpoints away.")
   if mode == "train":  # a pipeline's microbatches, before anything is written
     rows, slices = built.train_input.get_global_batch_size(), task.train.num_microbatches
     if rows % slices == 0:  # else the trainer's accumulation check says so
@@ -543,21 +583,27 @@ def _preflight(exp: Any, built: _Built, job_log_dir: str,
 
 def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: flags.FlagValues,
                        partitioner: Any, mesh_desc: dict[str, int], flag_plan: Any) -> None:
-  """experiment_cls_vars.txt, model_params.txt and run_env.json (the chief writes them)."""
+  """experiment_cls_vars.txt, model_params.txt, input_specs.json and run_env.json (the chief
+  writes them). Another mode than train writes them with its name in front, as Pax does
+  (eval_model_params.txt, infer_run_env.json, ...), so the record of how the job was
+  trained stays."""
   import jax
 
   from paxlike import config, experiment, jax_flags, xla_flags
   from paxlike.inputs import vocabulary as vocab_lib
   from paxlike.layers import attention_policy
 
+  prefix = "" if argv_flags.mode == "train" else f"{argv_flags.mode}_"
+  xla_flags.set_run_env_name(f"{prefix}run_env.json")
   if jax.process_index() != 0:
     return
   cls = type(exp)
-  with open(os.path.join(job_log_dir, "experiment_cls_vars.txt"), "w") as f:
+  with open(os.path.join(job_log_dir, f"{prefix}experiment_cls_vars.txt"), "w") as f:
     f.write(experiment.format_hparams(exp))
-  with open(os.path.join(job_log_dir, "model_params.txt"), "w") as f:
+  with open(os.path.join(job_log_dir, f"{prefix}model_params.txt"), "w") as f:
     f.write(config.dump_model_params(built.task_cfg, built.dataset_cfgs))
-  _write_input_specs(built.train_input, partitioner, job_log_dir)
+  _write_input_specs(built.train_input, partitioner,
+                     os.path.join(job_log_dir, f"{prefix}input_specs.json"))
   if argv_flags.mode == "train" and getattr(built.train_input, "vocab", None) is not None:
     vocab_lib.record(built.train_input.vocab, job_log_dir)  # what later runs of this job read
   vocab = next((i.vocab for i in (built.train_input, *built.inputs, *built.decode_inputs)
@@ -573,7 +619,7 @@ def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: fl
   attention_policy.on_choice(lambda rec: xla_flags.update_run_env(job_log_dir, {"attention": rec}))
 
 
-def _write_input_specs(train_input: Any, partitioner: Any, job_log_dir: str) -> None:
+def _write_input_specs(train_input: Any, partitioner: Any, path: str) -> None:
   """input_specs.json, as Pax writes it: the shape and dtype of each feature of the batch
   the model initialises from, a process's rows under SPMD and a device's under pmap."""
   import jax
@@ -584,7 +630,7 @@ def _write_input_specs(train_input: Any, partitioner: Any, job_log_dir: str) -> 
   specs = {key: {"_array": {"shape": [spec.shape[0] // per_device, *spec.shape[1:]],
                             "dtype": str(spec.dtype)}}
            for key, spec in input_specs(train_input).items()}
-  with open(os.path.join(job_log_dir, "input_specs.json"), "w") as f:
+  with open(path, "w") as f:
     json.dump(specs, f, indent=2, sort_keys=True)
 
 

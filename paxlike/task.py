@@ -102,6 +102,9 @@ class TrainSettings:
                         f"task.train.seed = {self.seed!r} (TRAINING_SEED); both name the run's "
                         "seed, so set one of them.")
       self.seed = self.random_seed
+    if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+      raise UserError(f"task.train.seed (TRAINING_SEED) must be a whole number 0 or more, got "
+                      f"{self.seed!r}.")
     # Pax writes num_train_steps as a float (its default is 1e7); a step count is whole.
     for name in ("num_train_steps", "save_interval_steps", "summary_interval_steps",
                  "eval_interval_steps", "save_max_to_keep"):
@@ -110,6 +113,9 @@ class TrainSettings:
         setattr(self, name, int(value))
       elif not isinstance(value, int) or isinstance(value, bool):
         raise UserError(f"task.train.{name} must be a whole number, got {value!r}.")
+    if self.eval_interval_steps < 0:
+      raise UserError(f"task.train.eval_interval_steps must be 0 (no evals while training) or "
+                      f"more, got {self.eval_interval_steps}.")
     if self.num_train_steps < 0:  # 0: an evaluation-only task (Pax's LLaMA MAX_STEPS = 0)
       raise UserError(f"task.train.num_train_steps must be 0 or more, got "
                       f"{self.num_train_steps}.")

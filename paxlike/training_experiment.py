@@ -15,6 +15,7 @@ from typing import Any
 import fiddle as fdl
 import jax
 
+from paxlike import config
 from paxlike.errors import UserError
 from paxlike.experiment import BaseExperiment
 from paxlike.layers.linear import LORA_NAMES, lora_targets
@@ -93,8 +94,9 @@ class AdamTraining(BaseExperiment):
   def check_positive(self, *names: str) -> None:
     """Raises UserError naming the first of these hyperparameters that is not positive."""
     for name in names:
-      if getattr(self, name) <= 0:
-        raise UserError(f"{name} must be positive, got {getattr(self, name)}.")
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise UserError(f"{name} must be a positive number, got {value!r}.")
 
   def check_heads(self) -> None:
     """Raises UserError when MODEL_DIMS, NUM_HEADS and DIMS_PER_HEAD do not fit together.
@@ -221,7 +223,7 @@ class PaxLearner:
 
   def learner(self) -> fdl.Config[Learner]:
     knobs = super().learner()
-    fdl.build(knobs)  # the knobs' own checks, in their names (LR_LRED_WARMUP <= ...)
+    config.build(knobs)  # the knobs' own checks, in their names (LR_LRED_WARMUP <= ...)
     return fdl.Config(Learner, optimizer=praxis_optimizer(knobs))
 
 

@@ -234,7 +234,7 @@ def tune(exp: Any, overrides: list[str], job_log_dir: str, budget_gib: float | N
   for c in timed:
     at_peak = visits[id(c)][1]
     c.mfu = at_peak / c.step_seconds if at_peak is not None else None
-  _write(os.path.join(job_log_dir, TUNE_DIR), TUNE_DIR, cands, budget, time_it)
+  _write(os.path.join(job_log_dir, TUNE_DIR), TUNE_DIR, cands, budget, time_it, _name(exp))
   return cands
 
 
@@ -261,7 +261,8 @@ def untimed_table(exp: Any, overrides: list[str], job_log_dir: str, budget: int,
     c.fits = c.peak_bytes <= budget
 
   cands = sweep(exp, measure)
-  _write(os.path.join(job_log_dir, DRY_RUN_DIR), DRY_RUN_TABLE, cands, budget, False)
+  _write(os.path.join(job_log_dir, DRY_RUN_DIR), DRY_RUN_TABLE, cands, budget, False,
+         _name(exp))
   return cands
 
 
@@ -319,12 +320,17 @@ def table(cands: list[Candidate], budget: int | None, timed: bool = True) -> str
   return "\n".join(rows) + f"\n\n{limit}\n"
 
 
+def _name(exp: Any) -> str:
+  """The experiment a table was measured for: its module and class."""
+  return f"{type(exp).__module__}.{type(exp).__qualname__}"
+
+
 def _write(out: str, name: str, cands: list[Candidate], budget: int | None,
-           timed: bool) -> None:
+           timed: bool, experiment: str) -> None:
   """out/<name>.json (every candidate, the winner) and out/<name>.txt (the table, printed)."""
   os.makedirs(out, exist_ok=True)
   best = winner(cands)
-  record = {"budget_bytes": budget, "timed": timed,
+  record = {"experiment": experiment, "budget_bytes": budget, "timed": timed,
             "candidates": [dataclasses.asdict(c) for c in cands],
             "winner": dataclasses.asdict(best) if best else None}
   with open(os.path.join(out, f"{name}.json"), "w") as f:
@@ -343,8 +349,16 @@ def apply_winner(exp: Any, job_log_dir: str) -> dict[str, Any] | None:
   path = os.path.join(job_log_dir, TUNE_DIR, RESULT)
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    best = json.load(f).get("winner")
+  try:
+    with open(path) as f:
+      record = json.load(f)
+    best = record.get("winner")
+  except (OSError, ValueError, AttributeError):
+    raise UserError(f"{path} cannot be read as --mode=tune's table; run --mode=tune again, or "
+                    "remove it to train without it.") from None
+  if record.get("experiment", _name(exp)) != _name(exp):
+    raise UserError(f"{path} was measured for {record['experiment']}, not {_name(exp)}; train "
+                    "this experiment in its own --job_log_dir (or tune it there first).")
   if not best:
     return None
   applied, kept = {}, {}

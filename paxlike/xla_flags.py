@@ -382,15 +382,23 @@ def run_env(extra: dict[str, Any] | None = None) -> dict[str, Any]:
   return env
 
 
+_RUN_ENV = ["run_env.json"]  # this process's record: <mode>_run_env.json outside training
+
+
+def set_run_env_name(name: str) -> None:
+  """The file write_run_env and update_run_env write (main: per mode)."""
+  _RUN_ENV[0] = name
+
+
 def write_run_env(job_log_dir: str, env: dict[str, Any]) -> None:
-  with open(os.path.join(job_log_dir, "run_env.json"), "w") as f:
+  with open(os.path.join(job_log_dir, _RUN_ENV[0]), "w") as f:
     json.dump(env, f, indent=2, sort_keys=True, default=str)
     f.write("\n")
 
 
 def update_run_env(job_log_dir: str, extra: dict[str, Any]) -> None:
   """Adds keys to an existing run_env.json (what is known only after it was written)."""
-  path = os.path.join(job_log_dir, "run_env.json")
+  path = os.path.join(job_log_dir, _RUN_ENV[0])
   try:
     with open(path) as f:
       env = json.load(f)

@@ -99,6 +99,13 @@ CASES = [
          ["PGLE profile", "/nonexistent/profile.pb"], requires="paxlike.pgle"),
     Case("restore_step_missing", [FAULT_EXP, "--restore_checkpoint_step=7"],
          [r"step 7\b", r"available: \[8, 12, 16\]"]),
+    Case("restore_step_before_later_checkpoints", [FAULT_EXP, "--restore_checkpoint_step=8"],
+         [r"--restore_checkpoint_step=8 trains on", r"already has step 12 after it"]),
+    Case("init_from_missing", [FAULT_EXP, "--init_from=hf:/nonexistent/flan-t5-smal"],
+         [r"--init_from 'hf:/nonexistent/flan-t5-smal': /nonexistent/flan-t5-smal does not "
+          r"exist"], fresh=True),
+    Case("jax_platform_absent", [FAULT_EXP, "--jax_platforms=rocm"],
+         [r"JAX starts no backend for platforms 'rocm' on this machine"], fresh=True),
     Case("restore_dir_missing", [FAULT_EXP, "--restore_checkpoint_dir=/nonexistent/ckpts"],
          ["--restore_checkpoint_dir", "/nonexistent/ckpts", "does not exist"], fresh=True),
     Case("changed_model", [FAULT_EXP, "--set", "MODEL_DIMS=32"],

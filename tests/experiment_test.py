@@ -84,7 +84,8 @@ def test_float_accepts_an_int_and_lists_accept_tuples():
 def test_string_attribute_accepts_a_bare_word():
   exp = _tiny("LR_SCHEDULE=constant")
   assert exp.LR_SCHEDULE == "constant"
-  assert fdl.build(exp.task()).learner.schedule == "constant"
+  # The Pax template's optimizer config takes a constant schedule.
+  assert type(fdl.build(exp.task()).learner.optimizer.lr_schedule).__name__ == "Constant"
 
 
 def test_fprop_dtype_override_to_bfloat16():
@@ -109,7 +110,7 @@ def test_inconsistent_values_fail_validation():
     _tiny("MODEL_DIMS=30")  # 30 does not split into 4 heads
   with pytest.raises(UserError, match="ICI_MESH_SHAPE"):
     _tiny("ICI_MESH_SHAPE=[1, 2]")
-  with pytest.raises(UserError, match="NUM_LAYERS must be positive"):
+  with pytest.raises(UserError, match="NUM_LAYERS must be a positive number, got 0"):
     _tiny("NUM_LAYERS=0")
 
 

@@ -133,6 +133,9 @@ JAX_LOADER = textwrap.dedent('''
       with contextlib.redirect_stdout(stdout):
         code = run.main([d, *job["texts"][0]])
       cli_rows = [json.loads(line) for line in stdout.getvalue().splitlines()]
+      stderr = io.StringIO()
+      with contextlib.redirect_stderr(stderr):  # a list where a JSON object belongs
+        bad_ids = (run.main([d, "--ids", "[[1, 2]]"]), stderr.getvalue())
 
       # Only what manifest.json says: files, argument order, input names and dtypes.
       import jax
@@ -155,7 +158,8 @@ JAX_LOADER = textwrap.dedent('''
                              [n if x == "b" else x for x in want["shape"]], want["dtype"]])
         raw.append(np.asarray(outs[0]).tolist())
       results[name] = {"api": api, "raw": raw, "encoded": encoded, "generated": generated,
-                       "cli_code": code, "cli_rows": cli_rows, "in_avals": in_avals,
+                       "cli_code": code, "cli_rows": cli_rows, "bad_ids": bad_ids,
+                       "in_avals": in_avals,
                        "out_shapes": out_shapes}
     results["paxlike_imported"] = "paxlike" in sys.modules
     print(json.dumps(results))
@@ -333,6 +337,9 @@ def test_text_prompts_become_the_inputs_paxlike_reads(run):
     assert [r["prompt"] for r in rows] == expected["texts"][0]
     assert [r["tokens"] for r in rows] == [beams[0] for beams in expected["tokens"][0]]
     assert all(isinstance(r["generation"], str) for r in rows)
+    code, err = got[name]["bad_ids"]
+    assert code == 2 and err.startswith("error: --ids must be a JSON object") and \
+        "Traceback" not in err, err
 
 
 def test_manifest_describes_the_artifact(run):

@@ -114,6 +114,25 @@ def test_tiny_run_records_the_environment(tiny_job):
   assert "--xla_force_host_platform_device_count=1" in env["XLA_FLAGS"]
 
 
+def test_an_eval_run_keeps_the_record_of_how_the_job_was_trained(tiny_job, tmp_path):
+  """Another mode writes its records with its name in front, as Pax does: the training
+  run's experiment_cls_vars.txt (its --set section), model_params.txt and run_env.json
+  stay as they were."""
+  _, job = tiny_job
+  copy = tmp_path / "tiny_copy"
+  shutil.copytree(job, copy)
+  names = ("experiment_cls_vars.txt", "model_params.txt", "run_env.json", "input_specs.json")
+  before = {n: (copy / n).read_bytes() for n in names}
+  # EVAL_INTERVAL_STEPS > 0 gives the synthetic stream's eval input.
+  proc = run_cli([f"--exp={TINY}", f"--job_log_dir={copy}", "--mode=eval", *TINY_SETS,
+                  "--set", "EVAL_INTERVAL_STEPS=20"], cwd=tmp_path)
+  assert proc.returncode == 0, describe(proc)
+  assert {n: (copy / n).read_bytes() for n in names} == before
+  assert json.loads((copy / "eval_run_env.json").read_text())["mode"] == "eval"
+  assert parse_cls_vars((copy / "eval_experiment_cls_vars.txt").read_text())["--set"][
+      "EVAL_INTERVAL_STEPS"] == "20"
+
+
 def test_rerun_in_the_same_dir_resumes_from_the_last_checkpoint(tiny_job, tmp_path):
   _, job = tiny_job
   copy = tmp_path / "tiny_copy"
@@ -250,6 +269,13 @@ def _error_line(proc) -> str:
     pytest.param([f"--exp={TINY}", "--mode=eval", "--eval_during_decode"], 1,
                  ["--eval_during_decode is read only by --mode=decode"],
                  id="eval_during_decode_in_eval"),
+    pytest.param([f"--exp={TINY}", "--mode=eval", "--decode_num_beams=4"], 1,
+                 [r"--decode_num_beams is read only by --mode=train and decode and decode_once "
+                  r"and infer and export, not --mode=eval; drop it\.$"],
+                 id="decode_flag_in_eval"),
+    pytest.param([f"--exp={TINY}", "--target=h100"], 1,
+                 [r"--target is read only by --mode=dry_run, not --mode=train"],
+                 id="target_in_train"),
     pytest.param([f"--exp={TINY}", "--noeval_on_test", "--set", "TARGET_LOG_PPLX=1.0", "--set",
                   "EVAL_INTERVAL_STEPS=5"], 1, ["TARGET_LOG_PPLX=1.0", "--noeval_on_test"],
                  id="target_log_pplx_without_evals"),

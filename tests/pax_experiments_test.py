@@ -142,7 +142,8 @@ def paxlike_param_count(task, seq: int = 8) -> int:
 def test_shipped_experiment_has_paxs_hyperparameters(name):
   p = PAX[name]
   exp, task, datasets = build(name)
-  m, lr, train = task.model, task.learner, task.train
+  m, opt, train = task.model, task.learner.optimizer, task.train
+  sched = opt.lr_schedule  # Pax's templates: a praxis optimizer config, as Pax's set it
   train_cfg = datasets[0]
   derived = dict(
       layers=m.num_layers, model=m.model_dims, hidden=m.hidden_dims, heads=m.num_heads,
@@ -151,10 +152,12 @@ def test_shipped_experiment_has_paxs_hyperparameters(name):
       dtype=jax.numpy.dtype(m.fprop_dtype).name, activation=m.activation,
       repeated=m.use_repeated_layer, policy=getattr(m.checkpoint_policy, "name",
                                                     m.checkpoint_policy),
-      combine_qkv=m.combine_qkv, optimizer=lr.optimizer, lr=lr.learning_rate,
-      schedule=lr.schedule, warmup=lr.warmup_steps, decay_start=lr.decay_start,
-      decay_end=lr.decay_end, min_ratio=lr.min_ratio, clip=lr.clip_gradient_norm_to_value,
-      beta1=lr.beta1, beta2=lr.beta2, epsilon=lr.epsilon, weight_decay=lr.weight_decay,
+      combine_qkv=m.combine_qkv,
+      optimizer={"Adam": "adam", "ShardedAdafactor": "adafactor"}[type(opt).__name__],
+      lr=opt.learning_rate, schedule=getattr(sched, "KIND", "constant"),
+      warmup=sched.warmup_steps, decay_start=sched.decay_start, decay_end=sched.decay_end,
+      min_ratio=sched.min_ratio, clip=opt.clip_gradient_norm_to_value, beta1=opt.beta1,
+      beta2=opt.beta2, epsilon=opt.epsilon, weight_decay=opt.weight_decay,
       save_every=train.save_interval_steps, summary_every=train.summary_interval_steps,
       eval_every=train.eval_interval_steps, train_steps=train.num_train_steps,
       training_optimized=exp.TRAINING_OPTIMIZED_SHARDING)
@@ -211,12 +214,14 @@ def test_a_class_in_either_order_gets_paxs_template_and_the_mixins_sizes():
   for cls in (PaxOrder, MixinFirst):
     exp = experiment.instantiate(cls)
     task, data = config.build(exp.task()), exp.datasets()[0]
-    m, lr = task.model, task.learner
+    m, opt = task.model, task.learner.optimizer
     built.append((m.num_layers, m.model_dims, m.hidden_dims, m.num_heads, m.dim_per_head,
                   m.vocab_size, jax.numpy.dtype(m.fprop_dtype).name, m.combine_qkv,
-                  lr.optimizer, lr.learning_rate, lr.decay_end, lr.clip_gradient_norm_to_value,
+                  type(opt).__name__, opt.decay_adam, opt.learning_rate,
+                  opt.lr_schedule.decay_end, opt.clip_gradient_norm_to_value,
                   data.seq_len, data.batch_size // jax.local_device_count()))
-  # model_params.TransformerLmSpmdAdafactor's defaults; lm_cloud.SyntheticDataset's sizes.
-  pax = (10, 2048, 8192, 16, 128, 32000, "bfloat16", True, "adafactor", 2.5e-4, 100000, 5.0,
-         1024, 16)
+  # model_params.TransformerLmSpmdAdafactor's defaults (set_default_adafactor's optimizer);
+  # lm_cloud.SyntheticDataset's sizes.
+  pax = (10, 2048, 8192, 16, 128, 32000, "bfloat16", True, "ShardedAdafactor", 0.99, 2.5e-4,
+         100000, 5.0, 1024, 16)
   assert built == [pax, pax]

@@ -18,7 +18,7 @@ import optax
 import pytest
 from conftest import REPO_ROOT, TINY, describe, run_cli
 
-from paxlike import experiment, registry
+from paxlike import config, experiment, registry
 from paxlike.errors import UserError
 from paxlike.inputs.base_input import BaseInput
 from paxlike.learners import Learner
@@ -357,3 +357,22 @@ def test_none_learning_rate_and_cosine_steps_follow_paxs_c4_rule():
           opt.lr_schedule.decay_end) == (warmup, warmup + 1, -(-108600 * 1536 // batch))
   with pytest.raises(UserError, match=r"^LR_LRED_DECAY_END=None: only LEARNING_RATE and "):
     _build(Unset, SMALL)
+
+
+def test_a_negative_learning_rate_or_eval_interval_is_one_line():
+  from paxlike.task import TrainSettings
+
+  with pytest.raises(UserError, match=r"^LEARNING_RATE=-1\.0 must be 0 or more\.$"):
+    _build(_tiny_cls(), [*SMALL, "LEARNING_RATE=-1"])
+  with pytest.raises(UserError, match=r"^task.train.eval_interval_steps must be 0 \(no evals "):
+    TrainSettings(eval_interval_steps=-1)
+
+
+def test_a_wrongly_typed_dim_or_a_negative_seed_is_one_line():
+  class Typed(_tiny_cls()):
+    MODEL_DIMS = "128"
+
+  with pytest.raises(UserError, match=r"^MODEL_DIMS must be a positive number, got '128'\.$"):
+    _build(Typed, [])
+  with pytest.raises(UserError, match=r"^task.train.seed \(TRAINING_SEED\) must be a whole "):
+    config.build(_build(_tiny_cls(), [*SMALL, "TRAINING_SEED=-1"])[1].task)

@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO_ROOT, TINY, describe, run_cli
 
 from paxlike import experiment, registry, tune
+from paxlike.errors import UserError
 
 SMALL = ["MODEL_DIMS=32", "MAX_SEQ_LEN=16", "PERCORE_BATCH_SIZE=2", "USE_REPEATED_LAYER=True"]
 
@@ -64,6 +65,14 @@ def test_tune_picks_the_fastest_layout_that_fits_and_the_next_train_takes_it(tmp
   layout = tune.apply_winner(mine, str(tight))
   assert layout["kept_as_set"] == {"CHECKPOINT_POLICY": "SAVE_NOTHING"}
   assert mine.CHECKPOINT_POLICY == "SAVE_NOTHING"
+  # Another experiment's table is not applied; nor is a damaged one: one line each.
+  other = experiment.instantiate(registry.get("LmCloudSpmdPipelineTiny"), [])
+  with pytest.raises(UserError, match=r"tune.json was measured for .*LmCloudSpmdTiny, not "
+                                      r".*LmCloudSpmdPipelineTiny; train this experiment"):
+    tune.apply_winner(other, str(tight))
+  (tight / "tune" / "tune.json").write_text("{not json")
+  with pytest.raises(UserError, match=r"tune.json cannot be read as --mode=tune's table"):
+    tune.apply_winner(_exp(SMALL), str(tight))
 
 
 @pytest.mark.parametrize("flag", ["--device_memory_gib=0"])

@@ -359,7 +359,7 @@ def test_the_job_records_its_tokenizer_and_infer_reads_it_later(llama_job, llama
                   f"--infer_input={inputs}", *_llama_sets(table)], root, timeout=600,
                  pythonpath=[REPO_ROOT])
   assert proc.returncode == 0, describe(proc)
-  run_env = json.loads((job / "run_env.json").read_text())
+  run_env = json.loads((job / "infer_run_env.json").read_text())  # Pax's <mode>_ prefix
   assert run_env["vocabulary"] == str(job / "vocabulary" / "tokenizer.json"), run_env
   out = Path(proc.stdout.split("predictions -> ")[-1].strip())
   rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -645,7 +645,7 @@ def test_infer_with_no_file_settings_predicts_as_with_them(own_tokenizer_jobs, f
   j = jobs[family]
   bare = _predictions(run_cli(j["infer"], root, timeout=600))
   assert bare == j["given"]
-  run_env = json.loads((j["job"] / "run_env.json").read_text())
+  run_env = json.loads((j["job"] / "infer_run_env.json").read_text())
   assert os.path.dirname(run_env["vocabulary"]) == str(j["job"] / "vocabulary"), run_env
 
 

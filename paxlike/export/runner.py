@@ -284,7 +284,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     decoder = load(args.export_dir)
     if args.ids:
-      features = {k: np.asarray(v) for k, v in json.loads(args.ids).items()}
+      given = json.loads(args.ids)
+      if not isinstance(given, dict):
+        raise ExportError(f"--ids must be a JSON object of token-id inputs by name, e.g. "
+                          f'{{"ids": [[1, 2]], "prompt_lens": [2]}}, not a {type(given).__name__}.')
+      features = {k: np.asarray(v) for k, v in given.items()}
       tokens, scores = decoder(features, seed=args.seed)
       rows = [decoder._row({k: v[r].tolist() for k, v in features.items()}, tokens[r],
                            scores[r]) for r in range(len(tokens))]

@@ -67,6 +67,8 @@ class BaseOptimizer(FiddleBaseParameterizable):
         if not off:
           raise UserError(f"{name}: {field}={value!r} ({what}) is not modelled by paxlike's "
                           f"learner; leave it at {default!r}.")
+    if isinstance(self.learning_rate, int | float) and self.learning_rate < 0:
+      raise UserError(f"{name}: learning_rate={self.learning_rate!r} must be 0 or more.")
     self.lr_schedule = instantiate(self.lr_schedule)
     if self.lr_schedule is None:
       raise UserError(f"{name} has no lr_schedule; set lp.optimizer.lr_schedule = "
