@@ -157,38 +157,51 @@ class Evaluator:
 
   def evaluate(self, state: Any, step: int) -> dict[str, dict[str, float]]:
     """One eval run on every eval input; returns {name: metrics}."""
-    if self._eval_step is None and self.eval_inputs:
+    results = {}
+    for inp in self.eval_inputs:
+      metrics = self._evaluate(state, step, f"eval_test_{inp.name}", inp.name, (
+          self.partitioner.shard_batch(b) for b in eval_batches(inp, self.model)))
+      if metrics is not None:
+        results[inp.name] = metrics
+    return results
+
+  def eval_train(self, state: Any, step: int, batch: Any) -> dict[str, float] | None:
+    """Pax's eval on the training input (task.train.eval_skip_train = False): the model's
+    eval of the next training batch (already on the devices), as summaries/eval_train."""
+    return self._evaluate(state, step, "eval_train", "train", [batch])
+
+  def _evaluate(self, state: Any, step: int, summary: str, name: str,
+                batches: Any) -> dict[str, float] | None:
+    """The metrics of the sharded batches, written to summaries/<summary>; None if none."""
+    if self._eval_step is None:
       self._eval_step = self.partitioner.compile(
           eval_step_sums(self.model, self.partitioner.reduce_sum), donate_state=False,
           returns_state=False)
     key = jax.random.key(0)
-    results = {}
-    for inp in self.eval_inputs:
-      total = None
-      for host_batch in eval_batches(inp, self.model):
-        sums = self._eval_step(state, self.partitioner.shard_batch(host_batch), key)
-        total = sums if total is None else jax.tree.map(jnp.add, total, sums)
-      if total is None:
-        continue
-      t = {k: float(v) for k, v in self.partitioner.unshard(total).items()}
-      tokens = max(t["num_tokens"], 1e-8)
-      metrics = {"loss": t["loss_sum"] / tokens, "log_pplx": t["xent_sum"] / tokens,
-                 "num_examples": t["num_examples"], "num_tokens": t["num_tokens"]}
-      if "correct_sum" in t:
-        metrics["accuracy"] = t["correct_sum"] / tokens
-      metrics.update({name: t[k] / max(t["num_examples"], 1.0)
-                      for k, name in PER_EXAMPLE.items() if k in t})
-      metrics.update({k[len(EXTRA):]: v / tokens for k, v in t.items() if k.startswith(EXTRA)})
-      _, sums = split_weighted({k[len(WEIGHTED):]: v for k, v in t.items()
-                                if k.startswith(WEIGHTED)})
-      metrics.update({k: float(v) for k, v in weighted_means(sums).items()})
-      writer = self._writer(f"eval_test_{inp.name}")
-      writer.scalars(step, metrics)
-      writer.close()
-      log.info("eval %s at step %d: loss %.4f accuracy %.4f num_examples %d", inp.name, step,
-               metrics["loss"], metrics.get("accuracy", 0.0), int(metrics["num_examples"]))
-      results[inp.name] = metrics
-    return results
+    total = None
+    for batch in batches:
+      sums = self._eval_step(state, batch, key)
+      total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+    if total is None:
+      return None
+    t = {k: float(v) for k, v in self.partitioner.unshard(total).items()}
+    tokens = max(t["num_tokens"], 1e-8)
+    metrics = {"loss": t["loss_sum"] / tokens, "log_pplx": t["xent_sum"] / tokens,
+               "num_examples": t["num_examples"], "num_tokens": t["num_tokens"]}
+    if "correct_sum" in t:
+      metrics["accuracy"] = t["correct_sum"] / tokens
+    metrics.update({metric: t[k] / max(t["num_examples"], 1.0)
+                    for k, metric in PER_EXAMPLE.items() if k in t})
+    metrics.update({k[len(EXTRA):]: v / tokens for k, v in t.items() if k.startswith(EXTRA)})
+    _, sums = split_weighted({k[len(WEIGHTED):]: v for k, v in t.items()
+                              if k.startswith(WEIGHTED)})
+    metrics.update({k: float(v) for k, v in weighted_means(sums).items()})
+    writer = self._writer(summary)
+    writer.scalars(step, metrics)
+    writer.close()
+    log.info("eval %s at step %d: loss %.4f accuracy %.4f num_examples %d", name, step,
+             metrics["loss"], metrics.get("accuracy", 0.0), int(metrics["num_examples"]))
+    return metrics
 
   def _decoder(self) -> Callable:
     if self._decode_fn is None:

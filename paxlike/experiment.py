@@ -847,6 +847,9 @@ def build_checked(exp: BaseExperiment) -> Configs:
       (one line each) hyperparameters nothing read.
   """
   start_read_tracking(exp)
+  if not (_untracked_get(exp, "INIT_FROM") or getattr(exp, "CHECKPOINT_RESTORE_PATH", None)):
+    exp.not_used("INIT_FROM_RULES", "INIT_FROM_STRICT", "INIT_FROM_OPTIMIZER",
+                 reason="INIT_FROM is None (and no --init_from): no initial weights to take")
   configs = Configs(task_config(exp), input_configs(exp, "datasets"),
                     input_configs(exp, "decode_datasets"),
                     call_user(exp, "get_input_specs_provider_params"))

@@ -70,7 +70,9 @@ class TrainSettings:
   num_microbatches: int = 1  # gradient accumulation: the batch in k slices, one update
   target_log_pplx: float | None = None  # stop once an eval's log_pplx is at or below it
   # Pax's fields for what paxlike always does; the other value is refused, not ignored.
-  eval_skip_train: bool = True  # paxlike evaluates the eval inputs only, never the train one
+  # Pax's: False (its default) also evaluates the next training batch at every eval
+  # interval, into summaries/eval_train; True skips that.
+  eval_skip_train: bool = False
   # An experiment with no training input (eval or decode only) initialises the model from
   # the shapes its get_input_specs_provider_params() gives; False (Pax's eval-only
   # configs): from its first eval or decode input's. With a training input it changes
@@ -92,9 +94,6 @@ class TrainSettings:
   decode_interval_steps: int | None = None
 
   def __post_init__(self) -> None:
-    if not self.eval_skip_train:
-      raise UserError("task.train.eval_skip_train = False: paxlike does not evaluate on the "
-                      "training input; leave it True.")
     _check_split_mapping(self.inputs_split_mapping)
     if self.random_seed is not None:
       if self.seed not in (1234, self.random_seed):

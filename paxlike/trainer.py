@@ -325,7 +325,7 @@ class _TrainRun:
         next_batch = self.partitioner.shard_batch(next_host_batch)
       self._summaries(step, metrics, batch, host_batch)
       if self._checkpoint_or_stop(step, input_state) or self._eval_reached_target(
-          step, input_state):
+          step, input_state, next_batch if step < last else None):
         break
       self._decode_at_interval(step)
       self.gp.step_done(step, force_progress=self.last_saved == step)
@@ -407,13 +407,17 @@ class _TrainRun:
       self.ckpt.save(step, self.partitioner.to_checkpoint(self.state), input_state)
     self.last_saved = step
 
-  def _eval_reached_target(self, step: int, input_state: dict[str, Any]) -> bool:
-    """Evals every EVAL_INTERVAL_STEPS; True (after a save) when TARGET_LOG_PPLX is reached."""
+  def _eval_reached_target(self, step: int, input_state: dict[str, Any],
+                           next_batch: Any = None) -> bool:
+    """Evals every EVAL_INTERVAL_STEPS (and, as Pax's eval_skip_train=False does, the next
+    training batch); True (after a save) when TARGET_LOG_PPLX is reached."""
     interval = self.settings.eval_interval_steps
     if not (self.options.evaluator and interval and step < self.settings.num_train_steps
             and step % interval == 0):
       return False
     with self.gp.span("eval"):
+      if not self.settings.eval_skip_train and next_batch is not None:
+        self.options.evaluator.eval_train(self.state, step, next_batch)
       evals = _run_eval(self.options, self.state, step, decode=self.options.decode_during_train)
     if not (_reached_target(self.settings.target_log_pplx, evals, step)
             or self._early_stopped(evals, step)):

@@ -135,3 +135,10 @@ def test_cls_vars_dump_shows_where_each_value_comes_from():
   assert "MODEL_DIMS" in names and "task" not in names
   # The --set section comes last, after every class section.
   assert list(sections)[-1] == "--set"
+
+
+def test_init_from_knobs_without_init_from_are_refused_when_set():
+  exp = _tiny("INIT_FROM_OPTIMIZER=True")
+  with pytest.raises(UserError, match=r"^--set INIT_FROM_OPTIMIZER=True: nothing reads it; "
+                                      r"INIT_FROM is None \(and no --init_from\)"):
+    experiment.build_checked(exp)

@@ -136,6 +136,10 @@ JAX_LOADER = textwrap.dedent('''
       stderr = io.StringIO()
       with contextlib.redirect_stderr(stderr):  # a list where a JSON object belongs
         bad_ids = (run.main([d, "--ids", "[[1, 2]]"]), stderr.getvalue())
+      stderr = io.StringIO()
+      with contextlib.redirect_stderr(stderr):  # a prompt longer than the export's input
+        decoder.encode(["12+34=" * 200])
+      long_prompt = stderr.getvalue()
 
       # Only what manifest.json says: files, argument order, input names and dtypes.
       import jax
@@ -159,6 +163,7 @@ JAX_LOADER = textwrap.dedent('''
         raw.append(np.asarray(outs[0]).tolist())
       results[name] = {"api": api, "raw": raw, "encoded": encoded, "generated": generated,
                        "cli_code": code, "cli_rows": cli_rows, "bad_ids": bad_ids,
+                       "long_prompt": long_prompt,
                        "in_avals": in_avals,
                        "out_shapes": out_shapes}
     results["paxlike_imported"] = "paxlike" in sys.modules
@@ -337,6 +342,7 @@ def test_text_prompts_become_the_inputs_paxlike_reads(run):
     assert [r["prompt"] for r in rows] == expected["texts"][0]
     assert [r["tokens"] for r in rows] == [beams[0] for beams in expected["tokens"][0]]
     assert all(isinstance(r["generation"], str) for r in rows)
+    assert "1 of 1 prompts were longer than the export's" in got[name]["long_prompt"]
     code, err = got[name]["bad_ids"]
     assert code == 2 and err.startswith("error: --ids must be a JSON object") and \
         "Traceback" not in err, err

@@ -114,6 +114,24 @@ def test_tiny_run_records_the_environment(tiny_job):
   assert "--xla_force_host_platform_device_count=1" in env["XLA_FLAGS"]
 
 
+def test_eval_intervals_also_evaluate_the_next_training_batch_as_pax_does(tmp_path):
+  """task.train.eval_skip_train = False, Pax's default: every eval interval also evaluates
+  the next training batch, into summaries/eval_train; True skips it."""
+  sets = ["--set", "NUM_TRAIN_STEPS=4", "--set", "EVAL_INTERVAL_STEPS=2", "--set",
+          "PERCORE_BATCH_SIZE=4", "--enable_checkpoint_saving=false"]
+  proc = run_cli([f"--exp={TINY}", "--job_log_dir=job", *sets], cwd=tmp_path)
+  assert proc.returncode == 0, describe(proc)
+  train_evals = read_scalars(tmp_path / "job" / "summaries" / "eval_train")
+  assert sorted(dict(train_evals["loss"])) == [2], train_evals  # the intervals before the end
+  assert 0 < dict(train_evals["loss"])[2] < 10.0  # about ln(256) this early
+  assert sorted(dict(read_scalars(tmp_path / "job" / "summaries" / "eval_test_eval")["loss"])) \
+      == [2, 4]  # the synthetic stream's eval input: the intervals and the end
+  skip = run_cli([f"--exp={TINY}", "--job_log_dir=skip", *sets, "--set",
+                  "train.eval_skip_train=True"], cwd=tmp_path)
+  assert skip.returncode == 0, describe(skip)
+  assert not (tmp_path / "skip" / "summaries" / "eval_train").exists()
+
+
 def test_an_eval_run_keeps_the_record_of_how_the_job_was_trained(tiny_job, tmp_path):
   """Another mode writes its records with its name in front, as Pax does: the training
   run's experiment_cls_vars.txt (its --set section), model_params.txt and run_env.json

@@ -240,8 +240,12 @@ class Decoder:
     vocab, text = self.manifest["vocabulary"], self.manifest["text"]
     width = next(s["shape"][1] for s in self.inputs.values() if s.get("text") == "tokens")
     # The prompt's ids (+ EOS where the experiment's input appends one), cut at the width.
-    rows = [(self.tokenize(t) + ([vocab["eos_id"]] if text["append_eos"] else []))[:width]
-            for t in texts]
+    full = [self.tokenize(t) + ([vocab["eos_id"]] if text["append_eos"] else []) for t in texts]
+    cut = sum(len(ids) > width for ids in full)
+    if cut:  # as --mode=infer says it
+      print(f"warning: {cut} of {len(full)} prompts were longer than the export's {width} "
+            "input tokens and were cut", file=sys.stderr)
+    rows = [ids[:width] for ids in full]
     out = {}
     for name, spec in self.inputs.items():
       if spec.get("text") == "tokens":

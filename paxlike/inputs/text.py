@@ -377,8 +377,8 @@ class TextInput(BaseInput):
         shown = repr(ex) if len(repr(ex)) <= 80 else repr(ex)[:77] + "..."
         raise UserError(f"input {self.name!r}: example {i} of {where} has no "
                         f"{self.input_key!r} field: {shown}; the enc_dec feature converter "
-                        "needs (inputs, targets) pairs (set input_key / target_key to your "
-                        "field names).")
+                        "needs (inputs, targets) pairs (set INPUT_KEY / TARGET_KEY, the input's "
+                        "input_key / target_key, to your field names).")
       x = self._bos + self.vocab.encode(str(ex[self.input_key])) + [self.vocab.eos_id]
       y = self.vocab.encode(str(ex.get(self.target_key, ""))) + [self.vocab.eos_id]
       cut_in, cut_out = cut_in + (len(x) > self.seq_len), cut_out + (len(y) > self.target_len)
