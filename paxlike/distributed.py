@@ -74,7 +74,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   """
   import jax
 
-  explicit = coordinator_address is not None or (num_processes or 1) > 1
+  explicit = (coordinator_address is not None or (num_processes or 1) > 1
+              or process_id not in (None, 0))  # --process_id=1 alone is a partial set
   if not explicit and not cluster_detected():
     return False
   jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -407,8 +407,11 @@ def apply_overrides(exp: BaseExperiment, overrides: list[str]) -> None:
     if key in PAX_RENAMED and key not in known:
       raise UserError(f"--set {key}: paxlike calls it {PAX_RENAMED[key]} (Pax's name); "
                       f"write --set {PAX_RENAMED[key]}={raw}.")
+    if not key:
+      raise UserError(f"--set {text!r} names no hyperparameter; write --set KEY=VALUE.")
     if key not in known:
-      close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
+      close = ([key.upper()] if key.upper() in known else []) or difflib.get_close_matches(
+          key, list(known), n=3, cutoff=0.6)
       hint = f" Did you mean {' or '.join(close)}?" if close else ""
       raise UserError(f"--set {key}: {type(exp).__name__} has no hyperparameter {key}.{hint}")
     value = _convert(key, raw, known[key], type(exp))

@@ -43,13 +43,16 @@ def step_peak_bytes(compiled: Any) -> int:
   return step_memory(compiled)["peak"]
 
 
-def _advice(last_saved: int | None) -> str:
+def _advice(last_saved: int | None, in_place: tuple[str, ...] = ()) -> str:
+  """What to try, less the remedies already in place (a name in `in_place`, e.g. the
+  policy 'SAVE_NOTHING', found in the remedy's text)."""
   kept = (f"; the checkpoint of step {last_saved} is kept" if last_saved else "")
-  return f"try {'; or '.join(REMEDIES)}{kept}."
+  remedies = [r for r in REMEDIES if not any(f"'{p}'" in r for p in in_place)]
+  return f"try {'; or '.join(remedies)}{kept}."
 
 
 def preflight(step_fn: Any, args: tuple[Any, ...], budget_bytes: int,
-              last_saved: int | None = None) -> int:
+              last_saved: int | None = None, in_place: tuple[str, ...] = ()) -> int:
   """Compiles step_fn for args and refuses it when its peak exceeds budget_bytes.
 
   Returns:
@@ -66,7 +69,7 @@ def preflight(step_fn: Any, args: tuple[Any, ...], budget_bytes: int,
   if need > budget_bytes:
     raise UserError(f"the train step needs {need / GIB:.2f} GiB per device, more than the "
                     f"{budget_bytes / GIB:.2f} GiB --device_memory_gib allows; "
-                    + _advice(last_saved))
+                    + _advice(last_saved, in_place))
   return need
 
 

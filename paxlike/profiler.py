@@ -87,6 +87,9 @@ def make_plan(flag_steps: int | None, flag_start: int | None, exp: Any = None
     what = "--profile_start_step" if flag_start is not None else "PROFILER_CAPTURE_STEP"
     raise UserError(f"{what} must be a step number of at least 1, got {start!r}.")
   if not steps:
+    if flag_start is not None:
+      raise UserError(f"--profile_start_step={flag_start} starts a trace that nothing asks "
+                      "for; add --profile_steps=N (or set PROFILER_NUM_STEPS).")
     return None
   return ProfilePlan(start_step=start or 3, num_steps=steps)
 

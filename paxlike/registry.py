@@ -282,6 +282,11 @@ def get(name: str) -> type:
   cls = _resolve(name)
   if cls is not None:
     return cls
+  if "." not in name and _named_module(name) is not None:
+    names = module_names(name)[0]
+    example = names[0] if names else f"{name}.YourClass"
+    raise UserError(f"--exp={name} names a module; name an experiment class in it, e.g. "
+                    f"--exp={example} (--list_experiments --exp={name} lists them).")
   hint = _did_you_mean(suggestions(name))
   if "." in name:
     raise UserError(

@@ -111,6 +111,9 @@ def check_compatible(source: Source, step: int, abstract: Any,
   if re.search(rf"(^|/){LORA_PARAM} ", problem):
     hint = ("the run that wrote it and this one differ in USE_LORA, LORA_RANK or "
             "LORA_TARGET_LAYERS: set them as that run did, or " + hint)
+  elif problem.startswith("opt_state"):
+    hint = ("the optimizer state differs: the run that wrote it had another OPTIMIZER (or "
+            "optimizer config, or frozen parameters); set it as that run did, or " + hint)
   raise UserError(
       f"checkpoint step {step} in {source.directory} does not fit this run's model: "
       f"{problem}; {hint}.")

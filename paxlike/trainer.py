@@ -310,8 +310,10 @@ class _TrainRun:
     self.t_mark, self.step_mark = None, step
     if self.options.device_memory_bytes:
       with self.gp.span("other"):
+        policy = getattr(self.program.task.model, "checkpoint_policy", None)
         memory.preflight(self.step_fn, (self.state, batch, self.key),
-                         self.options.device_memory_bytes, self.last_saved)
+                         self.options.device_memory_bytes, self.last_saved,
+                         in_place=(getattr(policy, "name", str(policy)),))
     with memory.out_of_memory_is_one_line(lambda: self.last_saved):
       self._steps(step, last, batch, host_batch, input_state)
 

@@ -111,6 +111,8 @@ CASES = [
     Case("changed_model", [FAULT_EXP, "--set", "MODEL_DIMS=32"],
          [rf"checkpoint step {FAULT_STEPS}\b", r"params/\S+ has shape \(64,\) float32 in the "
           r"checkpoint but shape \(32,\) float32 in this run", "new --job_log_dir"]),
+    Case("changed_optimizer", [FAULT_EXP, "--set", "OPTIMIZER=sgd"],
+         [r"does not fit this run's model: opt_state", r"had another OPTIMIZER"]),
     Case("damaged_checkpoint_metadata", [FAULT_EXP],
          [rf"checkpoint step {FAULT_STEPS}\b", "damaged", "--restore_fallback"],
          setup=_damaged_metadata),

@@ -56,6 +56,10 @@ def test_unknown_key_suggests_the_right_one():
   msg = str(e.value)
   assert "MODEL_DIM" in msg and "Did you mean" in msg
   assert "MODEL_DIMS" in msg.split("Did you mean", 1)[1]
+  with pytest.raises(UserError, match=r"Did you mean NUM_TRAIN_STEPS\?$"):  # its case
+    _tiny("num_train_steps=2")
+  with pytest.raises(UserError, match=r"^--set '=5' names no hyperparameter"):
+    _tiny("=5")
 
 
 @pytest.mark.parametrize("value", ["abc", "2.5", "'2'", "[2]"])

@@ -291,6 +291,12 @@ def _error_line(proc) -> str:
                  [r"--decode_num_beams is read only by --mode=train and decode and decode_once "
                   r"and infer and export, not --mode=eval; drop it\.$"],
                  id="decode_flag_in_eval"),
+    pytest.param([f"--exp={TINY}", "--process_id=1"], 1,
+                 [r"needs --coordinator_address, --num_processes and --process_id together"],
+                 id="process_id_alone"),
+    pytest.param([f"--exp={TINY}", "--profile_start_step=5"], 1,
+                 [r"--profile_start_step=5 starts a trace that nothing asks for"],
+                 id="profile_start_step_alone"),
     pytest.param([f"--exp={TINY}", "--target=h100"], 1,
                  [r"--target is read only by --mode=dry_run, not --mode=train"],
                  id="target_in_train"),

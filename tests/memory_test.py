@@ -24,6 +24,8 @@ def test_a_budget_below_the_step_is_refused_before_step_1_and_keeps_the_job(tmp_
   errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and "GiB per device" in errors[0] and "0.00 GiB" in errors[0], errors
   assert "checkpoint of step 4 is kept" in errors[0] and "Traceback" not in proc.stderr
+  # The remedies less the one in place (the template's CHECKPOINT_POLICY is SAVE_NOTHING).
+  assert "NUM_MICROBATCHES=2" in errors[0] and "'SAVE_NOTHING'" not in errors[0], errors
   assert "step 5" not in proc.stdout + proc.stderr  # refused before the first new step
   assert sorted(p.name for p in (job / "checkpoints").iterdir()) == kept
   # A budget that holds the step trains on from the kept checkpoint.

@@ -153,6 +153,9 @@ def test_plan_flags_win_over_the_experiments_pax_names():
   assert profiler.make_plan(2, 5, Exp()) == profiler.ProfilePlan(5, 2)
   assert profiler.make_plan(0, None, Exp()) is None  # the flag turns it off
   assert profiler.make_plan(None, None, object()) is None  # off by default
+  with pytest.raises(profiler.UserError, match=r"^--profile_start_step=5 starts a trace that "
+                                               r"nothing asks for; add --profile_steps"):
+    profiler.make_plan(None, 5, object())
   Exp.PROFILER_CAPTURE_STEP = 0  # Pax's default: paxlike's start, after warm-up
   assert profiler.make_plan(None, None, Exp()) == profiler.ProfilePlan(3, 4)
   with pytest.raises(profiler.UserError, match="PROFILER_NUM_STEPS"):

@@ -65,6 +65,10 @@ def test_get_imports_a_user_module_on_demand(tmp_path, monkeypatch):
   assert cls.NUM_LAYERS == 3
   # Once imported, the bare class name resolves too.
   assert registry.get("MyExp") is cls
+  # The module's name alone is not an experiment: the error names a class in it.
+  with pytest.raises(UserError, match=r"^--exp=mymod names a module; name an experiment class "
+                                      r"in it, e.g. --exp=mymod.MyExp "):
+    registry.get("mymod")
   monkeypatch.delitem(sys.modules, "mymod")
 
 
