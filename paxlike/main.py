@@ -120,15 +120,21 @@ def run(argv_flags: flags.FlagValues) -> int:
   except UserError:
     _unclaim_job_log_dir(job_log_dir, lock, created)  # a refused run leaves no directory
     raise
-  _write_run_records(exp, built, job_log_dir, argv_flags, partitioner, mesh_desc, flag_plan)
-  if layout is not None:
-    xla_flags.update_run_env(job_log_dir, {"layout": layout})
-  options = _train_options(built, partitioner, job_log_dir, argv_flags, init_from, run_timer,
-                           flag_plan, profile_plan)
-  if argv_flags.mode != "train":
-    code = _run_on_restored(built, partitioner, job_log_dir, argv_flags, options, export_job)
-  else:
-    code = _train(built, partitioner, job_log_dir, options)
+  before = _JobFiles(job_log_dir) if argv_flags.mode == "train" else None
+  try:
+    _write_run_records(exp, built, job_log_dir, argv_flags, partitioner, mesh_desc, flag_plan)
+    if layout is not None:
+      xla_flags.update_run_env(job_log_dir, {"layout": layout})
+    options = _train_options(built, partitioner, job_log_dir, argv_flags, init_from,
+                             run_timer, flag_plan, profile_plan)
+    if argv_flags.mode != "train":
+      code = _run_on_restored(built, partitioner, job_log_dir, argv_flags, options, export_job)
+    else:
+      code = _train(built, partitioner, job_log_dir, options)
+  except UserError:
+    if before is not None and run_timer.steps == 0:  # refused before its first step
+      before.put_back()
+    raise
   if (line := cache.line()) is not None:
     import jax
 
@@ -516,6 +522,54 @@ def _claim_job_log_dir(job_log_dir: str, mode: str) -> Any:
   if mode == "train":  # eval/decode may read a job while it trains (Pax's evaler)
     return job_lock.hold(job_log_dir)  # one training run per job_log_dir; released at exit
   return None
+
+
+class _JobFiles:
+  """What a training run writes into job_log_dir before its first step (its records, its
+  summary files, a vocabulary copy), as it was: put back when the run is refused before
+  step 1 (a damaged checkpoint, a step over --device_memory_gib), so the job is as it was.
+  Checkpoints, and what another mode's run beside it writes, are not touched."""
+
+  MAX_BYTES = 1 << 20  # record files are small; a larger one is left as it is
+
+  def __init__(self, job_log_dir: str) -> None:
+    self.root = job_log_dir
+    self.kept = {path: self._read(path) for path in self._ours()}
+
+  def _ours(self) -> list[str]:
+    """The run's own files: top-level files, summaries/train, eval_train, vocabulary/."""
+    out = []
+    for sub in ("", os.path.join("summaries", "train"), os.path.join("summaries", "eval_train"),
+                "vocabulary"):
+      folder = os.path.join(self.root, sub)
+      if os.path.isdir(folder):
+        out += [os.path.join(folder, n) for n in os.listdir(folder)
+                if os.path.isfile(os.path.join(folder, n)) and n != "job.lock"]
+    return out
+
+  def _read(self, path: str) -> bytes | None:
+    if os.path.getsize(path) > self.MAX_BYTES:
+      return None
+    with open(path, "rb") as f:
+      return f.read()
+
+  def put_back(self) -> None:
+    import jax
+
+    if jax.process_index() != 0:
+      return
+    for path in self._ours():
+      if path not in self.kept:
+        os.remove(path)
+      elif self.kept[path] is not None and self._read(path) != self.kept[path]:
+        with open(path, "wb") as f:
+          f.write(self.kept[path])
+    for sub in (os.path.join("summaries", "train"), os.path.join("summaries", "eval_train"),
+                "summaries", "vocabulary"):
+      try:
+        os.rmdir(os.path.join(self.root, sub))  # only a folder this run left empty
+      except OSError:
+        pass
 
 
 def _unclaim_job_log_dir(job_log_dir: str, lock: Any, created: bool) -> None:

@@ -17,6 +17,8 @@ def test_a_budget_below_the_step_is_refused_before_step_1_and_keeps_the_job(tmp_
   first = run_cli([f"--exp={TINY}", f"--job_log_dir={job}", *SMALL], REPO_ROOT)
   assert first.returncode == 0, describe(first)
   kept = sorted(p.name for p in (job / "checkpoints").iterdir())
+  files = {p: p.read_bytes() for p in job.rglob("*")
+           if p.is_file() and "checkpoints" not in p.parts and p.name != "job.lock"}
   more = [*SMALL, "--set", "NUM_TRAIN_STEPS=6"]
   proc = run_cli([f"--exp={TINY}", f"--job_log_dir={job}", "--device_memory_gib=0.0001", *more],
                  REPO_ROOT)
@@ -28,6 +30,9 @@ def test_a_budget_below_the_step_is_refused_before_step_1_and_keeps_the_job(tmp_
   assert "NUM_MICROBATCHES=2" in errors[0] and "'SAVE_NOTHING'" not in errors[0], errors
   assert "step 5" not in proc.stdout + proc.stderr  # refused before the first new step
   assert sorted(p.name for p in (job / "checkpoints").iterdir()) == kept
+  # Its records (another NUM_TRAIN_STEPS) and summary files are put back: the job is as it was.
+  assert {p: p.read_bytes() for p in job.rglob("*") if p.is_file() and "checkpoints" not in
+          p.parts and p.name != "job.lock"} == files
   # A budget that holds the step trains on from the kept checkpoint.
   ok = run_cli([f"--exp={TINY}", f"--job_log_dir={job}", "--device_memory_gib=8", *more],
                REPO_ROOT)
