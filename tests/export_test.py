@@ -500,3 +500,12 @@ def test_warmup_varint():
   assert warmup.varint(1) == b"\x01"
   assert warmup.varint(300) == b"\xac\x02"
   assert warmup.field(3, b"ab") == b"\x1a\x02ab"
+
+
+def test_hf_generation_config_takes_the_sampling_flags():
+  from paxlike.decoding import DecodeSettings
+  from paxlike.export.hf import generation_settings
+
+  assert generation_settings(DecodeSettings()) == {}  # greedy: transformers' default
+  assert generation_settings(DecodeSettings(temperature=0.7, top_k=40, top_p=0.9)) == {
+      "do_sample": True, "temperature": 0.7, "top_k": 40, "top_p": 0.9}

@@ -373,7 +373,8 @@ def test_hf_export_carries_a_tokenizer_autotokenizer_loads(llama_job, llama_tok_
   root, job, table = llama_job
   out = root / "export_hf"
   proc = run_cli(["--exp=LlamaArithmeticTiny", f"--job_log_dir={job}", "--mode=export",
-                  "--export_format=hf", f"--export_dir={out}", *_llama_sets(table)], root,
+                  "--export_format=hf", f"--export_dir={out}", "--decode_num_beams=4",
+                  "--decode_max_length=5", *_llama_sets(table)], root,
                  pythonpath=[REPO_ROOT])
   assert proc.returncode == 0, describe(proc)
   assert {"tokenizer.json", "tokenizer_config.json", "generation_config.json"} <= set(
@@ -381,7 +382,10 @@ def test_hf_export_carries_a_tokenizer_autotokenizer_loads(llama_job, llama_tok_
   generation = json.loads((out / "generation_config.json").read_text())
   assert (generation["bos_token_id"], generation["eos_token_id"],
           generation["pad_token_id"]) == (2, 1, 0)
+  # The --decode_* flags travel: beams and the length (T5X's brevity penalty has no field).
+  assert (generation["num_beams"], generation["max_new_tokens"]) == (4, 5)
   transformers = pytest.importorskip("transformers")
+  assert transformers.GenerationConfig.from_pretrained(str(out)).num_beams == 4
   exported = transformers.AutoTokenizer.from_pretrained(str(out))
   source = transformers.AutoTokenizer.from_pretrained(str(llama_tok_dir))
   strings = _strings()

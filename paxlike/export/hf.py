@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from paxlike import log
 from paxlike.export.job import ExportJob
 
 GENERATION_IDS = ("decoder_start_token_id", "bos_token_id", "eos_token_id", "pad_token_id")
@@ -22,7 +23,7 @@ class HfExporter:
 
   def check(self, job: ExportJob) -> Any:
     job.model.hf_config()  # a family with no Hugging Face layout raises UserError
-    return job.model, job.vocab
+    return job.model, job.vocab, job.settings
 
   def write(self, plan: Any, params: Any, step: int, out_dir: str) -> None:
     import jax
@@ -31,10 +32,31 @@ class HfExporter:
     from paxlike.interop import hf
 
     del step
-    model, vocab = plan
+    model, vocab, settings = plan
     hf.export_params(jax.device_get(params), model, out_dir)
     config = model.hf_config()
     generation = {k: config.get(k) for k in GENERATION_IDS}
     if vocab is not None and vocab.add_bos:
       generation["bos_token_id"] = vocab.bos_id
+    generation.update(generation_settings(settings))
     vocabulary.write_hf_files(vocab or vocabulary.ByteVocabulary(), out_dir, generation)
+
+
+def generation_settings(settings: Any) -> dict[str, Any]:
+  """The --decode_* flags as generation_config.json's fields: beams, sampling, the length.
+  T5X's brevity penalty ((5 + length) / 6) ** alpha has no field there (transformers'
+  length_penalty is another formula): with beams, that is said in the log."""
+  if settings is None:
+    return {}
+  out: dict[str, Any] = {}
+  if settings.max_decode_length is not None:
+    out["max_new_tokens"] = settings.max_decode_length
+  if settings.num_beams > 1:
+    out["num_beams"] = settings.num_beams
+    log.info("generation_config.json: num_beams %d; transformers scores beams with its own "
+             "length_penalty, not paxlike's brevity penalty (alpha %g)", settings.num_beams,
+             settings.alpha)
+  elif settings.temperature > 0:
+    out.update(do_sample=True, temperature=settings.temperature, top_k=settings.top_k,
+               top_p=settings.top_p)
+  return out
