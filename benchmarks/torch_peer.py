@@ -168,7 +168,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
   pax, host_batches = side.runner, side.host_batches
   seq_len = max(v.shape[-1] for v in host_batches[0].values())
   pax.compile(side.lower)
-  peer = Peer(architecture, config, task.learner, dtype, device, compile_model, seq_len)
+  peer = Peer(architecture, config, ts.learner_view(task.learner), dtype, device,
+              compile_model, seq_len)
   peer_runner = ts.Runner("peer", peer.step, None, [peer.batch(b) for b in host_batches])
   pax.first_loss = ts.host_metrics(part, pax.run())["loss"]
   peer_runner.first_loss = peer_runner.run()["loss"]  # torch.compile compiles here
@@ -210,7 +211,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
       "fprop_dtype": dtype,
       "use_repeated_layer": model.use_repeated_layer,
       "checkpoint_policy": model.checkpoint_policy,
-      "optimizer": {"paxlike": task.learner.optimizer,
+      "optimizer": {"paxlike": ts.learner_view(task.learner).optimizer,
                     "peer": "AdamW (fused)" if device == "cuda" else "AdamW"},
       "peer": {"model": f"transformers {transformers.__version__} {architecture}",
                "torch": torch.__version__, "device": device, "attention": "sdpa",

@@ -97,8 +97,29 @@ def build(exp_name: str, overrides: Sequence[str], skip_nonfinite: bool = False)
                partitioner, program)
 
 
+def learner_view(learner: Any) -> Any:
+  """The learner's settings by the knobs' names, whether it names its optimizer ('adam') or
+  holds a praxis optimizer config (Pax's templates): optimizer, learning_rate, schedule,
+  warmup_steps, ..., clip_gradient_norm_to_value."""
+  import types
+
+  opt = learner.optimizer
+  if isinstance(opt, str):
+    return learner
+  sched = opt.lr_schedule
+  names = {"Adam": "adam", "ShardedAdafactor": "sharded_adafactor", "ShardedSgd": "sgd"}
+  return types.SimpleNamespace(
+      optimizer=names.get(type(opt).__name__, type(opt).__name__),
+      learning_rate=opt.learning_rate, schedule=getattr(sched, "KIND", "constant"),
+      **{f: getattr(sched, f, 0) for f in ("warmup_steps", "decay_start", "decay_end")},
+      min_ratio=getattr(sched, "min_ratio", 0.1), max=getattr(sched, "max", 1.0),
+      **{f: getattr(opt, f, 0.0) for f in ("beta1", "beta2", "epsilon", "weight_decay")},
+      clip_gradient_norm_to_value=opt.clip_gradient_norm_to_value)
+
+
 def optimizer_fields(learner: Any) -> dict[str, Any]:
   """The learner's settings the references take (clip + adamw or adafactor, Pax's schedules)."""
+  learner = learner_view(learner)
   if learner.optimizer not in ("adam", "adafactor"):
     raise UserError(f"the reference implements adam and adafactor, not "
                     f"OPTIMIZER={learner.optimizer!r}; pass --no-reference.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Mapping
@@ -27,6 +28,9 @@ def _import_tensorboardx() -> None:
     del sys.modules["torch"]
 
 
+_WRITERS = itertools.count()  # this process's writers, numbered: a unique file name each
+
+
 class SummaryWriter:
   """Scalars under job_log_dir/summaries/<name>/; a no-op when disabled.
 
@@ -43,7 +47,10 @@ class SummaryWriter:
       _import_tensorboardx()
       from tensorboardX.event_file_writer import EventsWriter  # deferred: slow import
       os.makedirs(self.path, exist_ok=True)
-      self._writer = EventsWriter(os.path.join(self.path, "events"))
+      # The file name's time is in whole seconds: two writers of one folder within a second
+      # (evals at close intervals) would write the same file, the later over the earlier.
+      self._writer = EventsWriter(os.path.join(self.path, "events"),
+                                  filename_suffix=f".{os.getpid()}.{next(_WRITERS):06d}")
 
   def _write(self, step: int, summaries: list) -> None:
     from tensorboardX.proto import event_pb2
