@@ -89,13 +89,14 @@ class InitFrom:
     return out
 
   def check_exists(self) -> None:
-    """The source is there (checked before its tokenizer is looked for in it).
+    """A Hugging Face or paxlike source is there (checked before its tokenizer is looked for
+    in it; a Pax or T5X source, which holds no tokenizer, is checked where it is read).
 
     Raises:
       UserError: naming the path.
     """
     kind, path, _ = self.source()
-    if not os.path.exists(path):
+    if kind in ("hf", "paxlike") and not os.path.exists(path):
       raise UserError(f"INIT_FROM / --init_from {self.spec!r}: {path} does not exist; pass the "
                       f"{'Hugging Face directory' if kind == 'hf' else 'checkpoint folder'} "
                       "itself.")

@@ -21,12 +21,14 @@ import numpy as np
 from paxlike.errors import UserError
 from paxlike.inputs.base_input import BaseInput
 
+DEFAULT_VOCAB = 256
+
 
 @dataclasses.dataclass
 class SyntheticLmInput(BaseInput):
   """Permutation-walk token sequences; see the module docstring."""
 
-  vocab_size: int = 256
+  vocab_size: int = 256  # DEFAULT_VOCAB
   seq_len: int = 64
   noise_rate: float = 0.05
   eval_offset: int = 1 << 30  # eval steps read a disjoint part of the stream
@@ -42,18 +44,19 @@ class SyntheticLmInput(BaseInput):
   def check_model(self, model: Any) -> None:
     """The ids fit the model's table; vocab_size None (Pax's SyntheticLmData) takes it."""
     table = getattr(model, "vocab_size", None)
-    if table is None:
-      return
     if self.vocab_size is None:
-      self.vocab_size = table
+      self.vocab_size = table or DEFAULT_VOCAB  # a model with no table (an MLP): ids < 256
       self._perm = self._permutation()
-    elif self.vocab_size > table:
+    elif table is not None and self.vocab_size > table:
       raise UserError(f"input {self.name!r} draws token ids below vocab_size="
                       f"{self.vocab_size}, but the model's VOCAB_SIZE is {table}; set the "
                       f"input's vocab_size to {table} or less, or raise VOCAB_SIZE.")
 
   def _rows(self, step: int, first_row: int, count: int) -> np.ndarray:
     """Rows first_row .. first_row+count of the global batch at `step`."""
+    if self._perm is None:  # read before any model was checked against it
+      self.vocab_size = self.vocab_size or DEFAULT_VOCAB
+      self._perm = self._permutation()
     n = self.seq_len + 1
     starts = np.empty(count, np.int64)
     noise = np.empty((count, n), bool)
