@@ -267,6 +267,14 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
   return exp
 
 
+def _checkpoint_steps(job_log_dir: str) -> list[int]:
+  """The steps of job_log_dir/checkpoints/checkpoint_<step> folders, sorted (read before
+  any backend starts: no orbax)."""
+  folder = os.path.join(job_log_dir, "checkpoints")
+  names = os.listdir(folder) if os.path.isdir(folder) else []
+  return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"checkpoint_(\d+)", n)))
+
+
 def _use_job_vocabulary(exp: Any, job_log_dir: str, mode: str) -> None:
   """A later run of a job reads the tokenizer the job recorded: it becomes VOCABULARY (so
   the inputs, chat template and the Llama family's special ids follow it), and a VOCABULARY
@@ -275,10 +283,8 @@ def _use_job_vocabulary(exp: Any, job_log_dir: str, mode: str) -> None:
   from paxlike.inputs import vocabulary
 
   init_from = initial.InitFrom.of(exp, None)  # exp.INIT_FROM holds --init_from already
-  ckpts = os.path.join(job_log_dir, "checkpoints")
   # A dry run needs only the shapes, and a job with checkpoints starts from its own.
-  if init_from and mode != "dry_run" and not (os.path.isdir(ckpts) and any(
-      re.fullmatch(r"checkpoint_\d+", n) for n in os.listdir(ckpts))):
+  if init_from and mode != "dry_run" and not _checkpoint_steps(job_log_dir):
     init_from.check_exists()
   setting = getattr(exp, "VOCABULARY", None)
   spec = vocabulary.for_job(setting, init_from.vocabulary_dir() if init_from else None,
@@ -605,9 +611,7 @@ def _preflight(exp: Any, built: _Built, job_log_dir: str,
   asked = argv_flags.restore_checkpoint_step
   if mode == "train" and asked and argv_flags.restore_checkpoint_dir is None:
     ckpt_dir = checkpoints.checkpoint_dir(job_log_dir)
-    later = sorted(int(n[len("checkpoint_"):]) for n in (
-        os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else ())
-        if re.fullmatch(r"checkpoint_\d+", n) and int(n[len("checkpoint_"):]) > asked[0])
+    later = [step for step in _checkpoint_steps(job_log_dir) if step > asked[0]]
     if later:
       raise UserError(f"--restore_checkpoint_step={asked[0]} trains on from there, but "
                       f"{ckpt_dir} already has step {later[0]} after it, which this run would "
