@@ -537,6 +537,9 @@ class _JobFiles:
   Checkpoints, and what another mode's run beside it writes, are not touched."""
 
   MAX_BYTES = 1 << 20  # record files are small; a larger one is left as it is
+  # The folders whose files are the run's own ("" is job_log_dir's top level), deepest first.
+  FOLDERS = (os.path.join("summaries", "train"), os.path.join("summaries", "eval_train"),
+             "vocabulary", "")
 
   def __init__(self, job_log_dir: str) -> None:
     self.root = job_log_dir
@@ -545,8 +548,7 @@ class _JobFiles:
   def _ours(self) -> list[str]:
     """The run's own files: top-level files, summaries/train, eval_train, vocabulary/."""
     out = []
-    for sub in ("", os.path.join("summaries", "train"), os.path.join("summaries", "eval_train"),
-                "vocabulary"):
+    for sub in self.FOLDERS:
       folder = os.path.join(self.root, sub)
       if os.path.isdir(folder):
         out += [os.path.join(folder, n) for n in os.listdir(folder)
@@ -570,8 +572,7 @@ class _JobFiles:
       elif self.kept[path] is not None and self._read(path) != self.kept[path]:
         with open(path, "wb") as f:
           f.write(self.kept[path])
-    for sub in (os.path.join("summaries", "train"), os.path.join("summaries", "eval_train"),
-                "summaries", "vocabulary"):
+    for sub in (*self.FOLDERS[:-1], "summaries"):
       try:
         os.rmdir(os.path.join(self.root, sub))  # only a folder this run left empty
       except OSError:
