@@ -597,7 +597,7 @@ def unread_hparams(exp: BaseExperiment) -> list[str]:
     if (klass.__module__ or "").startswith(registry.SHIPPED_PACKAGE + "."):
       logging.info("%s", line)  # a shipped experiment's own, deliberate choice
     else:
-      _warn(line)
+      warn(line)
   for name, value in sorted(overrides.items()):
     if name in reads or (name in base and name not in unused):
       continue
@@ -615,7 +615,7 @@ def _inactive_reason(exp: BaseExperiment, name: str) -> str | None:
   return knob_branches.inactive_reason(name, classes, lambda n: _untracked_get(exp, n))
 
 
-def _warn(line: str) -> None:
+def warn(line: str) -> None:
   """A warning the user sees whatever the logging setup: absl's log and a printed line."""
   logging.warning("%s", line)
   print(f"warning: {line}", flush=True)

@@ -21,6 +21,7 @@ import fiddle as fdl
 import jax.numpy as jnp
 
 from paxlike.errors import UserError
+from paxlike.experiment import warn
 from paxlike.file_data import FilesDataset
 from paxlike.inputs.synthetic import SyntheticLmInput
 from paxlike.layers import activations
@@ -31,6 +32,11 @@ from paxlike.layers.transformer import NORM_POLICIES
 from paxlike.models.language_model import LanguageModel
 from paxlike.pax.config_tree import LmConfig
 from paxlike.training_experiment import AdamTraining, LoraHParams, PaxLearner
+
+# The Adam knobs whose 0 Pax's c4.py reads as this default (`cls.ADAM_BETA1 if
+# cls.ADAM_BETA1 else 0.9`); paxlike runs the 0, and says so.
+PAX_FALSY_DEFAULTS = {"ADAM_BETA1": 0.9, "ADAM_BETA2": 0.999, "ADAM_EPSILON": 1e-6,
+                      "CLIP_GRADIENT_NORM_TO_VALUE": 5.0, "ADAM_CLIP_THRESHOLD": 1.0}
 
 
 class TransformerLmSpmdAdam(PaxLearner, LoraHParams, AdamTraining):
@@ -129,6 +135,10 @@ class TransformerLmSpmdAdam(PaxLearner, LoraHParams, AdamTraining):
                       f"{list(LOOKUP_STYLES)}.")
     if not 0.0 <= self.DROPOUT_PROB < 1.0:
       raise UserError(f"DROPOUT_PROB must be in [0, 1), got {self.DROPOUT_PROB}.")
+    if zeros := [f"{n}=0 (Pax: {d})" for n, d in PAX_FALSY_DEFAULTS.items()
+                 if getattr(self, n, None) == 0 and not isinstance(getattr(self, n), bool)]:
+      warn(f"{type(self).__name__}: paxlike runs {', '.join(zeros)} as set; Pax's c4 "
+           "set_adam_and_learning_rate_schedule reads a 0 there as its default.")
     if self.USE_EXPERT_PARALLEL and "data_expert" not in self.mesh_axis_names():
       raise UserError(
           "USE_EXPERT_PARALLEL=True needs the 4-axis mesh [replica, data, data_expert, mdl] "

@@ -220,7 +220,12 @@ MODE_FLAGS = {
     "skip_nonfinite_steps": ("train",), "profile_steps": ("train",),
     **{f"decode_{k}": _DECODING
        for k in ("temperature", "top_k", "top_p", "num_beams", "alpha", "max_length")},
+    "infer_input": ("infer",), "decode_during_train": ("train",), "eval_on_test": ("train",),
+    "checkpoint_todelete_subdir": ("train",), "eval_during_decode": ("decode", "decode_once"),
 }
+# What to do instead, where dropping the flag is not the whole answer.
+_MODE_FLAG_HINTS = {"infer_input": "add --mode=infer or drop --infer_input",
+                    "eval_on_test": "drop it (--mode=eval runs the eval datasets)"}
 
 
 def _experiment(argv_flags: flags.FlagValues) -> Any:
@@ -234,23 +239,11 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
     # What the experiment derives from its initial weights (the tokenizer, a chat
     # template, the Llama family's special ids) follows the flag too.
     exp.INIT_FROM = argv_flags.init_from
-  if argv_flags.infer_input and argv_flags.mode != "infer":
-    raise UserError(f"--infer_input is read only by --mode=infer, not --mode={argv_flags.mode}; "
-                    "add --mode=infer or drop --infer_input.")
-  if argv_flags.decode_during_train and argv_flags.mode != "train":
-    raise UserError(f"--decode_during_train is read only by --mode=train, not "
-                    f"--mode={argv_flags.mode}; drop it.")
-  if argv_flags["eval_on_test"].present and argv_flags.mode != "train":
-    raise UserError(f"--eval_on_test is read only by --mode=train, not --mode={argv_flags.mode}"
-                    "; drop it (--mode=eval runs the eval datasets).")
   for name, modes in MODE_FLAGS.items():
     if argv_flags[name].present and argv_flags.mode not in modes:
       raise UserError(f"--{name} is read only by --mode={' and '.join(modes)}, not "
-                      f"--mode={argv_flags.mode}; drop it.")
+                      f"--mode={argv_flags.mode}; {_MODE_FLAG_HINTS.get(name, 'drop it')}.")
   subdir = argv_flags.checkpoint_todelete_subdir
-  if subdir is not None and argv_flags.mode != "train":
-    raise UserError(f"--checkpoint_todelete_subdir is read only by --mode=train, not "
-                    f"--mode={argv_flags.mode}; drop it.")
   if subdir is not None and (not subdir or subdir in (".", "..") or "/" in subdir
                              or os.sep in subdir or subdir.startswith("checkpoint_")):
     raise UserError(f"--checkpoint_todelete_subdir={subdir!r} must be a plain folder name "
@@ -261,9 +254,6 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
     raise UserError(f"--restore_checkpoint_step is given {len(asked)} times "
                     f"({', '.join(map(str, asked))}); only --mode=eval, decode and decode_once "
                     f"run on several steps, --mode={argv_flags.mode} on one: pass one.")
-  if argv_flags.eval_during_decode and argv_flags.mode not in ("decode", "decode_once"):
-    raise UserError(f"--eval_during_decode is read only by --mode=decode and decode_once, not "
-                    f"--mode={argv_flags.mode}; drop it.")
   return exp
 
 

@@ -62,10 +62,35 @@ class ProfilePlan:
 
   start_step: int
   num_steps: int
+  start_given: bool = True  # False: the default start, which fit() moves to the run's steps
+  source: str = dataclasses.field(default="--profile_steps", compare=False)  # or the knob
 
   @property
   def last_step(self) -> int:
     return self.start_step + self.num_steps - 1
+
+  def fit(self, first: int, last: int) -> ProfilePlan | None:
+    """The plan for a run of steps first..last (a resumed run starts past step 1).
+
+    The default start is the run's third step, earlier when the run is too short for
+    all the steps asked; a start the user gave that traces none of the run's steps is
+    refused when a flag gave it (an experiment's PROFILER_* knobs get a warning).
+
+    Raises:
+      UserError: --profile_steps / --profile_start_step trace no step of this run.
+    """
+    if not self.start_given:
+      start = min(first + 2, max(first, last - self.num_steps + 1))
+      return dataclasses.replace(self, start_step=start, start_given=True)
+    if self.start_step <= last and self.last_step >= first:
+      return self
+    what = (f"{self.source}={self.num_steps} from step {self.start_step} traces steps "
+            f"{self.start_step}..{self.last_step}, and this run trains steps {first}..{last}")
+    if self.source.startswith("--"):
+      raise UserError(f"{what}; pass --profile_start_step between {first} and {last} (or drop "
+                      "it: the trace then starts at the run's third step).")
+    logging.warning("profile: %s; no trace is written.", what)
+    return None
 
 
 def make_plan(flag_steps: int | None, flag_start: int | None, exp: Any = None
@@ -91,7 +116,8 @@ def make_plan(flag_steps: int | None, flag_start: int | None, exp: Any = None
       raise UserError(f"--profile_start_step={flag_start} starts a trace that nothing asks "
                       "for; add --profile_steps=N (or set PROFILER_NUM_STEPS).")
     return None
-  return ProfilePlan(start_step=start or 3, num_steps=steps)
+  return ProfilePlan(start_step=start or 3, num_steps=steps, start_given=start is not None,
+                     source=source)
 
 
 class StepProfiler:

@@ -296,8 +296,10 @@ class _TrainRun:
                                        self.partitioner.unshard,
                                        skip=self.options.skip_nonfinite_steps)
     self.watcher = preemption.StopWatcher().install()
-    self.step_profiler = prof_lib.StepProfiler(self.options.profile, self.job_log_dir,
-                                               enabled=self.is_chief)
+    plan = self.options.profile
+    if plan is not None:  # the run's own steps (a resumed run starts past step 1)
+      plan = plan.fit(self.start_step + 1, self.settings.num_train_steps)
+    self.step_profiler = prof_lib.StepProfiler(plan, self.job_log_dir, enabled=self.is_chief)
 
   def loop(self) -> None:
     """Steps until NUM_TRAIN_STEPS, a stop signal or TARGET_LOG_PPLX; then the final eval."""

@@ -291,6 +291,12 @@ def _error_line(proc) -> str:
                  [r"--decode_num_beams is read only by --mode=train and decode and decode_once "
                   r"and infer and export, not --mode=eval; drop it\.$"],
                  id="decode_flag_in_eval"),
+    pytest.param([f"--exp={TINY}", "--infer_input=new.jsonl"], 1,
+                 [r"--infer_input is read only by --mode=infer, not --mode=train; "
+                  r"add --mode=infer or drop --infer_input\.$"], id="infer_input_in_train"),
+    pytest.param([f"--exp={TINY}", "--mode=eval", "--nodecode_during_train"], 1,
+                 [r"--decode_during_train is read only by --mode=train, not --mode=eval"],
+                 id="decode_during_train_in_eval"),
     pytest.param([f"--exp={TINY}", "--process_id=1"], 1,
                  [r"needs --coordinator_address, --num_processes and --process_id together"],
                  id="process_id_alone"),

@@ -291,6 +291,16 @@ def test_a_knob_its_branch_does_not_read_is_a_warning_naming_the_setting(capsys)
                    r"LR_SCHEDULE='linear_rampup_cosine_decay'", out), out
 
 
+def test_a_zero_adam_knob_runs_as_set_and_says_what_pax_would_run(capsys):
+  exp = experiment.instantiate(registry.get("LmCloudSpmdTiny"),
+                               ["ADAM_BETA1=0", "CLIP_GRADIENT_NORM_TO_VALUE=0"])
+  optimizer = config.build(exp.task()).learner.optimizer
+  assert optimizer.beta1 == 0 and optimizer.clip_gradient_norm_to_value == 0
+  out = capsys.readouterr().out
+  assert ("warning: LmCloudSpmdTiny: paxlike runs ADAM_BETA1=0 (Pax: 0.9), "
+          "CLIP_GRADIENT_NORM_TO_VALUE=0 (Pax: 5.0) as set") in out, out
+
+
 def test_a_set_of_an_inactive_knob_and_an_unknown_name_are_refused():
   class UsesAdafactor(AdaTemplate):
     USE_ADAFACTOR = True

@@ -157,7 +157,37 @@ def test_plan_flags_win_over_the_experiments_pax_names():
                                                r"nothing asks for; add --profile_steps"):
     profiler.make_plan(None, 5, object())
   Exp.PROFILER_CAPTURE_STEP = 0  # Pax's default: paxlike's start, after warm-up
-  assert profiler.make_plan(None, None, Exp()) == profiler.ProfilePlan(3, 4)
+  assert profiler.make_plan(None, None, Exp()) == profiler.ProfilePlan(3, 4, start_given=False)
   with pytest.raises(profiler.UserError, match="PROFILER_NUM_STEPS"):
     Exp.PROFILER_NUM_STEPS = -2
     profiler.make_plan(None, None, Exp())
+
+
+def test_plan_fits_the_runs_own_steps():
+  default = profiler.make_plan(2, None, object())
+  assert default.fit(1, 100) == profiler.ProfilePlan(3, 2)  # after compile and warm-up
+  assert default.fit(41, 100) == profiler.ProfilePlan(43, 2)  # a resumed run's third step
+  assert default.fit(1, 1) == profiler.ProfilePlan(1, 2)  # a run too short for warm-up
+  assert default.fit(1, 3) == profiler.ProfilePlan(2, 2)
+  given = profiler.make_plan(2, 5, object())
+  assert given.fit(1, 100) == given and given.fit(6, 100) == given  # steps 5..6 overlap
+  with pytest.raises(profiler.UserError, match=r"^--profile_steps=2 from step 5 traces steps "
+                                               r"5\.\.6, and this run trains steps 41\.\.100; "
+                                               r"pass --profile_start_step between 41 and 100"):
+    given.fit(41, 100)
+
+  class Exp:
+    PROFILER_NUM_STEPS = 2
+    PROFILER_CAPTURE_STEP = 10
+
+  assert profiler.make_plan(None, None, Exp()).fit(1, 4) is None  # the knob's: a warning
+
+
+def test_profile_steps_past_a_short_run_is_refused_before_training(tmp_path):
+  job = tmp_path / "job"
+  proc = run_cli([f"--exp={TINY}", f"--job_log_dir={job}", "--set", "NUM_TRAIN_STEPS=2",
+                  "--profile_steps=2", "--profile_start_step=5"], tmp_path)
+  assert proc.returncode == 2, describe(proc)
+  assert "this run trains steps 1..2" in proc.stderr and "Traceback" not in proc.stderr
+  assert not (job / "profile").exists()
+  assert not list(job.glob("checkpoints/checkpoint_*")), describe(proc)  # refused before step 1
