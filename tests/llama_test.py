@@ -147,6 +147,28 @@ def test_export_reloads_in_transformers(llama_dir, tmp_path):
   assert diff < 1e-5, f"exported model's logits differ by {diff}"
 
 
+def test_export_keeps_the_sources_context_length(llama_dir, tmp_path):
+  """A fine-tune on rows shorter than the source's context (MAX_SEQ_LEN 32 here, 64 in the
+  source's config.json, which the job's vocabulary/ keeps) exports the source's 64."""
+  import types
+
+  from paxlike.export import hf as hf_export
+  from paxlike.interop import hf
+
+  path, _ = llama_dir
+  short = _paxlike_model().clone(max_seq_len=32)
+  vocab = types.SimpleNamespace(files={"config.json": os.path.join(path, "config.json")})
+  assert hf_export.source_positions(vocab) == 64
+  assert hf_export.source_positions(types.SimpleNamespace(files={})) is None
+  hf.export_params(hf.import_params(path, short), short, str(tmp_path / "out"),
+                   hf_export.source_positions(vocab))
+  config = json.loads((tmp_path / "out" / "config.json").read_text())
+  assert config["max_position_embeddings"] == 64
+  hf.export_params(hf.import_params(path, short), short, str(tmp_path / "bare"))
+  assert json.loads((tmp_path / "bare" / "config.json").read_text())[
+      "max_position_embeddings"] == 32  # no source: the model's own length
+
+
 def test_qwen2_with_biases_and_tied_embeddings_matches_transformers(tmp_path):
   pytest.importorskip("torch")
   pytest.importorskip("transformers")

@@ -33,13 +33,28 @@ class HfExporter:
 
     del step
     model, vocab, settings = plan
-    hf.export_params(jax.device_get(params), model, out_dir)
+    hf.export_params(jax.device_get(params), model, out_dir, source_positions(vocab))
     config = model.hf_config()
     generation = {k: config.get(k) for k in GENERATION_IDS}
     if vocab is not None and vocab.add_bos:
       generation["bos_token_id"] = vocab.bos_id
     generation.update(generation_settings(settings))
     vocabulary.write_hf_files(vocab or vocabulary.ByteVocabulary(), out_dir, generation)
+
+
+def source_positions(vocab: Any) -> int | None:
+  """max_position_embeddings of the config.json the job's tokenizer came with (the source
+  checkpoint's, recorded in job_log_dir/vocabulary/), or None."""
+  import json
+
+  path = (getattr(vocab, "files", None) or {}).get("config.json")
+  if not path:
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f).get("max_position_embeddings")
+  except (OSError, ValueError, AttributeError):
+    return None
 
 
 def generation_settings(settings: Any) -> dict[str, Any]:

@@ -412,13 +412,15 @@ def _read_t5(ckpt: _Checkpoint, name: str, kind: str, heads: int) -> np.ndarray:
   return np.ascontiguousarray(_to_paxlike(kind, ckpt.get(name), heads))
 
 
-def export_params(params: Any, model: Any, directory: str) -> None:
+def export_params(params: Any, model: Any, directory: str, positions: int | None = None
+                  ) -> None:
   """Writes config.json + model.safetensors that T5ForConditionalGeneration.from_pretrained loads.
 
   Args:
     params: the model's parameter tree (arrays on the host, scanned or not).
     model: the model (its hf_config() becomes config.json).
     directory: a new or empty directory.
+    positions: a Llama-family source's max_position_embeddings, kept (hf_llama).
 
   Raises:
     UserError: directory exists and is not empty, or the model has no HF layout.
@@ -431,7 +433,7 @@ def export_params(params: Any, model: Any, directory: str) -> None:
   if _is_llama(config):
     from paxlike.interop import hf_llama
 
-    hf_llama.export_params(params, model, directory)
+    hf_llama.export_params(params, model, directory, positions)
     return
   tensors: dict[str, np.ndarray] = {}
   for hf_name, path, layer, kind in t5_name_map(model):

@@ -286,12 +286,19 @@ def _read(ckpt: Any, name: str, kind: str, shape: tuple[int, ...]) -> np.ndarray
   return np.ascontiguousarray(_to_paxlike(kind, ckpt.get(name), shape))
 
 
-def export_params(params: Any, model: Any, directory: str) -> None:
-  """Writes config.json + model.safetensors that AutoModelForCausalLM.from_pretrained loads."""
+def export_params(params: Any, model: Any, directory: str, positions: int | None = None
+                  ) -> None:
+  """Writes config.json + model.safetensors that AutoModelForCausalLM.from_pretrained loads.
+
+  positions: the source checkpoint's max_position_embeddings, kept when it is more than
+  the model's MAX_SEQ_LEN (a fine-tune on short rows does not shorten Llama 3's context).
+  """
   from paxlike.interop.hf_files import get_path as _get
   from paxlike.interop.hf_files import write_directory
 
   config = model_config(model)
+  if isinstance(positions, int) and positions > config["max_position_embeddings"]:
+    config["max_position_embeddings"] = positions
   tensors: dict[str, np.ndarray] = {}
   for hf_name, path, layer, kind, _ in name_map(model):
     value = np.asarray(_get(params, path), dtype=np.float32)
