@@ -598,8 +598,9 @@ def unread_hparams(exp: BaseExperiment) -> list[str]:
       logging.info("%s", line)  # a shipped experiment's own, deliberate choice
     else:
       warn(line)
+  inherited = exp.__dict__.get("_inherited", set())  # a job's training --set (paxlike.main)
   for name, value in sorted(overrides.items()):
-    if name in reads or (name in base and name not in unused):
+    if name in reads or (name in base and name not in unused) or name in inherited:
       continue
     reason = unused.get(name) or _inactive_reason(exp, name) or _describe_unread(name, known)
     lines.append(f"--set {name}={_show(value)}: nothing reads it; {_sentence(reason)}")

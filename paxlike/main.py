@@ -101,7 +101,10 @@ def run(argv_flags: flags.FlagValues) -> int:
   # Nothing is created in job_log_dir until the experiment's configs are built and
   # every hyperparameter the user wrote was read (experiment.build_checked).
   job_log_dir = _job_log_dir_path(argv_flags.job_log_dir)
-  _use_job_vocabulary(exp, job_log_dir, argv_flags.mode)
+  if (argv_flags.mode in ("export", "infer") and not _checkpoint_steps(job_log_dir)
+      and not (argv_flags.restore_checkpoint_dir or argv_flags.init_from or exp.INIT_FROM)):
+    raise _no_checkpoint(job_log_dir, argv_flags.mode)  # before a vocabulary is looked for
+  _use_job_vocabulary(exp, job_log_dir, argv_flags)
   if argv_flags.mode == "dry_run":
     return _dry_run(exp, job_log_dir, argv_flags)
   layout = _tuned_layout(exp, job_log_dir) if argv_flags.mode == "train" else None
@@ -234,7 +237,12 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
 
   if not argv_flags.exp:
     raise UserError("--exp is required; pass an experiment name (see --list_experiments).")
-  exp = experiment.instantiate(registry.get(argv_flags.exp), _set_flags(argv_flags.set))
+  cls = registry.get(argv_flags.exp)
+  given = _set_flags(argv_flags.set)
+  kept = _training_overrides(cls, argv_flags, given)
+  exp = experiment.instantiate(cls, kept + given)
+  # What this mode does not read of them is no refusal: the training run read it.
+  exp.__dict__["_inherited"] = {experiment.parse_override(text)[0] for text in kept}
   if argv_flags.init_from:
     # What the experiment derives from its initial weights (the tokenizer, a chat
     # template, the Llama family's special ids) follows the flag too.
@@ -243,6 +251,10 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
     if argv_flags[name].present and argv_flags.mode not in modes:
       raise UserError(f"--{name} is read only by --mode={' and '.join(modes)}, not "
                       f"--mode={argv_flags.mode}; {_MODE_FLAG_HINTS.get(name, 'drop it')}.")
+  if argv_flags.export_format == "hf" and argv_flags["export_platforms"].present:
+    raise UserError("--export_platforms is read by --export_format=stablehlo and savedmodel, "
+                    "not hf (a Hugging Face directory holds weights, not a program compiled "
+                    "for platforms); drop it.")
   subdir = argv_flags.checkpoint_todelete_subdir
   if subdir is not None and (not subdir or subdir in (".", "..") or "/" in subdir
                              or os.sep in subdir or subdir.startswith("checkpoint_")):
@@ -257,6 +269,52 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
   return exp
 
 
+def _training_overrides(cls: type, argv_flags: flags.FlagValues, given: list[str]) -> list[str]:
+  """The job's training `--set`s, for a run of another mode on it (the settings a
+  fine-tune needed: its lengths, dtype, RoPE, files), but for the keys it sets itself.
+  They come from job_log_dir/run_env.json (else that of the job whose checkpoint
+  --restore_checkpoint_dir gives) when its training run was of this class."""
+  from paxlike import experiment, log
+
+  if argv_flags.mode == "train" or not argv_flags.job_log_dir:
+    return []
+  record: Any = None
+  for job in _weights_jobs(os.path.abspath(os.path.expanduser(argv_flags.job_log_dir)),
+                           argv_flags.restore_checkpoint_dir):
+    try:
+      with open(os.path.join(job, "run_env.json")) as f:
+        record = json.load(f)
+      break
+    except (OSError, ValueError):
+      continue
+  if not isinstance(record, dict) or record.get("mode") != "train" \
+      or record.get("experiment") != f"{cls.__module__}.{cls.__qualname__}":
+    return []
+  mine = {experiment.parse_override(text)[0] for text in given}
+  kept = [_from_dir(text, record.get("cwd")) for text in _set_flags(record.get("overrides") or [])
+          if isinstance(text, str) and experiment.parse_override(text)[0] not in mine]
+  if kept:
+    log.info("--mode=%s takes the job's training settings: --set %s (run_env.json; a --set "
+             "of the key changes it)", argv_flags.mode, " --set ".join(kept))
+  return kept
+
+
+def _from_dir(text: str, cwd: Any) -> str:
+  """KEY=VALUE with VALUE's relative paths (comma-separated globs) that name files under
+  cwd, the directory the training run started in, made absolute: a later run started
+  elsewhere reads the same files."""
+  key, _, value = text.partition("=")
+  parts = value.split(",")
+  if not isinstance(cwd, str) or not any(parts):
+    return text
+  import glob
+
+  if not all(p.strip() and not os.path.isabs(p.strip())
+             and glob.glob(os.path.join(cwd, p.strip())) for p in parts):
+    return text
+  return f"{key}={','.join(os.path.join(cwd, p.strip()) for p in parts)}"
+
+
 def _checkpoint_steps(job_log_dir: str) -> list[int]:
   """The steps of job_log_dir/checkpoints/checkpoint_<step> folders, sorted (read before
   any backend starts: no orbax)."""
@@ -265,20 +323,45 @@ def _checkpoint_steps(job_log_dir: str) -> list[int]:
   return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"checkpoint_(\d+)", n)))
 
 
-def _use_job_vocabulary(exp: Any, job_log_dir: str, mode: str) -> None:
-  """A later run of a job reads the tokenizer the job recorded: it becomes VOCABULARY (so
-  the inputs, chat template and the Llama family's special ids follow it), and a VOCABULARY
-  or INIT_FROM tokenizer that is another one is refused (vocabulary.for_job)."""
+def _weights_jobs(job_log_dir: str, restore_dir: str | None) -> list[str]:
+  """job_log_dir, then the job whose weights --restore_checkpoint_dir gives (a job's
+  checkpoints/ folder or one checkpoint in it): where a run looks for the records of how
+  its weights were trained."""
+  if not restore_dir:
+    return [job_log_dir]
+  folder = os.path.abspath(os.path.expanduser(restore_dir)).rstrip(os.sep)
+  return [job_log_dir, os.path.dirname(folder), os.path.dirname(os.path.dirname(folder))]
+
+
+def _vocabulary_job(job_log_dir: str, restore_dir: str | None) -> str:
+  """The job whose recorded tokenizer this run reads: job_log_dir's, else that of the job
+  whose checkpoint --restore_checkpoint_dir gives: the tokenizer its weights learnt."""
+  from paxlike.inputs import vocabulary
+
+  return next((job for job in _weights_jobs(job_log_dir, restore_dir)
+               if vocabulary.recorded(job)), job_log_dir)
+
+
+def _use_job_vocabulary(exp: Any, job_log_dir: str, argv_flags: flags.FlagValues) -> None:
+  """A later run of a job reads the tokenizer the job recorded (or the job of
+  --restore_checkpoint_dir): it becomes VOCABULARY (so the inputs, chat template and the
+  Llama family's special ids follow it), and a VOCABULARY or INIT_FROM tokenizer that is
+  another one is refused (vocabulary.for_job)."""
   from paxlike import initial
   from paxlike.inputs import vocabulary
 
+  mode = argv_flags.mode
+  if mode != "train" and argv_flags.init_from and argv_flags.restore_checkpoint_dir:
+    raise UserError(f"--mode={mode} takes its weights from --restore_checkpoint_dir, so "
+                    f"--init_from={argv_flags.init_from} gives neither them nor a tokenizer; "
+                    "drop --init_from (the tokenizer is that of the checkpoint's job).")
   init_from = initial.InitFrom.of(exp, None)  # exp.INIT_FROM holds --init_from already
   # A dry run needs only the shapes, and a job with checkpoints starts from its own.
   if init_from and mode != "dry_run" and not _checkpoint_steps(job_log_dir):
     init_from.check_exists()
   setting = getattr(exp, "VOCABULARY", None)
   spec = vocabulary.for_job(setting, init_from.vocabulary_dir() if init_from else None,
-                            job_log_dir)
+                            _vocabulary_job(job_log_dir, argv_flags.restore_checkpoint_dir))
   if spec != setting and hasattr(type(exp), "VOCABULARY"):
     exp.VOCABULARY = spec
 
@@ -389,8 +472,9 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
     _use_tfds_data_dir(name, [*configs.datasets, *configs.decode_datasets], argv_flags)
   init_from = initial.InitFrom.of(exp, argv_flags.init_from)
   init_dir = init_from.vocabulary_dir() if init_from else None
+  vocab_job = _vocabulary_job(job_log_dir, argv_flags.restore_checkpoint_dir)
   text.resolve_vocabularies(
-      [*configs.datasets, *configs.decode_datasets], init_dir, job_log_dir,
+      [*configs.datasets, *configs.decode_datasets], init_dir, vocab_job,
       init_from.spec if init_from and init_dir is None else None)
   decode_cfgs = configs.decode_datasets
   with experiment.user_config_errors(f"building {name}'s task"):
@@ -401,10 +485,10 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
   if argv_flags.mode == "infer":  # a bad --infer_input fails here, before anything is written
     decode_cfgs = evaluator.infer_datasets(name, decode_cfgs, argv_flags.infer_input,
                                            getattr(exp, "infer_input", None))
-    text.resolve_vocabularies(decode_cfgs, init_dir, job_log_dir)  # a new config too
+    text.resolve_vocabularies(decode_cfgs, init_dir, vocab_job)  # a new config too
   elif argv_flags.mode == "export" and not decode_cfgs:
     decode_cfgs = export_lib.text_source(getattr(exp, "infer_input", None), init_dir,
-                                         job_log_dir)
+                                         vocab_job)
   with experiment.user_config_errors(f"building {name}'s decode datasets"):
     decode_inputs = [config.build(c) for c in decode_cfgs]
   for inp in inputs + decode_inputs:
@@ -581,6 +665,12 @@ def _unclaim_job_log_dir(job_log_dir: str, lock: Any, created: bool) -> None:
       pass
 
 
+def _no_checkpoint(job_log_dir: str, mode: str) -> UserError:
+  what = "to export" if mode == "export" else "to predict with"
+  return UserError(f"{job_log_dir} has no checkpoint {what}; train first, or pass "
+                   "--restore_checkpoint_dir or --init_from.")
+
+
 def _preflight(exp: Any, built: _Built, job_log_dir: str,
                argv_flags: flags.FlagValues) -> tuple[Any, Any, Any]:
   """Everything a run can refuse, checked before it writes anything into job_log_dir.
@@ -613,9 +703,7 @@ def _preflight(exp: Any, built: _Built, job_log_dir: str,
     if rows % slices == 0:  # else the trainer's accumulation check says so
       task.model.check_batch(rows // slices)
   if mode in ("export", "infer") and source.step is None and not init_from:
-    what = "to export" if mode == "export" else "to predict with"
-    raise UserError(f"{job_log_dir} has no checkpoint {what}; train first, or pass "
-                    "--restore_checkpoint_dir or --init_from.")
+    raise _no_checkpoint(job_log_dir, mode)
   export_job = None
   if exporter:
     export_dir = export_lib.out_dir(job_log_dir, source.step or 0, exporter.name,
@@ -660,7 +748,8 @@ def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: fl
   xla_flags.write_run_env(job_log_dir, xla_flags.run_env({
       "experiment": f"{cls.__module__}.{cls.__qualname__}",
       "mode": argv_flags.mode, "partitioner": partitioner.kind,
-      "mesh": mesh_desc, "overrides": argv_flags.set, **flag_plan.record(),
+      "mesh": mesh_desc, "overrides": argv_flags.set, "cwd": os.getcwd(),
+      **flag_plan.record(),
       **jax_flags.record(argv_flags),
       **({"tfds_data_dir": argv_flags.tfds_data_dir} if argv_flags.tfds_data_dir else {}),
       **({"vocabulary": vocab.spec} if vocab is not None else {})}))
@@ -856,6 +945,15 @@ def decode_settings(argv_flags: flags.FlagValues, model: Any) -> Any:
   if f.decode_num_beams > 1 and f.decode_temperature > 0:
     raise UserError("beam search (--decode_num_beams > 1) does not sample; drop "
                     "--decode_temperature or use one beam.")
+  cuts = [n for n in ("decode_top_k", "decode_top_p") if f[n].present]
+  if cuts and f.decode_temperature == 0:
+    how = "beam search" if f.decode_num_beams > 1 else "greedy decoding"
+    raise UserError(f"--{' and --'.join(cuts)} cut{'s' if len(cuts) == 1 else ''} what sampling "
+                    f"draws from, and {how} does not sample; set --decode_temperature above 0 "
+                    f"(with one beam) or drop {'it' if len(cuts) == 1 else 'them'}.")
+  if f["decode_alpha"].present and f.decode_num_beams == 1:
+    raise UserError("--decode_alpha is beam search's brevity penalty and one beam has none to "
+                    "rank; set --decode_num_beams above 1 or drop --decode_alpha.")
   return decoding.DecodeSettings(
       max_decode_length=f.decode_max_length, temperature=f.decode_temperature,
       top_k=f.decode_top_k, top_p=f.decode_top_p, num_beams=f.decode_num_beams,

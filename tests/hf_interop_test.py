@@ -258,6 +258,11 @@ def test_check_config_names_the_field_and_both_values(tmp_path):
   _write_config(tmp_path / "tied", tie_word_embeddings=True, scale_decoder_outputs=True)
   with pytest.raises(UserError, match="TIE_EMBEDDINGS=False"):
     hf.check_config(hf.read_config(str(tmp_path / "tied")), _paxlike_model())
+  # generate() would start decoding at 5; paxlike's T5 starts at 0.
+  _write_config(tmp_path / "start5", decoder_start_token_id=5)
+  with pytest.raises(UserError, match="decoder_start_token_id=5, and paxlike's T5 starts "
+                                      "decoding at 0"):
+    hf.check_config(hf.read_config(str(tmp_path / "start5")), _paxlike_model())
 
 
 def test_missing_or_foreign_checkpoints_are_user_errors(flan, tmp_path):

@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import textwrap
+import types
 
 import pytest
 from conftest import (
@@ -19,6 +20,8 @@ from conftest import (
     read_scalars,
     run_cli,
 )
+
+from paxlike import main, registry
 
 TINY_SETS = ["--set", "NUM_TRAIN_STEPS=40", "--set", "SUMMARY_INTERVAL_STEPS=10",
              "--set", "CHECKPOINT_EVERY_N_STEPS=20"]
@@ -135,20 +138,60 @@ def test_eval_intervals_also_evaluate_the_next_training_batch_as_pax_does(tmp_pa
 def test_an_eval_run_keeps_the_record_of_how_the_job_was_trained(tiny_job, tmp_path):
   """Another mode writes its records with its name in front, as Pax does: the training
   run's experiment_cls_vars.txt (its --set section), model_params.txt and run_env.json
-  stay as they were."""
+  stay as they were. It takes the training run's --set values, but for those it sets."""
   _, job = tiny_job
   copy = tmp_path / "tiny_copy"
   shutil.copytree(job, copy)
   names = ("experiment_cls_vars.txt", "model_params.txt", "run_env.json", "input_specs.json")
   before = {n: (copy / n).read_bytes() for n in names}
   # EVAL_INTERVAL_STEPS > 0 gives the synthetic stream's eval input.
-  proc = run_cli([f"--exp={TINY}", f"--job_log_dir={copy}", "--mode=eval", *TINY_SETS,
-                  "--set", "EVAL_INTERVAL_STEPS=20"], cwd=tmp_path)
+  proc = run_cli([f"--exp={TINY}", f"--job_log_dir={copy}", "--mode=eval", "--set",
+                  "EVAL_INTERVAL_STEPS=20", "--set", "SUMMARY_INTERVAL_STEPS=5"], cwd=tmp_path)
   assert proc.returncode == 0, describe(proc)
   assert {n: (copy / n).read_bytes() for n in names} == before
   assert json.loads((copy / "eval_run_env.json").read_text())["mode"] == "eval"
-  assert parse_cls_vars((copy / "eval_experiment_cls_vars.txt").read_text())["--set"][
-      "EVAL_INTERVAL_STEPS"] == "20"
+  assert ("--mode=eval takes the job's training settings: --set NUM_TRAIN_STEPS=40 --set "
+          "CHECKPOINT_EVERY_N_STEPS=20 (run_env.json") in proc.stderr, describe(proc)
+  assert parse_cls_vars((copy / "eval_experiment_cls_vars.txt").read_text())["--set"] == {
+      "NUM_TRAIN_STEPS": "40", "CHECKPOINT_EVERY_N_STEPS": "20", "EVAL_INTERVAL_STEPS": "20",
+      "SUMMARY_INTERVAL_STEPS": "5"}
+
+
+def test_a_run_on_another_jobs_checkpoint_reads_that_jobs_records(tmp_path):
+  """--restore_checkpoint_dir=<job>/checkpoints (or a checkpoint in it) into a new job:
+  the tokenizer and the training --set values are those of <job>, whose weights these are."""
+  trained, new = tmp_path / "trained", tmp_path / "new"
+  (trained / "vocabulary").mkdir(parents=True)
+  (trained / "vocabulary" / "tokenizer.json").write_text("{}")
+  cls = registry.get(TINY)
+  (trained / "run_env.json").write_text(json.dumps({
+      "mode": "train", "experiment": f"{cls.__module__}.{cls.__qualname__}",
+      "overrides": ["NUM_LAYERS=1", "MAX_SEQ_LEN=32"]}))
+  new.mkdir()
+  for restore in (trained / "checkpoints", trained / "checkpoints" / "checkpoint_00000020"):
+    assert main._vocabulary_job(str(new), str(restore)) == str(trained)
+    flags = types.SimpleNamespace(mode="infer", job_log_dir=str(new),
+                                  restore_checkpoint_dir=str(restore))
+    assert main._training_overrides(cls, flags, ["MAX_SEQ_LEN=64"]) == ["NUM_LAYERS=1"]
+  assert main._vocabulary_job(str(new), None) == str(new)  # no record: this job's own
+  flags = types.SimpleNamespace(mode="train", job_log_dir=str(new),
+                                restore_checkpoint_dir=str(trained / "checkpoints"))
+  assert main._training_overrides(cls, flags, []) == []  # a training run takes its own only
+
+
+def test_a_later_run_reads_the_training_runs_files_from_where_it_started(tmp_path):
+  (tmp_path / "data").mkdir()
+  (tmp_path / "data" / "a.jsonl").write_text("{}\n")
+  (tmp_path / "data" / "b.jsonl").write_text("{}\n")
+  cwd = str(tmp_path)
+  assert main._from_dir("TRAIN_FILES=data/a.jsonl", cwd) == \
+      f"TRAIN_FILES={tmp_path / 'data' / 'a.jsonl'}"
+  assert main._from_dir("TRAIN_FILES=data/*.jsonl,data/b.jsonl", cwd) == \
+      f"TRAIN_FILES={tmp_path / 'data' / '*.jsonl'},{tmp_path / 'data' / 'b.jsonl'}"
+  for kept in ("MAX_SEQ_LEN=32", "TRAIN_FILES=data/gone.jsonl", "TRAIN_FILES=/abs/x.jsonl",
+               "VOCAB_SIZE="):
+    assert main._from_dir(kept, cwd) == kept
+  assert main._from_dir("TRAIN_FILES=data/a.jsonl", None) == "TRAIN_FILES=data/a.jsonl"
 
 
 def test_rerun_in_the_same_dir_resumes_from_the_last_checkpoint(tiny_job, tmp_path):
@@ -297,6 +340,27 @@ def _error_line(proc) -> str:
     pytest.param([f"--exp={TINY}", "--mode=eval", "--nodecode_during_train"], 1,
                  [r"--decode_during_train is read only by --mode=train, not --mode=eval"],
                  id="decode_during_train_in_eval"),
+    pytest.param([f"--exp={TINY}", "--decode_num_beams=4", "--decode_top_k=5"], 1,
+                 [r"--decode_top_k cuts what sampling draws from, and beam search does not "
+                  r"sample; set --decode_temperature above 0 \(with one beam\) or drop it\.$"],
+                 id="top_k_with_beams"),
+    pytest.param([f"--exp={TINY}", "--decode_top_p=0.5", "--decode_alpha=1.0"], 1,
+                 [r"--decode_top_p cuts what sampling draws from, and greedy decoding"],
+                 id="top_p_greedy"),
+    pytest.param([f"--exp={TINY}", "--mode=export", "--export_format=hf",
+                  "--export_platforms=cpu"], 1,
+                 [r"--export_platforms is read by --export_format=stablehlo and savedmodel, "
+                  r"not hf"], id="export_platforms_with_hf"),
+    pytest.param(["--exp=LlamaTiny", "--mode=infer", "--infer_input=new.jsonl"], 1,
+                 [r"job has no checkpoint to predict with; train first"],
+                 id="infer_on_an_empty_job"),  # not its tokenizer's fit, looked for after
+    pytest.param([f"--exp={TINY}", "--mode=infer", "--restore_checkpoint_dir=/x/checkpoints",
+                  "--init_from=hf:/x"], 1,
+                 [r"--mode=infer takes its weights from --restore_checkpoint_dir, so "
+                  r"--init_from=hf:/x gives neither them nor a tokenizer"],
+                 id="init_from_beside_restore_checkpoint_dir"),
+    pytest.param([f"--exp={TINY}", "--decode_alpha=1.0"], 1,
+                 [r"--decode_alpha is beam search's brevity penalty"], id="alpha_greedy"),
     pytest.param([f"--exp={TINY}", "--process_id=1"], 1,
                  [r"needs --coordinator_address, --num_processes and --process_id together"],
                  id="process_id_alone"),

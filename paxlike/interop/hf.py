@@ -138,6 +138,11 @@ def check_config(hf_config: dict[str, Any], model: Any) -> None:
       raise UserError(f"{where} has {field}={theirs!r} but the experiment has "
                       f"{hparam}={mine!r}; set {hparam}={theirs!r} or use a checkpoint "
                       "of this model's shape.")
+  start = hf_config.get("decoder_start_token_id", 0)
+  if start != ours["decoder_start_token_id"]:
+    raise UserError(f"{where} has decoder_start_token_id={start!r}, and paxlike's T5 starts "
+                    f"decoding at {ours['decoder_start_token_id']} (as T5X and the published "
+                    "T5 checkpoints do); use a checkpoint that starts there.")
 
 
 # ----------------------------------------------------------------- tensors
