@@ -3,8 +3,8 @@
 Every shipped data mixin is a FilesDataset, so every shipped experiment
 takes these settings (`--set` or a subclass):
 
-    TRAIN_FILES = ["data/train.jsonl"]   # paths or globs; .jsonl, or .txt lines
-    EVAL_FILES = ["data/test.jsonl"]     # the eval set, and the decode set when rows have targets
+    TRAIN_FILES = ["data/train.jsonl"]   # paths or globs: .jsonl, .json, .csv, .tsv, or text
+    EVAL_FILES = ["data/test.jsonl"]     # the eval set; the decode set too if all rows have targets
     INPUT_KEY, TARGET_KEY                # the fields of (input, target) rows
     METRICS = ["rouge", "bleu"]          # decode metrics besides exact match (the metrics extra)
     PACK = True                          # several examples per training row
@@ -12,12 +12,15 @@ takes these settings (`--set` or a subclass):
 
 With TRAIN_FILES set the files replace the experiment's own training data
 (its synthetic stream or generator); with EVAL_FILES set they replace its
-eval and decode sets. A row is `{INPUT_KEY, TARGET_KEY}` (encoder-decoder:
-inputs -> targets; decoder-only: prompt + completion, the loss on the
-completion and EOS), plain text (a `.txt` line or a `text` field; the loss
-everywhere) or, decoder-only, `{"messages": [...]}` rendered with the
-checkpoint's chat template (the loss on the assistant turns). The template
-comes from the Hugging Face directory of VOCABULARY or INIT_FROM (hf:DIR).
+eval and decode sets. A file is read by its extension
+(paxlike.inputs.text.read_rows: JSON Lines, a JSON array of objects, a CSV /
+TSV table with a header row, or text lines). A row is
+`{INPUT_KEY, TARGET_KEY}` (encoder-decoder: inputs -> targets; decoder-only:
+prompt + completion, the loss on the completion and EOS), plain text (a
+`.txt` line or a `text` field; the loss everywhere) or, decoder-only,
+`{"messages": [...]}` rendered with the checkpoint's chat template (the
+loss on the assistant turns). The template comes from the Hugging Face
+directory of VOCABULARY or INIT_FROM (hf:DIR).
 
 A family template says how its model reads text (feature converter and
 lengths) in `file_input_settings()` (this mixin comes before it in the MRO
@@ -38,7 +41,7 @@ import fiddle as fdl
 from paxlike.errors import UserError
 from paxlike.experiment import BaseExperiment
 from paxlike.inputs import chat as chat_lib
-from paxlike.inputs.text import TextInput, read_files
+from paxlike.inputs.text import TextInput, lacks_target, read_rows
 
 FILE_SETTINGS = ("INPUT_KEY", "TARGET_KEY", "METRICS", "VOCABULARY")
 
@@ -116,7 +119,7 @@ class FilesDataset(BaseExperiment):
     if self.EVAL_FILES is None:
       return []
     paths = file_list(self.EVAL_FILES, "EVAL_FILES")
-    if not _rows_have_targets(paths, self.TARGET_KEY):
+    if not _decodes(paths, self.INPUT_KEY, self.TARGET_KEY):
       return []
     return [self.file_input(_name_of(paths), paths, training=False)]
 
@@ -166,12 +169,34 @@ class FilesDataset(BaseExperiment):
     return ""
 
 
-def _rows_have_targets(paths: list[str], target_key: str) -> bool:
-  """Whether the files' rows carry targets to decode against (checked on the first row):
-  a target field, or a conversation that ends on the assistant's turn."""
-  rows = read_files(",".join(paths))
-  first = rows[0] if rows and isinstance(rows[0], dict) else {}
-  messages = first.get("messages")
-  if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
-    return chat_lib.ends_on_reply(messages)
-  return target_key in first
+def _decodes(paths: list[str], input_key: str, target_key: str) -> bool:
+  """Whether EVAL_FILES are a decode set too: all their rows have a target to decode
+  against (a TARGET_KEY field, or a conversation that ends on the assistant's turn), or
+  none has (plain text, conversations that ask for a reply: evaluated, not decoded).
+
+  Raises:
+    UserError: an (input, target) row without its target, or rows with targets and rows
+      without in one set, naming the first row without.
+  """
+  with_target, without = "", ""
+  for where, n, row in read_rows(",".join(paths)):
+    if lacks_target(row, input_key, target_key):
+      raise UserError(f"EVAL_FILES {where} {n} has no {target_key!r} field (its fields: "
+                      f"{sorted(row)}), so it has no target to evaluate or decode against; set "
+                      "TARGET_KEY to the field that holds the target (inputs alone are for "
+                      "--mode=infer --infer_input=FILE).")
+    if isinstance(row, dict) and "messages" in row:
+      if isinstance(row["messages"], list) and chat_lib.ends_on_reply(row["messages"]):
+        with_target = with_target or f"{where} {n}"
+      else:
+        without = without or f"{where} {n} (a conversation that ends on the user's turn)"
+    elif isinstance(row, dict) and input_key in row:
+      with_target = with_target or f"{where} {n}"
+    elif isinstance(row, str) or "text" in row:
+      without = without or f"{where} {n} (plain text)"
+    # Any other row: TextInput refuses it, naming its fields.
+  if with_target and without:
+    raise UserError(f"EVAL_FILES {without} has no target to decode against but {with_target} "
+                    "has one; give every row of EVAL_FILES a target, or none (then it is "
+                    "evaluated, not decoded).")
+  return bool(with_target)

@@ -210,6 +210,141 @@ def test_chat_template_renders_as_transformers_apply_chat_template(tmp_path):
         messages, tokenize=False, add_generation_prompt=gen)
 
 
+# ------------------------------------------------- file formats, missing fields
+
+
+def _prompts_and_targets(inp: TextInput) -> list[tuple[str, str]]:
+  """Each example's prompt and the text its loss covers (EOS not shown), as decoded."""
+  batch = inp.get_next()
+  return [(inp.vocab.decode(batch["ids"][r, :int(batch["prompt_lens"][r])]),
+           inp.vocab.decode(batch["labels"][r][batch["weights"][r] > 0]))
+          for r in range(len(batch["ids"])) if batch["weights"][r].any()]
+
+
+def test_a_target_key_no_row_has_exits_2_naming_the_fields_the_rows_have(tmp_path):
+  rows = [{"prompt": "reverse: ab", "completion": "ba"},
+          {"prompt": "reverse: cd", "completion": "dc"}]
+  path = _write_jsonl(tmp_path / "pc.jsonl", rows)
+  said = "line 1 has no 'targets' field (its fields: ['completion', 'prompt'])"
+  # Training on EOS alone, as the rows' targets were read as empty: refused, nothing written.
+  proc = run_cli(["--exp=LlamaTiny", f"--job_log_dir={tmp_path / 'job'}", "--set",
+                  "VOCAB_SIZE=264", "--set", f"TRAIN_FILES={path}", "--set", "INPUT_KEY=prompt"],
+                 tmp_path)
+  assert proc.returncode == 2, describe(proc)
+  assert f"pc.jsonl {said}, so it has no target to train on; set TARGET_KEY" in proc.stderr
+  assert not (tmp_path / "job").exists()
+  with pytest.raises(UserError, match=re.escape(said)):
+    _text_input(path, input_key="prompt", feature_converter="enc_dec", target_len=8,
+                batch_size=2, is_training=True)
+  # As EVAL_FILES (eval accuracy 1.0 on EOS, the decode set dropped): refused too.
+  with pytest.raises(UserError, match=re.escape(f"EVAL_FILES {path} {said}") + ".*--mode=infer"):
+    _configs("LlamaArithmeticTiny", [f"EVAL_FILES={path}", "INPUT_KEY=prompt"])
+  c = _configs("LlamaArithmeticTiny", [f"EVAL_FILES={path}", "INPUT_KEY=prompt",
+                                       "TARGET_KEY=completion"])
+  assert [d.name for d in c.decode_datasets] == ["pc"]
+  # Inputs alone are what --mode=infer reads (a non-training input): still read.
+  asks = _write_jsonl(tmp_path / "asks.jsonl", [{"prompt": r["prompt"]} for r in rows])
+  inp = _text_input(asks, input_key="prompt", batch_size=2, is_training=False,
+                    reset_for_eval=True)
+  assert [p for p, _ in _prompts_and_targets(inp)] == ["reverse: ab", "reverse: cd"]
+
+
+ALPACA = [{"instruction": "Reverse ab.", "input": "", "output": "ba"},
+          {"instruction": "Reverse xyz.", "input": "", "output": "zyx"},
+          {"instruction": "Say hi, twice.", "input": "", "output": "hi hi"}]
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_a_json_array_file_gives_its_objects_as_rows(tmp_path, indent):
+  path = tmp_path / "alpaca.json"
+  path.write_text(json.dumps(ALPACA, indent=indent))
+  inp = _text_input(path, input_key="instruction", target_key="output", batch_size=4)
+  assert inp.num_examples == 3
+  assert _prompts_and_targets(inp) == [(r["instruction"], r["output"]) for r in ALPACA]
+  # JSON Lines in a .json file, and one whole object, are rows as before.
+  lines = _write_jsonl(tmp_path / "lines.json", ALPACA)
+  assert _text_input(lines, input_key="instruction", target_key="output",
+                     batch_size=4).num_examples == 3
+  one = tmp_path / "one.json"
+  one.write_text(json.dumps(ALPACA[1], indent=indent))
+  assert _prompts_and_targets(_text_input(one, input_key="instruction", target_key="output",
+                                          batch_size=1)) == [("Reverse xyz.", "zyx")]
+
+
+def test_rows_that_are_not_json_objects_are_refused_naming_file_and_line(tmp_path):
+  bad = tmp_path / "d.jsonl"
+  bad.write_text('{"inputs": "a", "targets": "b"}\n\n7\n')
+  with pytest.raises(UserError, match=r"d\.jsonl line 3 is a number, not a JSON object; write "
+                                      "one object per line"):
+    _text_input(bad, batch_size=1)
+  bad.write_text('["a", "b"]\n')
+  with pytest.raises(UserError, match=r"d\.jsonl line 1 is an array, not a JSON object"):
+    _text_input(bad, batch_size=1)
+  array = tmp_path / "a.json"
+  array.write_text(json.dumps([ALPACA[0], "text"]))
+  with pytest.raises(UserError, match=r"a\.json item 2 of its JSON array is a string, not a "
+                                      "JSON object"):
+    _text_input(array, batch_size=1)
+  array.write_text(json.dumps(ALPACA, indent=2)[:-2])  # cut short
+  with pytest.raises(UserError, match=r"a\.json line 16 is not valid JSON \("):
+    _text_input(array, batch_size=1)
+
+
+@pytest.mark.parametrize("first", ["with", "without"])
+def test_eval_files_mixing_rows_with_and_without_targets_are_refused_in_any_order(tmp_path,
+                                                                                 first):
+  pairs, plain = _reverse_rows(2, 0), [{"text": "just some text"}]
+  rows = pairs + plain if first == "with" else plain + pairs
+  path = _write_jsonl(tmp_path / "mixed.jsonl", rows)
+  line = 3 if first == "with" else 1
+  with pytest.raises(UserError, match=re.escape(
+      f"EVAL_FILES {path} line {line} (plain text) has no target to decode against but")):
+    _configs("LlamaArithmeticTiny", [f"EVAL_FILES={path}"])
+  asks, replies = [{"messages": CONVERSATION[:2]}], [{"messages": CONVERSATION}]
+  chats = _write_jsonl(tmp_path / "chats.jsonl",
+                       asks + replies if first == "without" else replies + asks)
+  with pytest.raises(UserError, match=r"line \d \(a conversation that ends on the user's "
+                                      "turn\\) has no target to decode against but .* line \\d "
+                                      "has one; give every row of EVAL_FILES a target, or none"):
+    _configs("LlamaArithmeticTiny", [f"EVAL_FILES={chats}"])
+
+
+def test_a_jsonl_file_with_a_byte_order_mark_and_crlf_lines_is_read(tmp_path):
+  path = tmp_path / "excel.jsonl"
+  rows = _reverse_rows(2, 3)
+  path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\r\n" for r in rows).encode())
+  inp = _text_input(path, batch_size=2)
+  assert _prompts_and_targets(inp) == [(r["inputs"], r["targets"]) for r in rows]
+
+
+def test_csv_and_tsv_files_are_tables_whose_header_row_names_the_fields(tmp_path):
+  csv_file = tmp_path / "qa.csv"
+  csv_file.write_bytes(b'\xef\xbb\xbfprompt,completion\r\n"Reverse a, b.","b, a"\r\n'
+                       b'"Two\nlines",ok\r\n')
+  tsv_file = tmp_path / "qa.tsv"
+  tsv_file.write_text("prompt\tcompletion\nReverse a, b.\tb, a\n")
+  want = [("Reverse a, b.", "b, a"), ("Two\nlines", "ok")]
+  for path, rows in ((csv_file, want), (tsv_file, want[:1])):
+    inp = _text_input(path, input_key="prompt", target_key="completion", batch_size=2,
+                      is_training=True)
+    assert _prompts_and_targets(inp) == rows  # the header is no example
+  c = _configs("LlamaArithmeticTiny", [f"EVAL_FILES={csv_file}", "INPUT_KEY=prompt",
+                                       "TARGET_KEY=completion"])
+  assert [d.name for d in c.decode_datasets] == ["qa"]
+  with pytest.raises(UserError, match=re.escape(
+      "qa.csv line 2 has no 'targets' field (its fields: ['completion', 'prompt'])")):
+    _text_input(csv_file, input_key="prompt", batch_size=2, is_training=True)
+  with pytest.raises(UserError, match=r"has none of the fields 'inputs', 'text' or 'messages' "
+                                      r"\(its fields: \['completion', 'prompt'\]\)"):
+    _text_input(csv_file, batch_size=2)
+  # Any other extension is plain text, a line an example (the loss on all of it).
+  txt = tmp_path / "qa.txt"
+  txt.write_text("prompt,completion\nReverse a,b\n")
+  batch = _text_input(txt, batch_size=2).get_next()
+  assert [TextInput(file_pattern=str(txt)).vocab.decode(r) for r in batch["ids"]] == [
+      "prompt,completion", "Reverse a,b"]
+
+
 # ----------------------------------------------------------- truncation, metrics
 
 

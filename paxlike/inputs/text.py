@@ -1,7 +1,8 @@
-"""A native text input (no TensorFlow): local text / JSONL files or a generator.
+"""A native text input (no TensorFlow): local data files (read_rows) or a generator.
 
 Examples are either `{"inputs": ..., "targets": ...}` pairs (the loss covers
-the targets and the end-of-sequence id; decode prompts with the inputs) or
+the targets and the end-of-sequence id; decode prompts with the inputs; a
+training pair without its target is refused, inputs alone are for --mode=infer) or
 plain text (one example per line or a "text" field; the loss covers every
 token) or, given a chat template, {"messages": [...]} conversations (the loss
 covers the assistant turns; paxlike.inputs.chat). Examples longer than a row
@@ -52,12 +53,15 @@ that hold real tokens, for the trainer to log.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import functools
 import glob
 import importlib
+import io
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -88,30 +92,123 @@ def load_generator(spec: str, split: str) -> Iterable[dict[str, str] | str]:
   return load_generator_fn(spec)(split)
 
 
-def read_files(pattern: str) -> list[dict[str, str] | str]:
-  """Examples from comma-separated globs of .jsonl (one object per line) or text files."""
+Row = dict[str, Any] | str
+# A row and where it is: "<path> line" (or "<path> item", in a JSON array) and its number.
+Located = tuple[str, int, Row]
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+_JSON_KIND = {list: "an array", str: "a string", int: "a number", float: "a number",
+              bool: "a boolean", type(None): "null"}
+_OBJECT_HINT = '{"inputs": ..., "targets": ...} or {"text": ...}'
+
+
+def read_files(pattern: str) -> list[Row]:
+  """Examples from comma-separated globs of data files (see read_rows)."""
+  return [row for _, _, row in read_rows(pattern)]
+
+
+def read_rows(pattern: str) -> list[Located]:
+  """Examples from comma-separated globs of data files, each with where it is.
+
+  By extension: .jsonl, one JSON object a line; .json, one JSON array of
+  objects (Alpaca's files), one object, or JSON Lines; .csv / .tsv, a table
+  whose header row names the fields (csv.DictReader); anything else, plain
+  text, an example a non-blank line. A UTF-8 byte-order mark is skipped.
+
+  Raises:
+    UserError: no file matches, or a file is unreadable or malformed (naming
+      the file and line).
+  """
   paths = sorted({p for pat in pattern.split(",") if pat for p in glob.glob(pat.strip())})
   if not paths:
     raise UserError(f"no data file matches {pattern!r}; check the path.")
-  out: list[dict[str, str] | str] = []
+  out: list[Located] = []
   for path in paths:
     try:
-      with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+      # utf-8-sig: the byte-order mark Windows editors write is not part of the first row.
+      with open(path, encoding="utf-8-sig", newline="") as f:
+        text = f.read()
     except (OSError, UnicodeDecodeError) as e:
       raise UserError(f"cannot read data file {path} ({getattr(e, 'strerror', None) or e}).") \
           from None
-    if path.endswith((".jsonl", ".json")):
-      for n, line in enumerate(lines, 1):
-        if not line.strip():
-          continue
-        try:
-          out.append(json.loads(line))
-        except json.JSONDecodeError:
-          raise UserError(f"{path} line {n} is not valid JSON.") from None
+    ext = os.path.splitext(path)[1].lower()
+    if ext in (".csv", ".tsv"):
+      out.extend(_table_rows(path, text, "," if ext == ".csv" else "\t"))
+    elif ext == ".json" and (whole := _json_document(path, text)) is not None:
+      out.extend(whole)
+    elif ext in (".jsonl", ".json"):
+      out.extend(_json_lines(path, text))
     else:
-      out.extend(line for line in lines if line.strip())
+      where = f"{path} line"
+      out.extend((where, n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip())
   return out
+
+
+def _json_lines(path: str, text: str) -> list[Located]:
+  where, out = f"{path} line", []
+  # Split at newlines only: JSON may hold U+2028 and friends unescaped, which splitlines cuts.
+  for n, line in enumerate(text.split("\n"), 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise UserError(f"{path} line {n} is not valid JSON ({e.msg}); write one JSON object "
+                      "per line.") from None
+    if not isinstance(row, dict):
+      raise UserError(f"{path} line {n} is {_JSON_KIND.get(type(row), 'not an object')}, not "
+                      f"a JSON object; write one object per line, such as {_OBJECT_HINT}.")
+    out.append((where, n, row))
+  return out
+
+
+def _json_document(path: str, text: str) -> list[Located] | None:
+  """A .json file's rows when the whole file is one JSON value; None for JSON Lines."""
+  start = _JSON_SPACE.match(text).end()
+  if start == len(text):
+    return []
+  try:
+    value, end = json.JSONDecoder().raw_decode(text, start)
+  except json.JSONDecodeError as e:
+    raise UserError(f"{path} line {e.lineno} is not valid JSON ({e.msg}); write one JSON "
+                    "array of objects, or one object per line.") from None
+  if _JSON_SPACE.match(text, end).end() != len(text):
+    return None  # more values follow the first: JSON Lines
+  if isinstance(value, dict):
+    return [(f"{path} line", text.count("\n", 0, start) + 1, value)]
+  if not isinstance(value, list):
+    raise UserError(f"{path} holds {_JSON_KIND.get(type(value), 'a JSON value')}, not JSON "
+                    f"objects; write one JSON array of objects such as {_OBJECT_HINT}.")
+  for n, row in enumerate(value, 1):
+    if not isinstance(row, dict):
+      raise UserError(f"{path} item {n} of its JSON array is "
+                      f"{_JSON_KIND.get(type(row), 'not an object')}, not a JSON object; make "
+                      f"every item an object such as {_OBJECT_HINT}.")
+  where = f"{path} item"
+  return [(where, n, row) for n, row in enumerate(value, 1)]
+
+
+def _table_rows(path: str, text: str, delimiter: str) -> list[Located]:
+  """A .csv / .tsv file's rows: dicts of its header row's fields."""
+  reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+  where, out = f"{path} line", []
+  try:
+    for row in reader:
+      if None in row:  # DictReader's key for the cells past the header's
+        cell = "comma" if delimiter == "," else "tab"
+        raise UserError(f"{path} line {reader.line_num} has more cells than its header's "
+                        f"{len(reader.fieldnames or ())}; quote the cells that hold a {cell}.")
+      # A short row gives the missing cells None: absent fields, not the text "None".
+      out.append((where, reader.line_num, {k: v for k, v in row.items() if v is not None}))
+  except csv.Error as e:
+    raise UserError(f"{path} line {reader.line_num} is not a valid table row ({e}); fix the "
+                    "quoting there.") from None
+  return out
+
+
+def lacks_target(row: Any, input_key: str, target_key: str) -> bool:
+  """Whether a row is an (input, target) row without its target (chat and text rows have none)."""
+  return (isinstance(row, dict) and "messages" not in row and input_key in row
+          and target_key not in row)
 
 
 ENC_DEC_TOKENS = ("encoder_input_tokens", "decoder_target_tokens")
@@ -223,8 +320,11 @@ class TextInput(BaseInput):
     self.vocab = vocab_lib.get(self.vocabulary)
     # A tokenizer that starts sequences with BOS (Llama's) gets it on every example.
     self._bos = [self.vocab.bos_id] if self.vocab.add_bos else []
-    raw = (read_files(self.file_pattern) if self.file_pattern
+    located = read_rows(self.file_pattern) if self.file_pattern else None
+    raw = ([row for _, _, row in located] if located is not None
            else list(load_generator(self.generator, self.split)))
+    if self.is_training:
+      self._check_targets(raw, located)
     if self.feature_converter == "enc_dec":
       self._features, self._weight_key = self._enc_dec_features(raw), ENC_DEC_WEIGHTS
     else:
@@ -245,6 +345,19 @@ class TextInput(BaseInput):
   @property
   def num_examples(self) -> int:
     return len(self._features[self._weight_key])
+
+  def _check_targets(self, raw: Sequence[Any], located: list[Located] | None) -> None:
+    """Refuses a training row with an input but no target: it would train on EOS alone.
+
+    (Rows of inputs alone are what --mode=infer reads; FilesDataset checks EVAL_FILES.)
+    """
+    for i, ex in enumerate(raw):
+      if lacks_target(ex, self.input_key, self.target_key):
+        where = (f"{located[i][0]} {located[i][1]}" if located is not None
+                 else f"example {i} of {self.generator}")
+        raise UserError(f"input {self.name!r}: {where} has no {self.target_key!r} field (its "
+                        f"fields: {sorted(ex)}), so it has no target to train on; set "
+                        "TARGET_KEY to the field that holds the target.")
 
   def _lm_features(self, raw: Sequence[Any]) -> dict[str, np.ndarray]:
     examples, pieces = self._lm_examples(raw)
