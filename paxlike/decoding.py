@@ -21,7 +21,9 @@ of position i - 1 (or first_tokens at i = 0) at index start_index + i. A
 forced position takes its forced token, adds nothing to the score and
 never ends a row. A row ends when it emits eos_id at a position that is
 not forced; everything after is pad_id. The loop stops as soon as every row
-(every beam that can still matter) has ended, or after `limit` steps.
+(every beam that can still matter) has ended, or after `limit` steps. A row
+with its own step limit (DecodeStart.row_limits) stops there whatever the
+other rows do: a row's output never depends on the rest of its batch.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class DecodeStart:
     forced_mask: [B, num_steps] bool, True where output position i is forced.
     limit: scalar int32, how many steps may run (<= num_steps).
     num_steps: output positions (static).
+    row_limits: [B] int32, how many steps row b may run (<= limit): the row
+      ends there, as if the loop had stopped; None: `limit` for every row.
   """
 
   first_tokens: jax.Array
@@ -80,6 +84,7 @@ class DecodeStart:
   forced_mask: jax.Array
   limit: jax.Array
   num_steps: int = struct.field(pytree_node=False)
+  row_limits: jax.Array | None = None
 
 
 def prompt_start(batch: dict[str, jax.Array], settings: DecodeSettings,
@@ -90,6 +95,10 @@ def prompt_start(batch: dict[str, jax.Array], settings: DecodeSettings,
   Rows' prompts differ in length: extends start after the shortest, and the longer
   prompts' tokens are forced at the positions they cover. Output position i is buffer
   position p_min + i.
+
+  Row b may generate length - lens[b] tokens (the room its row leaves), at most
+  settings.max_decode_length: it stops after lens[b] - p_min + that many steps
+  (row_limits), so neither its tokens nor its score depend on the other prompts.
   """
   ids, lens = batch["ids"], jnp.maximum(batch["prompt_lens"], 1)
   length = ids.shape[1]
@@ -98,15 +107,17 @@ def prompt_start(batch: dict[str, jax.Array], settings: DecodeSettings,
   fill(tokens)
   p_min = jnp.min(lens)
   out_pos = p_min + positions[:length - 1]  # buffer position of each output position
-  limit = length - p_min
+  new_tokens = length - lens  # the room each row leaves
   if settings.max_decode_length is not None:
-    limit = jnp.minimum(limit, jnp.max(lens) - p_min + settings.max_decode_length)
+    new_tokens = jnp.minimum(new_tokens, settings.max_decode_length)
+  row_limits = lens - p_min + new_tokens
   return DecodeStart(
       first_tokens=jnp.take(tokens, p_min - 1, axis=1),
       start_index=(p_min - 1).astype(jnp.int32),
       forced_tokens=jnp.take(tokens, jnp.minimum(out_pos, length - 1), axis=1),
       forced_mask=out_pos[None] < lens[:, None],
-      limit=limit.astype(jnp.int32), num_steps=length - 1)
+      limit=jnp.max(row_limits).astype(jnp.int32), num_steps=length - 1,
+      row_limits=row_limits.astype(jnp.int32))
 
 
 @struct.dataclass
@@ -173,7 +184,8 @@ def generate(extend: Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any]
 
   num_beams == 1 decodes greedily (temperature 0) or samples (temperature > 0);
   num_beams > 1 runs T5X-style beam search. settings.max_decode_length is the
-  prefill's business (it sets start.num_steps) and is not read here.
+  prefill's business (it sets start.num_steps, limit and row_limits) and is not read
+  here.
 
   Sampling draws from softmax(logits / temperature) cut first by top_k (ties
   with the k-th logit stay), then by top_p on what top_k left, renormalised
@@ -235,9 +247,12 @@ def _column(x: jax.Array, i: jax.Array) -> jax.Array:
   return jax.lax.dynamic_index_in_dim(x, i, axis=1, keepdims=False)
 
 
-def _steps_to_run(start: DecodeStart) -> jax.Array:
-  """start.limit, capped at num_steps: a larger one would write past the buffers."""
-  return jnp.minimum(jnp.asarray(start.limit, jnp.int32), start.num_steps)
+def _steps_to_run(start: DecodeStart) -> tuple[jax.Array, jax.Array]:
+  """(steps the loop may run, [B] steps each row may run): start.limit and
+  start.row_limits, capped at num_steps (more would write past the buffers)."""
+  limit = jnp.minimum(jnp.asarray(start.limit, jnp.int32), start.num_steps)
+  rows = limit if start.row_limits is None else jnp.minimum(start.row_limits, limit)
+  return limit, jnp.broadcast_to(rows, start.first_tokens.shape).astype(jnp.int32)
 
 
 def _cut_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
@@ -312,7 +327,7 @@ def _greedy_or_sample(extend, cache, start: DecodeStart, settings: DecodeSetting
   """num_beams == 1: argmax, or a draw from the temperature / top-k / top-p cut."""
   batch = start.first_tokens.shape[0]
   sample = settings.temperature > 0
-  limit = _steps_to_run(start)
+  limit, row_limits = _steps_to_run(start)
 
   def cond(s: _SampleState) -> jax.Array:
     return (s.step < limit) & ~jnp.all(s.ended)
@@ -341,7 +356,8 @@ def _greedy_or_sample(extend, cache, start: DecodeStart, settings: DecodeSetting
         tokens=jax.lax.dynamic_update_index_in_dim(s.tokens, out, s.step, axis=1),
         scores=s.scores + jnp.where(counts, chosen_log_prob, 0.0),
         lengths=s.lengths + counts.astype(jnp.int32),
-        ended=s.ended | (counts & (chosen == settings.eos_id)))
+        # A row at its own limit ends, as if the loop stopped there.
+        ended=s.ended | (counts & (chosen == settings.eos_id)) | (s.step + 1 >= row_limits))
 
   init = _SampleState(
       step=jnp.zeros((), jnp.int32),
@@ -350,7 +366,7 @@ def _greedy_or_sample(extend, cache, start: DecodeStart, settings: DecodeSetting
       tokens=jnp.full((batch, start.num_steps), settings.pad_id, jnp.int32),
       scores=jnp.zeros((batch,), jnp.float32),
       lengths=jnp.zeros((batch,), jnp.int32),
-      ended=jnp.zeros((batch,), bool))
+      ended=row_limits <= 0)
   s = jax.lax.while_loop(cond, body, init)
   return DecodeOutput(tokens=s.tokens[:, None], scores=s.scores[:, None],
                       lengths=s.lengths[:, None])
@@ -398,14 +414,14 @@ def _beam_search(extend, cache, start: DecodeStart, settings: DecodeSettings, nu
   k = num_beams
   alpha = settings.alpha
   row_base = (jnp.arange(batch, dtype=jnp.int32) * k)[:, None]  # [B, 1]
-  limit = _steps_to_run(start)
+  limit, row_limits = _steps_to_run(start)
 
   def cond(s: _BeamState) -> jax.Array:
     # finished_scores is sorted, and an empty slot holds -inf, which no live
     # bound beats: a row with room left goes on while any live beam is possible.
     worst_finished = s.finished_scores[:, -1]
-    bound = _best_live_bound(s.live_log_probs, s.live_lengths, limit, alpha)
-    return (s.step < limit) & jnp.any(bound > worst_finished)
+    bound = _best_live_bound(s.live_log_probs, s.live_lengths, row_limits[:, None], alpha)
+    return (s.step < limit) & jnp.any((bound > worst_finished) & (s.step < row_limits))
 
   def body(s: _BeamState) -> _BeamState:
     step = s.step
@@ -453,16 +469,27 @@ def _beam_search(extend, cache, start: DecodeStart, settings: DecodeSettings, nu
                                  jnp.take_along_axis(s.finished_lengths, old_pick, axis=1),
                                  jnp.take_along_axis(cand_lengths, new_pick, axis=1))
 
+    # A row past its own limit keeps its beams, as if the loop had stopped there.
+    active = step < row_limits  # [B]
+    live_beam = jnp.where(active[:, None], live_beam, jnp.arange(k, dtype=jnp.int32))
+
+    def keep(new, old):
+      return jnp.where(active.reshape(-1, *([1] * (new.ndim - 1))), new, old)
+
     return _BeamState(
         step=step + 1,
         cache=reorder_cache(new_cache, (row_base + live_beam).reshape(-1)),
         inputs=live_token.reshape(-1),
-        live_tokens=jax.lax.dynamic_update_index_in_dim(live_tokens, live_token, step, axis=2),
-        live_log_probs=jnp.take_along_axis(cand_log_probs, pick, axis=1),
-        live_lengths=jnp.take_along_axis(cand_lengths, pick, axis=1),
-        finished_tokens=jnp.where(from_old[:, :, None], old_seqs, new_seqs),
-        finished_scores=finished_scores,
-        finished_lengths=finished_lengths)
+        live_tokens=keep(
+            jax.lax.dynamic_update_index_in_dim(live_tokens, live_token, step, axis=2),
+            s.live_tokens),
+        live_log_probs=keep(jnp.take_along_axis(cand_log_probs, pick, axis=1),
+                            s.live_log_probs),
+        live_lengths=keep(jnp.take_along_axis(cand_lengths, pick, axis=1), s.live_lengths),
+        finished_tokens=keep(jnp.where(from_old[:, :, None], old_seqs, new_seqs),
+                             s.finished_tokens),
+        finished_scores=keep(finished_scores, s.finished_scores),
+        finished_lengths=keep(finished_lengths, s.finished_lengths))
 
   init = _BeamState(
       step=jnp.zeros((), jnp.int32),

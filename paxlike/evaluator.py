@@ -9,9 +9,14 @@ batches of a repeating input.
 Decode: greedy, sampled or beam-search generation through the model
 contract (prefill, then one-position extends over the KV cache); process 0
 writes decoder_out/<name>/decode_<step>.jsonl (prompt, generation, target,
-score, and the beams with their scores under beam search), metrics_<step>.json and
-the metric summary. A decode never replaces an earlier one: a re-decode at the same
-step writes decode_<step>-2.jsonl (and metrics_<step>-2.json), -3, ..., as infer does.
+score, and the beams with their scores under beam search), metrics_<step>.json (with
+the settings it decoded with, decode_settings) and the metric summary
+(summaries/decode_test_<name>). Other settings than plain greedy decoding name their
+outputs as infer does: decode_<step>_<settings>.jsonl, metrics_<step>_<settings>.json
+and summaries/decode_test_<name>_<settings> (settings: beams4_a0.6, greedy_len6, ...),
+so that a curve holds one value a step. A decode never replaces an earlier one: a
+re-decode at the same step with the same settings writes decode_<step>-2.jsonl (and
+metrics_<step>-2.json), -3, ..., as infer does.
 
 Infer (T5X's infer.py, Pax's decode-only run): the same generation over
 inputs that need no targets, either the decode datasets or a .jsonl file of
@@ -19,14 +24,16 @@ inputs read with the first decode dataset's settings (or, for an experiment
 that decodes nothing, its own text settings: FilesDataset.infer_input);
 process 0 writes infer_out/<name>/infer_<step>_<settings>.jsonl (settings:
 greedy, beams4, t0.7_k40_p0.9, ...), one line per input example in input
-order with its prediction and `log_prob`, and nothing else (no metrics, no
-summaries). An infer never replaces an earlier one: a file name that is
+order with its input as the user wrote it (`input_truncated`: true where the
+prompt was cut to the row), its prediction and `log_prob`, and nothing else (no
+metrics, no summaries). An infer never replaces an earlier one: a file name that is
 taken gets the next free `-2`, `-3`, ... suffix.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import glob
 import json
 import os
@@ -42,7 +49,7 @@ from jax.experimental import multihost_utils
 from paxlike import decoding, log, summaries
 from paxlike.errors import UserError
 from paxlike.inputs.base_input import BaseInput
-from paxlike.inputs.text import TextInput
+from paxlike.inputs.text import TextInput, load_generator, read_files, read_rows
 from paxlike.models.base import split_weighted, weighted_means, weighted_sums
 
 # Counts a model's fprop may add, reported per example under praxis's metric names: rows
@@ -239,9 +246,10 @@ class Evaluator:
     results = {}
     params = self._decode_params(state)
     for inp in self.decode_inputs:
-      rows = []
+      rows, short = [], 0
       for hb, out in self._decoded_batches(inp, params):
         prompts, targets, real = self.decode_model.prompt_and_target(hb)
+        short += self._short_rows(hb, real)
         for r in np.flatnonzero(real):
           row = {"prompt": inp.ids_to_strings(prompts[r][None])[0],
                  "generation": inp.ids_to_strings(out.tokens[r, :1])[0],
@@ -255,22 +263,50 @@ class Evaluator:
         r["score"] = float(r["target"].strip() == r["generation"].strip())
       metrics = {k: float(v) for k, v in metrics.items()}
       metrics["num_examples"] = float(len(rows))
-      results[inp.name] = self._write_decode(inp.name, step, rows, metrics)
+      self._warn_short("decode", inp.name, short, len(rows))
+      results[inp.name] = self._write_decode(inp.name, step, rows, metrics, self.settings)
     return results
 
-  def _write_decode(self, name: str, step: int, rows: list[Any], metrics: dict[str, float]
-                    ) -> dict[str, float]:
+  def _short_rows(self, hb: dict[str, np.ndarray], real: np.ndarray) -> int:
+    """How many of a batch's real rows leave less room after their prompt than the
+    max_decode_length tokens asked for (a decoder-only model's rows: prompt and
+    generation share MAX_SEQ_LEN positions); rows with no room at all are not counted."""
+    asked = self.settings.max_decode_length
+    if asked is None or "prompt_lens" not in hb or "ids" not in hb:
+      return 0
+    room = hb["ids"].shape[1] - np.maximum(hb["prompt_lens"], 1)
+    return int(np.sum(real & (room > 0) & (room < asked)))
+
+  def _warn_short(self, what: str, name: str, short: int, total: int) -> None:
+    if short:
+      log.warning("%s %s: %d of %d inputs have room for fewer than the %d tokens "
+                  "--decode_max_length asks in their row and predict fewer; raise the "
+                  "sequence length (--set MAX_SEQ_LEN=...) to give them room", what, name,
+                  short, total, self.settings.max_decode_length)
+
+  def _write_decode(self, name: str, step: int, rows: list[Any], metrics: dict[str, float],
+                    settings: decoding.DecodeSettings | None = None) -> dict[str, float]:
     """Writes one decode's rows and metrics under decoder_out/<name>/ and its summaries;
-    returns the metrics."""
+    returns the metrics.
+
+    settings: what the rows were decoded with (None: the model's own decode, a Pax
+    user's). Plain greedy decoding's outputs are decode_<step>.jsonl, metrics_<step>.json
+    and summaries/decode_test_<name>; other settings add their settings_tag to each.
+    """
+    tag = settings_tag(settings) if settings is not None else "greedy"
+    own = "" if tag == "greedy" else f"_{tag}"
     out_dir = os.path.join(self.job_log_dir, "decoder_out", name)
-    stem = os.path.join(out_dir, f"decode_{step:08d}")
+    stem = os.path.join(out_dir, f"decode_{step:08d}{own}")
     path = _free_path(stem)  # a re-decode at the same step keeps the earlier file
     suffix = path[len(stem):-len(".jsonl")]  # "", or "-2", "-3", ...
     if self.is_chief:
       _write_jsonl(path, rows)
-      with open(os.path.join(out_dir, f"metrics_{step:08d}{suffix}.json"), "w") as f:
-        json.dump(metrics, f, indent=2)
-    writer = self._writer(f"decode_test_{name}")
+      recorded = dict(metrics)
+      if settings is not None:
+        recorded["decode_settings"] = settings_dict(settings)
+      with open(os.path.join(out_dir, f"metrics_{step:08d}{own}{suffix}.json"), "w") as f:
+        json.dump(recorded, f, indent=2)
+    writer = self._writer(f"decode_test_{name}{own}")
     writer.scalars(step, metrics)
     writer.close()
     log.info("decode %s at step %d: %s -> %s", name, step,
@@ -344,18 +380,33 @@ class Evaluator:
     results = {}
     params = self._decode_params(state)
     for inp in self.decode_inputs:
-      rows = []
+      rows, short, first = [], 0, 0
+      originals = _original_inputs(inp)
       for hb, out in self._decoded_batches(inp, params):
         prompts, _, real = self.decode_model.prompt_and_target(hb)
+        short += self._short_rows(hb, real)
         for r in np.flatnonzero(real):
           predictions = inp.ids_to_strings(out.tokens[r])
-          row = {"input": inp.ids_to_strings(prompts[r][None])[0],
-                 "prediction": predictions[0], "log_prob": float(out.scores[r, 0])}
+          k = first + int(r)  # the row's example: a finite input's rows run in its order
+          if originals is not None and k < len(originals):
+            original, is_prompt = originals[k]
+            row = {"input": original}
+            if is_prompt and _was_cut(inp, original, len(prompts[r])):
+              row["input_truncated"] = True
+          else:  # the prompt as the model saw it
+            row = {"input": inp.ids_to_strings(prompts[r][None])[0]}
+          row.update(prediction=predictions[0], log_prob=float(out.scores[r, 0]))
           if len(predictions) > 1:  # beam search: every beam, best first
             row["beams"] = [{"prediction": p, "log_prob": float(s)}
                             for p, s in zip(predictions, out.scores[r], strict=True)]
           rows.append(row)
+        first += len(real)
+      self._warn_short("infer", inp.name, short, len(rows))
       expected = getattr(inp, "num_examples", None)
+      if expected and not rows:
+        raise UserError(f"infer {inp.name}: every one of its {expected} inputs fills its row "
+                        "and leaves no room to predict; raise the sequence length (--set "
+                        "MAX_SEQ_LEN=...) or shorten the inputs.")
       if expected is not None and expected != len(rows):
         # An LM prompt that fills its whole row leaves no position to predict, so no weight.
         log.warning("infer %s: %d of %d inputs have no room left to predict in their row and "
@@ -381,6 +432,45 @@ def settings_tag(settings: decoding.DecodeSettings) -> str:
   if settings.max_decode_length is not None:
     tag += f"_len{settings.max_decode_length}"
   return tag
+
+
+def settings_dict(settings: decoding.DecodeSettings) -> dict[str, Any]:
+  """DecodeSettings as a decode's metrics file records them, with the mode spelled out."""
+  mode = ("beam_search" if settings.num_beams > 1 else
+          "sample" if settings.temperature > 0 else "greedy")
+  return {"mode": mode, **dataclasses.asdict(settings)}
+
+
+def _original_inputs(inp: BaseInput) -> list[tuple[Any, bool]] | None:
+  """Each example's input as its data holds it (the input_key field, a chat's messages,
+  or a plain-text line) and whether it is an input_key prompt, in the input's order; None
+  where rows cannot be matched to examples one to one (not a TextInput, a repeating or
+  packed input)."""
+  if (not isinstance(inp, TextInput) or inp.repeat or not inp.reset_for_eval
+      or jax.process_count() > 1):  # several hosts: a batch's rows interleave their shards
+    return None
+  if inp.pack and inp.feature_converter == "lm":  # plain-text lines are cut into pieces
+    return None
+  raw = (read_files(inp.file_pattern) if inp.file_pattern
+         else list(load_generator(inp.generator, inp.split)))
+  if len(raw) != inp.num_examples:
+    return None
+  out = []
+  for ex in raw:  # the fields TextInput prompts with, in its order
+    if isinstance(ex, dict) and "messages" in ex:
+      out.append((ex["messages"], False))
+    elif isinstance(ex, dict) and inp.input_key in ex:
+      out.append((ex[inp.input_key], True))
+    else:
+      out.append((ex.get(inp.text_key, ex) if isinstance(ex, dict) else ex, False))
+  return out
+
+
+def _was_cut(inp: TextInput, prompt: Any, held: int) -> bool:
+  """Whether a row holds fewer prompt tokens than an example's input_key field encodes
+  to (BOS and, for an encoder, EOS included): the row cut it."""
+  needed = len(inp.vocab.encode(str(prompt))) + bool(inp.vocab.add_bos)
+  return held < needed + (inp.feature_converter == "enc_dec")
 
 
 def _free_path(stem: str) -> str:
@@ -478,8 +568,12 @@ def infer_datasets(exp_name: str, decode_cfgs: list[fdl.Config[BaseInput]],
   return [cfg]
 
 
+INFER_FILES = (".jsonl", ".json", ".csv", ".tsv")  # what --infer_input reads (rows with fields)
+
+
 def check_infer_file(path: str, input_key: str) -> int:
-  """Checks an --infer_input file: JSON objects, one a line, each with input_key.
+  """Checks an --infer_input file: rows as TRAIN_FILES reads them (text.read_rows: JSON
+  Lines, a JSON array, a CSV / TSV table), each with input_key (or a chat's messages).
 
   Returns:
     How many inputs it holds (blank lines are skipped, as TextInput does).
@@ -487,36 +581,22 @@ def check_infer_file(path: str, input_key: str) -> int:
   Raises:
     UserError: naming the file, and the line for a bad line.
   """
-  if not path.endswith((".jsonl", ".json")):
+  if not path.lower().endswith(INFER_FILES):
     raise UserError(f"--infer_input {path} is not a .jsonl file; write one JSON object per "
                     f"line, {{\"{input_key}\": ...}}, to a file ending in .jsonl.")
   if "," in path:  # TextInput splits file patterns at commas
     raise UserError(f"--infer_input {path} has a comma in its path; rename or move it.")
   if not os.path.isfile(path):
     raise UserError(f"--infer_input {path} does not exist; pass a .jsonl file of inputs.")
-  try:
-    with open(path, encoding="utf-8") as f:
-      lines = f.read().splitlines()
-  except (OSError, UnicodeDecodeError) as e:
-    raise UserError(f"cannot read --infer_input {path} "
-                    f"({getattr(e, 'strerror', None) or e}).") from None
-  count = 0
-  for n, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      example = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise UserError(f"--infer_input {path} line {n} is not valid JSON ({e.msg}); write "
-                      "one JSON object per line.") from None
+  rows = read_rows(path)
+  for where, n, example in rows:
     if not isinstance(example, dict) or not (input_key in example or "messages" in example):
-      raise UserError(f"--infer_input {path} line {n} has no {input_key!r} field; each line "
+      raise UserError(f"--infer_input {where} {n} has no {input_key!r} field; each row "
                       f"needs one, e.g. {{\"{input_key}\": \"...\"}} (or \"messages\", a "
                       "conversation, for a decoder with a chat template).")
-    count += 1
-  if not count:
+  if not rows:
     raise UserError(f"--infer_input {path} holds no inputs; write one JSON object per line.")
-  return count
+  return len(rows)
 
 
 def _gather_device(x: jax.Array) -> np.ndarray:

@@ -105,6 +105,42 @@ def test_infer_input_with_another_mode_is_a_user_error(t5_job, tmp_path):
   assert _listing(t5_job) == before
 
 
+def test_infer_writes_each_input_as_given_and_flags_a_cut_one(t5_job, tmp_path):
+  # MAX_INPUT_LEN is 24: the long input is cut to its row, and is still written whole.
+  inputs = ["3+4=", "1" * 30 + "+2="]
+  src = _write_inputs(tmp_path / "long.jsonl", [json.dumps({"inputs": x}) for x in inputs])
+  proc = run_cli([f"--exp={EXP}", f"--job_log_dir={t5_job}", "--mode=infer",
+                  f"--infer_input={src}", "--decode_max_length=2"], tmp_path)
+  assert proc.returncode == 0, describe(proc)
+  rows = _rows(t5_job / "infer_out" / "long" / f"infer_{STEPS:08d}_greedy_len2.jsonl")
+  assert [r["input"] for r in rows] == inputs
+  assert [r.get("input_truncated", False) for r in rows] == [False, True]
+
+
+def test_a_decode_with_other_settings_has_outputs_and_curves_of_its_own(t5_job, tmp_path):
+  from conftest import read_scalars
+
+  job = tmp_path / "redecode"
+  for extra in ([], ["--decode_num_beams=2"]):  # greedy, as training decodes, then 2 beams
+    proc = run_cli([f"--exp={EXP}", f"--job_log_dir={job}", "--mode=decode_once",
+                    f"--restore_checkpoint_dir={t5_job}", *extra], tmp_path)
+    assert proc.returncode == 0, describe(proc)
+  out = job / "decoder_out" / "test"
+  tag = "_beams2_a0.6"
+  assert sorted(p.name for p in out.iterdir()) == [
+      f"decode_{STEPS:08d}.jsonl", f"decode_{STEPS:08d}{tag}.jsonl",
+      f"metrics_{STEPS:08d}.json", f"metrics_{STEPS:08d}{tag}.json"]
+  greedy = json.loads((out / f"metrics_{STEPS:08d}.json").read_text())["decode_settings"]
+  beams = json.loads((out / f"metrics_{STEPS:08d}{tag}.json").read_text())["decode_settings"]
+  assert (greedy["mode"], greedy["num_beams"]) == ("greedy", 1)
+  assert (beams["mode"], beams["num_beams"], beams["alpha"]) == ("beam_search", 2, 0.6)
+  assert all(len(r["beams"]) == 2 for r in _rows(out / f"decode_{STEPS:08d}{tag}.jsonl"))
+  # One value a step in each curve: the 2-beam decode has a summary folder of its own.
+  for folder in ("decode_test_test", f"decode_test_test{tag}"):
+    curves = read_scalars(job / "summaries" / folder)
+    assert curves and all([s for s, _ in v] == [STEPS] for v in curves.values()), curves
+
+
 # The checks below run in this process: no JAX program, no subprocess.
 
 def _decode_cfgs():
@@ -131,7 +167,7 @@ def test_infer_input_is_read_with_the_first_decode_datasets_settings(tmp_path):
     (None, "does not exist"),
     ([], "holds no inputs"),
     (['{"inputs": "1+2="}', "", '{"question": "3+4="}'], "line 3 has no 'inputs' field"),
-    (['{"inputs": "1+2="}', '["3+4="]'], "line 2 has no 'inputs' field"),
+    (['{"inputs": "1+2="}', '["3+4="]'], "line 2 is an array, not a JSON object"),
     (["1+2="], "line 1 is not valid JSON"),
 ])
 def test_bad_infer_input_files_are_user_errors_naming_the_file(tmp_path, lines, says):

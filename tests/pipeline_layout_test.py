@@ -138,8 +138,9 @@ def test_eval_runs_through_the_pipeline_and_decode_through_the_plain_model(refer
   _, job, _, proc = reference
   for step in (2, 4):
     assert f"eval test at step {step}: loss" in proc.stderr, describe(proc)
+  name = f"decode_{STEPS:08d}_beams2_a0.6.jsonl"  # a 2-beam decode's own name
   rows = [json.loads(line) for line in
-          (job / "decoder_out" / "test" / f"decode_{STEPS:08d}.jsonl").read_text().splitlines()]
+          (job / "decoder_out" / "test" / name).read_text().splitlines()]
   assert len(rows) == 4 and all(len(r["beams"]) == 2 for r in rows)
 
 
@@ -249,7 +250,7 @@ def test_the_plain_model_decodes_and_exports_what_the_pipelined_job_does(referen
   np.testing.assert_allclose(plain.evaluate(state, STEPS)["test"]["loss"], pipelined_loss[1],
                              rtol=1e-5)
   plain.decode(state, STEPS)
-  name = f"decoder_out/test/decode_{STEPS:08d}.jsonl"
+  name = f"decoder_out/test/decode_{STEPS:08d}_beams2_a0.6.jsonl"
   want = [json.loads(line) for line in (ref / name).read_text().splitlines()]
   got = [json.loads(line) for line in (job / name).read_text().splitlines()]
   assert [r["generation"] for r in got] == [r["generation"] for r in want]

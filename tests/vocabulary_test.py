@@ -363,9 +363,9 @@ def test_the_job_records_its_tokenizer_and_infer_reads_it_later(llama_job, llama
   assert run_env["vocabulary"] == str(job / "vocabulary" / "tokenizer.json"), run_env
   out = Path(proc.stdout.split("predictions -> ")[-1].strip())
   rows = [json.loads(line) for line in out.read_text().splitlines()]
-  # The prompts read back through the tokenizer (its BOS dropped), each with a generation;
-  # the chat row as the directory's template renders it, up to the assistant's turn.
-  assert [r["input"] for r in rows] == ["12+34=", "hello world", "u:7+8=a:"], rows
+  # Each input as the file gives it (a chat row's messages), each with a generation.
+  assert [r["input"] for r in rows] == ["12+34=", "hello world",
+                                        [{"role": "user", "content": "7+8="}]], rows
   assert all(isinstance(r["prediction"], str) for r in rows)
 
 

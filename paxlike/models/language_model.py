@@ -477,19 +477,18 @@ class LanguageModel(pipeline.PipelinedModel, BaseModel):
   def finish_decode(self, batch: dict[str, jax.Array], start: decoding.DecodeStart,
                     out: decoding.DecodeOutput,
                     settings: decoding.DecodeSettings) -> decoding.DecodeOutput:
-    """Drops each row's forced prompt (generations start at column 0), caps the length."""
+    """Drops each row's forced prompt (generations start at column 0).
+
+    max_decode_length needs no cut here: each row stopped at its own limit
+    (decoding.prompt_start's row_limits), tokens and score alike.
+    """
     lens = jnp.maximum(batch["prompt_lens"], 1)
     width = out.tokens.shape[-1]
     first = lens - (start.start_index + 1)  # the row's first generated output position
     cols = first[:, None] + jnp.arange(width)[None]
     gen = jnp.take_along_axis(out.tokens, jnp.minimum(cols, width - 1)[:, None, :], axis=2)
     keep = cols < width
-    lengths = out.lengths
-    if settings.max_decode_length is not None:
-      keep &= jnp.arange(width)[None] < settings.max_decode_length
-      lengths = jnp.minimum(lengths, settings.max_decode_length)
-    return out.replace(tokens=jnp.where(keep[:, None, :], gen, settings.pad_id),
-                       lengths=lengths)
+    return out.replace(tokens=jnp.where(keep[:, None, :], gen, settings.pad_id))
 
   def cache_batch_axis(self, path: tuple[Any, ...]) -> int:
     return 1 if self.use_repeated_layer else 0  # scanned leaves lead with the layer axis
