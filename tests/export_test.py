@@ -10,6 +10,7 @@ within its time budget on two cores.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -80,7 +81,7 @@ def listing(root: Path) -> dict[str, tuple[int, int] | None]:
 
 
 def paxlike_decode(exp_name: str, overrides: list[str], job_log_dir: Path,
-                   settings_kw: dict) -> dict:
+                   settings_kw: dict, batch_rows: tuple = BATCH_ROWS) -> dict:
   """paxlike's own decode of the job's checkpoint on batches of its decode input."""
   import jax
 
@@ -99,7 +100,7 @@ def paxlike_decode(exp_name: str, overrides: list[str], job_log_dir: Path,
   prompts, _, _ = model.prompt_and_target(batch)
   fn = jax.jit(lambda params, b, key: model.decode(params, b, key, settings))
   batches, tokens, texts = [], [], []
-  for lo, hi in BATCH_ROWS:
+  for lo, hi in batch_rows:
     b = {k: np.asarray(batch[k][lo:hi]) for k in model.decode_features() if k in batch}
     with partitioner.context():
       out = fn(partitioner.decode_params(state), b, jax.random.key(0))
@@ -171,7 +172,7 @@ JAX_LOADER = textwrap.dedent('''
 ''')
 
 TF_LOADER = textwrap.dedent('''
-    """Loads a SavedModel export with TensorFlow alone and replays its warm-up requests."""
+    """Loads SavedModel exports with TensorFlow alone and replays their warm-up requests."""
     import json, os, sys
     import numpy as np
     import tensorflow as tf
@@ -203,35 +204,52 @@ TF_LOADER = textwrap.dedent('''
       return message_factory.GetMessageClass(pool.FindMessageTypeByName("tfs.PredictionLog"))
 
     spec = json.load(open(sys.argv[1]))
-    d = spec["dir"]
-    model = tf.saved_model.load(d)
-    ids_sig, text_sig = model.signatures["serving_default"], model.signatures["serve_text"]
-    # One batch size here (each costs a compile); the warm-up replay below runs two others.
-    out = ids_sig(**{k: tf.constant(v, tf.int32) for k, v in spec["batch"].items()},
-                  seed=tf.constant(0, tf.int32))
-    ids_tokens = out["tokens"].numpy().tolist()
-    out = text_sig(text=tf.constant(spec["texts"]), seed=tf.constant(0, tf.int32))
-    text_tokens = out["tokens"].numpy().tolist()
-    text_out = [[g.decode() for g in row] for row in out["generation"].numpy()]
     PredictionLog = prediction_log_class()
-    warmup = []
-    path = os.path.join(d, "assets.extra", "tf_serving_warmup_requests")
-    for record in tf.data.TFRecordDataset(path):
-      log = PredictionLog.FromString(record.numpy())
-      req = log.predict_log.request
-      args = {k: tf.make_ndarray(tensor_pb2.TensorProto.FromString(v))
-              for k, v in req.inputs.items()}
-      rows = len(args.get("text", args.get("ids")))
-      tokens = None
-      if rows == len(spec["texts"]):  # replayed at the batch compiled above (no new compile)
-        out = model.signatures[req.model_spec.signature_name](
-            **{k: tf.constant(v) for k, v in args.items()})
-        tokens = out["tokens"].numpy().tolist()
-      warmup.append([req.model_spec.signature_name, sorted(args), rows, tokens])
-    print(json.dumps({"ids_tokens": ids_tokens, "text_tokens": text_tokens,
-                      "text_out": text_out, "warmup": warmup,
-                      "num_variables": sum(isinstance(v, tf.Variable) for v in model.params),
-                      "paxlike_imported": "paxlike" in sys.modules}))
+    results = {}
+    for name, job in spec.items():
+      d = job["dir"]
+      model = tf.saved_model.load(d)
+      ids_sig, text_sig = model.signatures["serving_default"], model.signatures["serve_text"]
+      # One batch size here (each costs a compile); the warm-up replay below runs two others.
+      out = ids_sig(**{k: tf.constant(v, tf.int32) for k, v in job["batch"].items()},
+                    seed=tf.constant(0, tf.int32))
+      ids_tokens = out["tokens"].numpy().tolist()
+      out = text_sig(text=tf.constant(job["texts"]), seed=tf.constant(0, tf.int32))
+      text_tokens = out["tokens"].numpy().tolist()
+      text_out = [[g.decode("utf-8", "replace") for g in row] for row in out["generation"].numpy()]
+      warmup = []
+      path = os.path.join(d, "assets.extra", "tf_serving_warmup_requests")
+      for record in tf.data.TFRecordDataset(path):
+        log = PredictionLog.FromString(record.numpy())
+        req = log.predict_log.request
+        args = {k: tf.make_ndarray(tensor_pb2.TensorProto.FromString(v))
+                for k, v in req.inputs.items()}
+        rows = len(next(v for k, v in sorted(args.items()) if k != "seed"))
+        tokens = None
+        if rows == len(job["texts"]):  # replayed at the batch compiled above (no new compile)
+          out = model.signatures[req.model_spec.signature_name](
+              **{k: tf.constant(v) for k, v in args.items()})
+          tokens = out["tokens"].numpy().tolist()
+        warmup.append([req.model_spec.signature_name, sorted(args), rows, tokens])
+      results[name] = {"ids_tokens": ids_tokens, "text_tokens": text_tokens,
+                       "text_out": text_out, "warmup": warmup,
+                       "num_variables": sum(isinstance(v, tf.Variable) for v in model.params)}
+    results["paxlike_imported"] = "paxlike" in sys.modules
+    print(json.dumps(results))
+''')
+
+
+HF_LOADER = textwrap.dedent('''
+    """generate() with no arguments on a T5 Hugging Face export, as a transformers user calls it."""
+    import json, sys
+    import torch
+    from transformers import T5ForConditionalGeneration
+
+    spec = json.load(open(sys.argv[1]))
+    model = T5ForConditionalGeneration.from_pretrained(spec["dir"])
+    ids = torch.tensor(spec["batch"]["encoder_input_tokens"])
+    out = model.generate(input_ids=ids, attention_mask=(ids != 0).long())
+    print(json.dumps({"tokens": out[:, 1:].tolist()}))  # after the decoder start
 ''')
 
 
@@ -279,22 +297,40 @@ def run(tmp_path_factory):
   procs["t5_stablehlo"] = cli(f"--exp={T5}", f"--job_log_dir={t5_job}", *export,
                               *(f"--set={s}" for s in T5_SET), "--export_format=stablehlo",
                               f"--decode_num_beams={T5_BEAMS}")
+  # Beam search picks with lax.top_k, which JAX lowers to a composite TensorFlow 2.21 reads
+  # only as a call (savedmodel.without_composites).
+  procs["t5_savedmodel"] = cli(f"--exp={T5}", f"--job_log_dir={t5_job}", *export,
+                               *(f"--set={s}" for s in T5_SET), "--export_format=savedmodel",
+                               f"--decode_num_beams={T5_BEAMS}")
+  procs["t5_hf"] = cli(f"--exp={T5}", f"--job_log_dir={t5_job}", *export,
+                       *(f"--set={s}" for s in T5_SET), "--export_format=hf")
   expected = {"lm": paxlike_decode(LM, [], lm_job, {}),
-              "t5": paxlike_decode(T5, T5_SET, t5_job, {"num_beams": T5_BEAMS})}
+              "t5": paxlike_decode(T5, T5_SET, t5_job, {"num_beams": T5_BEAMS}),
+              "t5_greedy": paxlike_decode(T5, T5_SET, t5_job, {}, BATCH_ROWS[:1])}
   dirs = {
       "lm": lm_job / "export" / f"{STEPS:08d}" / "stablehlo",
       "t5": t5_job / "export" / f"{STEPS:08d}" / "stablehlo",
       "lm_savedmodel": lm_job / "export" / f"{STEPS:08d}" / "savedmodel",
+      "t5_savedmodel": t5_job / "export" / f"{STEPS:08d}" / "savedmodel",
+      "t5_hf": t5_job / "export" / f"{STEPS:08d}" / "hf",
   }
 
-  for name in ("lm_stablehlo", "t5_stablehlo") + (() if tf_problem else ("lm_savedmodel",)):
+  savedmodels = () if tf_problem else ("lm_savedmodel", "t5_savedmodel")
+  for name in ("lm_stablehlo", "t5_stablehlo", "t5_hf", *savedmodels):
     assert procs[name].result().returncode == 0, describe(procs[name].result())
+  spec_hf = root / "hf_spec.json"
+  spec_hf.write_text(json.dumps({"dir": str(dirs["t5_hf"]),
+                                 "batch": expected["t5_greedy"]["batches"][0]}))
+  (root / "hf_loader.py").write_text(HF_LOADER)
+  hf_loader = None
+  if all(importlib.util.find_spec(m) for m in ("transformers", "torch")):
+    hf_loader = Background([str(root / "hf_loader.py"), str(spec_hf)], root)
   tf_loader = None
   if not tf_problem:
     spec_tf = root / "tf_spec.json"
-    spec_tf.write_text(json.dumps({"dir": str(dirs["lm_savedmodel"]),
-                                   "batch": expected["lm"]["batches"][0],
-                                   "texts": expected["lm"]["texts"][0]}))
+    spec_tf.write_text(json.dumps({
+        name: {"dir": str(dirs[f"{name}_savedmodel"]), "batch": expected[name]["batches"][0],
+               "texts": expected[name]["texts"][0]} for name in ("lm", "t5")}))
     (root / "tf_loader.py").write_text(TF_LOADER)
     tf_loader = Background([str(root / "tf_loader.py"), str(spec_tf)], root, root / "cache")
   spec_jax = root / "jax_spec.json"
@@ -308,6 +344,7 @@ def run(tmp_path_factory):
           "errors_before": errors_before, "errors_after": {"empty": listing(empty),
                                                            "taken": listing(taken)},
           "jax": _json_result(jax_loader), "tf_problem": tf_problem,
+          "hf": _json_result(hf_loader) if hf_loader else None,
           "tf": _json_result(tf_loader) if tf_loader else None}
 
 
@@ -382,13 +419,14 @@ def test_manifest_describes_the_artifact(run):
 
 def test_savedmodel_signatures_and_warmup(run):
   if run["tf_problem"]:
-    refused = run["procs"]["lm_savedmodel"].result()
-    assert refused.returncode == 2, describe(refused)
-    assert "cannot run what jax" in refused.stderr and "Traceback" not in refused.stderr
-    assert not run["dirs"]["lm_savedmodel"].exists()
+    for name in ("lm_savedmodel", "t5_savedmodel"):
+      refused = run["procs"][name].result()
+      assert refused.returncode == 2, describe(refused)
+      assert "cannot run what jax" in refused.stderr and "Traceback" not in refused.stderr
+      assert not run["dirs"][name].exists()
     pytest.skip(f"this TensorFlow cannot read this JAX's StableHLO: {run['tf_problem']}")
-  got, want = run["tf"], run["expected"]["lm"]
-  assert got["paxlike_imported"] is False
+  assert run["tf"]["paxlike_imported"] is False
+  got, want = run["tf"]["lm"], run["expected"]["lm"]
   assert got["ids_tokens"] == want["tokens"][0]
   assert got["text_tokens"] == want["tokens"][0]
   # In-graph detokenization reads like run.py's.
@@ -404,6 +442,25 @@ def test_savedmodel_signatures_and_warmup(run):
   assert sorted(w[2] for w in got["warmup"]) == [1, 1, 2, 2]
   replayed = [w[3] for w in got["warmup"] if w[3] is not None]
   assert replayed == [want["tokens"][0]] * 2  # the batch-2 requests of both signatures
+
+
+def test_savedmodel_beam_search_runs_in_tensorflow(run):
+  """Beam search's lax.top_k: the SavedModel decodes in TensorFlow as paxlike does."""
+  if run["tf_problem"]:
+    pytest.skip(f"this TensorFlow cannot read this JAX's StableHLO: {run['tf_problem']}")
+  done = run["procs"]["t5_savedmodel"].result()
+  assert f"exported step {STEPS} as savedmodel" in done.stdout, describe(done)
+  got, want = run["tf"]["t5"], run["expected"]["t5"]
+  assert np.asarray(got["ids_tokens"]).shape[1] == T5_BEAMS
+  assert got["ids_tokens"] == want["tokens"][0]
+  assert got["text_tokens"] == want["tokens"][0]  # T5's prompts end with EOS in the graph too
+  assert [[row[0]] for row in got["text_out"]] == [
+      [r["generation"]] for r in run["jax"]["t5"]["cli_rows"]]
+  signatures = {(w[0], tuple(w[1])) for w in got["warmup"]}
+  assert signatures == {("serving_default", ("encoder_input_tokens", "seed")),
+                        ("serve_text", ("seed", "text"))}
+  replayed = [w[3] for w in got["warmup"] if w[3] is not None]
+  assert replayed == [want["tokens"][0]] * 2  # TF Serving's warm-up replay succeeds
 
 
 def test_export_errors_leave_the_job_untouched(run):
@@ -509,3 +566,136 @@ def test_hf_generation_config_takes_the_sampling_flags():
   assert generation_settings(DecodeSettings()) == {}  # greedy: transformers' default
   assert generation_settings(DecodeSettings(temperature=0.7, top_k=40, top_p=0.9)) == {
       "do_sample": True, "temperature": 0.7, "top_k": 40, "top_p": 0.9}
+
+
+def test_hf_generate_with_no_arguments_decodes_like_paxlike(run):
+  """generation_config.json carries T5's MAX_TARGET_LEN (12 here), not transformers'
+  default max_length 20: generate() alone gives paxlike's greedy ids."""
+  d = run["dirs"]["t5_hf"]
+  generation = json.loads((d / "generation_config.json").read_text())
+  assert generation["max_new_tokens"] == 12  # FlanT5ArithmeticTiny.MAX_TARGET_LEN
+  if run["hf"] is None:
+    pytest.skip("transformers and torch are not installed")
+  (want,) = run["expected"]["t5_greedy"]["tokens"]
+  want = [beams[0] for beams in want]
+  got = run["hf"]["tokens"]
+  assert len(want[0]) == 12
+  assert any(1 not in row for row in want)  # a row decodes to the limit: the length shows
+  got = [row + [0] * (len(want[0]) - len(row)) for row in got]  # transformers stops at EOS
+  assert got == want
+
+
+def _length_job(model, features, **settings):
+  from paxlike.decoding import DecodeSettings
+  from paxlike.export import job as job_lib
+
+  return job_lib.ExportJob(
+      experiment="x", model=model, settings=DecodeSettings(**settings), abstract_params={},
+      features=tuple(job_lib.Feature(n, shape, "int32", None) for n, shape in features),
+      vocabulary={"kind": "none"}, append_eos=None, examples={}, example_texts=(),
+      platforms=("cpu",), job_log_dir="")
+
+
+def test_hf_generation_config_decodes_as_far_as_paxlike():
+  """T5 decodes MAX_TARGET_LEN new tokens; the Llama family fills its row (prompt and
+  generation share MAX_SEQ_LEN); --decode_max_length wins over both."""
+  import types
+
+  from paxlike.decoding import DecodeSettings
+  from paxlike.export.hf import decode_length, generation_settings
+
+  t5 = types.SimpleNamespace(hf_config=lambda: {"is_encoder_decoder": True},
+                             max_target_len=128)
+  llama = types.SimpleNamespace(hf_config=lambda: {"model_type": "llama"})
+  t5_features = [("encoder_input_tokens", (512,))]
+  lm_features = [("ids", (64,)), ("prompt_lens", ())]
+  assert decode_length(_length_job(t5, t5_features)) == {"max_new_tokens": 128}
+  assert decode_length(_length_job(llama, lm_features)) == {"max_length": 64}
+  for model, features in ((t5, t5_features), (llama, lm_features)):
+    assert decode_length(_length_job(model, features, max_decode_length=5)) == {
+        "max_new_tokens": 5}
+  assert generation_settings(DecodeSettings(num_beams=4), {"max_length": 64}) == {
+      "max_length": 64, "num_beams": 4}
+
+
+def test_top_k_composites_become_calls():
+  """JAX lowers lax.top_k to a stablehlo.composite, which TensorFlow 2.21 cannot read; the
+  SavedModel's program calls its decomposition instead, with the same results."""
+  import jax
+  import jax.numpy as jnp
+
+  from paxlike.export.savedmodel import without_composites
+
+  (b,) = jax.export.symbolic_shape("b")
+  exported = jax.export.export(jax.jit(lambda x: jax.lax.top_k(x, 2)), platforms=(
+      "cpu", "cuda", "tpu"))(jax.ShapeDtypeStruct((b, 5), jnp.float32))
+  assert "stablehlo.composite" in exported.mlir_module()
+  plain = without_composites(exported)
+  assert "stablehlo.composite" not in plain.mlir_module()
+  x = np.random.RandomState(0).randn(3, 5).astype(np.float32)
+  for got, want in zip(plain.call(x), exported.call(x), strict=True):
+    np.testing.assert_array_equal(got, want)
+
+
+def _top_k_job():
+  """An ExportJob whose decode picks with lax.top_k (as top-k sampling and beam search do)."""
+  import jax
+  import jax.numpy as jnp
+
+  from paxlike import decoding
+  from paxlike.export import job as job_lib
+
+  class TopKModel:
+    def decode_features(self):
+      return ("ids",)
+
+    def decode(self, params, batch, key, settings):
+      logits = batch["ids"][:, :, None] * params["w"]  # [b, 4, 6]
+      scores, tokens = jax.lax.top_k(logits, 2)
+      return decoding.DecodeOutput(tokens[:, None, :, 0], scores[:, None, :, 0].sum(-1),
+                                   jnp.zeros((batch["ids"].shape[0], 1), jnp.int32))
+
+  return job_lib.ExportJob(
+      experiment="x", model=TopKModel(), settings=decoding.DecodeSettings(temperature=0.7,
+                                                                          top_k=2),
+      abstract_params={"w": jax.ShapeDtypeStruct((6,), jnp.float32)},
+      features=(job_lib.Feature("ids", (4,), "int32", None),), vocabulary={"kind": "none"},
+      append_eos=None, examples={"ids": np.asarray([[1, 2, 3, 4], [4, 3, 2, -1]], np.int32)},
+      example_texts=(), platforms=("cpu",), job_log_dir="")
+
+
+def test_savedmodel_of_a_top_k_decode_runs_or_is_refused(tmp_path):
+  """The SavedModel of a top_k decode runs in TensorFlow; one TensorFlow could not run is
+  refused in one UserError before anything is on disk (TF Serving's warm-up would fail)."""
+  from paxlike.export import savedmodel
+
+  problem = savedmodel.tensorflow_reads_this_jax()
+  if problem:
+    pytest.skip(f"this TensorFlow cannot read this JAX's StableHLO: {problem}")
+  import tensorflow as tf
+
+  from paxlike import export
+  from paxlike.errors import UserError
+  from paxlike.export import serving
+
+  job = _top_k_job()
+  exporter = savedmodel.SavedModelExporter()
+  params = {"w": np.asarray([0.5, -1.0, 2.0, 0.0, 1.5, -2.0], np.float32)}
+  out = tmp_path / "sm"
+  plan = exporter.check(job)
+  export.publish(str(out), lambda d: exporter.write(plan, params, 1, d))
+  ids = job.examples["ids"]
+  got = tf.saved_model.load(str(out)).signatures["serving_default"](
+      ids=tf.constant(ids), seed=tf.constant(0))
+  want = job.model.decode(params, {"ids": ids}, None, job.settings)
+  np.testing.assert_array_equal(got["tokens"].numpy(), want.tokens)
+  np.testing.assert_allclose(got["scores"].numpy(), want.scores)
+
+  # The program as JAX serializes it, composites kept: TensorFlow 2.21 cannot read it.
+  plan = (job, serving.lower(job))
+  refused = tmp_path / "refused"
+  with pytest.raises(UserError, match=r"cannot run the SavedModel .*use --export_format="
+                     r"stablehlo") as e:
+    export.publish(str(refused), lambda d: exporter.write(plan, params, 1, d))
+  assert "\n" not in str(e.value) and "composite" in str(e.value)
+  assert sorted(os.listdir(tmp_path)) == ["sm"]  # no partial export left

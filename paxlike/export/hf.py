@@ -2,8 +2,10 @@
 
 With a file vocabulary the directory also gets its tokenizer (tokenizer.json or
 spiece.model, with tokenizer_config.json / special_tokens_map.json as the source
-had them), so AutoTokenizer.from_pretrained reads it, and a generation_config.json
-with the model's decoder start, EOS and pad ids.
+had them), so AutoTokenizer.from_pretrained reads it. Every export gets a
+generation_config.json with the model's decoder start, EOS and pad ids, the --decode_*
+flags, and the length paxlike decodes to (decode_length), so generate() with no
+arguments decodes as far as paxlike does, not to transformers' default max_length 20.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class HfExporter:
 
   def check(self, job: ExportJob) -> Any:
     job.model.hf_config()  # a family with no Hugging Face layout raises UserError
-    return job.model, job.vocab, job.settings
+    return job.model, job.vocab, job.settings, decode_length(job)
 
   def write(self, plan: Any, params: Any, step: int, out_dir: str) -> None:
     import jax
@@ -32,13 +34,13 @@ class HfExporter:
     from paxlike.interop import hf
 
     del step
-    model, vocab, settings = plan
+    model, vocab, settings, length = plan
     hf.export_params(jax.device_get(params), model, out_dir, source_positions(vocab))
     config = model.hf_config()
     generation = {k: config.get(k) for k in GENERATION_IDS}
     if vocab is not None and vocab.add_bos:
       generation["bos_token_id"] = vocab.bos_id
-    generation.update(generation_settings(settings))
+    generation.update(generation_settings(settings, length))
     vocabulary.write_hf_files(vocab or vocabulary.ByteVocabulary(), out_dir, generation)
 
 
@@ -57,14 +59,35 @@ def source_positions(vocab: Any) -> int | None:
     return None
 
 
-def generation_settings(settings: Any) -> dict[str, Any]:
-  """The --decode_* flags as generation_config.json's fields: beams, sampling, the length.
+def decode_length(job: ExportJob) -> dict[str, int]:
+  """generation_config.json's length field for the length paxlike decodes to.
+
+  --decode_max_length: max_new_tokens of it. Without it, T5 decodes MAX_TARGET_LEN
+  positions (max_new_tokens), and a decoder-only model fills the rest of its row: prompt
+  and generation share the decode input's ids (MAX_SEQ_LEN), transformers' max_length.
+  With the flag, a prompt longer than MAX_SEQ_LEN - --decode_max_length gets fewer tokens
+  in paxlike (it warns) than in transformers, which has no field for both limits at once.
+  """
+  settings = job.settings
+  if settings is not None and settings.max_decode_length is not None:
+    return {"max_new_tokens": settings.max_decode_length}
+  if job.model.hf_config().get("is_encoder_decoder"):
+    return {"max_new_tokens": job.model.max_target_len}
+  shapes = {f.name: f.shape for f in job.features}
+  if "prompt_lens" in shapes and len(shapes.get("ids", ())) == 1:
+    return {"max_length": shapes["ids"][0]}
+  return {}
+
+
+def generation_settings(settings: Any, length: dict[str, int] | None = None) -> dict[str, Any]:
+  """The --decode_* flags as generation_config.json's fields: beams, sampling, and length
+  (decode_length's; the flag's max_new_tokens when not given).
   T5X's brevity penalty ((5 + length) / 6) ** alpha has no field there (transformers'
   length_penalty is another formula): with beams, that is said in the log."""
+  out: dict[str, Any] = dict(length or {})
   if settings is None:
-    return {}
-  out: dict[str, Any] = {}
-  if settings.max_decode_length is not None:
+    return out
+  if not out and settings.max_decode_length is not None:
     out["max_new_tokens"] = settings.max_decode_length
   if settings.num_beams > 1:
     out["num_beams"] = settings.num_beams

@@ -2,8 +2,14 @@
 
 The program is the StableHLO export's serve function, converted with
 jax2tf's native serialization (an XlaCallModule op holding the StableHLO,
-batch size polymorphic). The parameters are tf.Variables the op reads, so
-they live in variables/ and can be swapped like any SavedModel's. Signatures:
+batch size polymorphic), with its stablehlo.composite ops replaced by calls
+of their decompositions: JAX lowers lax.top_k (sampling's top_k cut, every
+beam-search step) to a composite that TensorFlow 2.21 cannot deserialize
+("unregistered operation 'vhlo.composite_v2'"). Before the export is
+declared written, TensorFlow runs its first warm-up request; a program this
+TensorFlow cannot run is refused (UserError) and nothing is left on disk.
+The parameters are tf.Variables the op reads, so they live in variables/ and
+can be swapped like any SavedModel's. Signatures:
 
     serving_default   the decode features (int32 token ids) + seed (int32)
                       -> tokens [b, K, T] int32, scores [b, K] float32
@@ -30,7 +36,6 @@ import numpy as np
 from paxlike.errors import UserError
 from paxlike.export import serving, warmup
 from paxlike.export.job import ExportJob
-from paxlike.layers import attention_policy
 
 FORMAT = "paxlike.savedmodel"
 FORMAT_VERSION = 1
@@ -46,25 +51,78 @@ def _require_tensorflow() -> None:
                     "pip install -e '.[export]'")
 
 
+def _reason(e: Exception) -> str:
+  """The line of a TensorFlow error that says why (it wraps it in a graph's stack)."""
+  lines = [x.strip() for x in str(e).splitlines() if x.strip()] or [type(e).__name__]
+  hits = [x for key in ("deserialize", "error: ") for x in lines if key in x]
+  return (hits or lines)[0][:300]
+
+
+def without_composites(exported: Any) -> Any:
+  """exported with each stablehlo.composite replaced by a call of its decomposition.
+
+  A composite names an operation a compiler may recognise (JAX lowers lax.top_k to
+  "chlo.top_k") and carries its meaning as a function; the call keeps that meaning.
+  TensorFlow 2.21's StableHLO (1.13.7) reads no vhlo.composite_v2, which JAX 0.10
+  serializes, and does not refine a composite's decomposition to the batch size.
+  XLA may then compile top_k as the sort its decomposition is, not as a TopK.
+  """
+  import dataclasses
+
+  from jax.extend import mlir as jax_mlir
+  from jax.interpreters import mlir
+  from jaxlib.mlir import ir
+  from jaxlib.mlir.dialects import func, stablehlo
+
+  with mlir.make_ir_context():
+    module = jax_mlir.deserialize_portable_artifact(exported.mlir_module_serialized)
+    composites = []
+
+    def visit(op: Any) -> Any:
+      if op.operation.name == "stablehlo.composite":
+        composites.append(op.operation)
+      return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    if not composites:
+      return exported
+    for op in composites:
+      with ir.InsertionPoint(op), op.location:
+        call = func.CallOp([r.type for r in op.results], op.attributes["decomposition"],
+                           list(op.operands))
+      for old, new in zip(op.results, call.results, strict=True):
+        old.replace_all_uses_with(new)
+      op.erase()
+    # Only this JAX reads the result back (jax2tf serializes its own module), so the
+    # newest StableHLO loses nothing; mixed serialization keeps Shardy's ops, as JAX does.
+    serialized = jax_mlir.serialize_portable_artifact(
+        module, stablehlo.get_current_version(), True)
+  return dataclasses.replace(exported, mlir_module_serialized=serialized)
+
+
 def tensorflow_reads_this_jax() -> str | None:
   """None when this TensorFlow runs what this JAX's jax2tf writes; else why not.
 
   jax2tf embeds StableHLO bytecode, which a TensorFlow built before the JAX
   release may not read (JAX promises about three weeks of forward
-  compatibility): TensorFlow 2.21 does not read JAX 0.12's. A one-line
-  shape-polymorphic program, converted and run, tells.
+  compatibility): TensorFlow 2.21 does not read JAX 0.12's. A tiny
+  shape-polymorphic program with a lax.top_k, converted the way build_module
+  converts the decode and run, tells.
   """
+  import jax
   import jax.numpy as jnp
-  import numpy as np
   import tensorflow as tf
   from jax.experimental import jax2tf
 
   try:
-    fn = jax2tf.convert(lambda x: jnp.sum(x * 2), polymorphic_shapes=["(b,)"])
-    tf.function(fn, autograph=False)(tf.constant(np.ones(3, np.float32)))
+    (b,) = jax.export.symbolic_shape("b")
+    exported = without_composites(jax.export.export(
+        jax.jit(lambda x: jnp.sum(jax.lax.top_k(x * 2, 2)[0], axis=-1)), platforms=("cpu",))(
+            jax.ShapeDtypeStruct((b, 3), np.float32)))
+    fn = jax2tf.convert(exported.call, polymorphic_shapes=["(b, 3)"], with_gradient=False)
+    tf.function(fn, autograph=False)(tf.constant(np.ones((2, 3), np.float32)))
   except Exception as e:  # noqa: BLE001  (TF raises several kinds; the message says)
-    lines = [x.strip() for x in str(e).splitlines() if x.strip()] or [type(e).__name__]
-    return next((x for x in lines if "deserialize" in x), lines[0])[:200]
+    return _reason(e)[:200]
   return None
 
 
@@ -110,9 +168,16 @@ def detokenize(tf: Any, job: ExportJob, tokens: Any) -> Any:
   return tf.strings.reduce_join(chars, axis=-1)
 
 
-def build_module(tf: Any, job: ExportJob, names: list[str],
+def build_module(tf: Any, job: ExportJob, exported: Any, names: list[str],
                  values: list[np.ndarray]) -> tuple[Any, dict[str, Any]]:
   """The tf.Module holding the parameter variables, and the signatures' concrete functions.
+
+  Args:
+    tf: the tensorflow module.
+    job: the export.
+    exported: serve lowered by serving.lower, passed through without_composites.
+    names: the parameters' names (serving.param_names).
+    values: their values, in that order.
 
   The functions are not attributes of the module: tf.saved_model.save traces
   every tf.function it finds on the object graph again, which would lower the
@@ -120,8 +185,10 @@ def build_module(tf: Any, job: ExportJob, names: list[str],
   """
   from jax.experimental import jax2tf
 
+  # Converting the Exported's call embeds its module as it is: the decode is not traced
+  # again, and the composites stay replaced.
   converted = jax2tf.convert(
-      serving.serving_fn(job.model, job.settings, job.abstract_params),
+      exported.call,
       polymorphic_shapes=[None, *(_poly(f) for f in job.features), "()"],
       native_serialization_platforms=job.platforms, with_gradient=False)
   module = tf.Module()
@@ -173,6 +240,35 @@ def warmup_records(tf: Any, job: ExportJob, has_text: bool) -> list[bytes]:
   return records
 
 
+def run_first_request(tf: Any, job: ExportJob, ids_fn: Any) -> None:
+  """Runs the ids signature on the first warm-up request's input (batch 1) in TensorFlow.
+
+  TF Serving replays the warm-up requests when it loads the model and fails the load if
+  one fails; an export TensorFlow cannot run is refused here instead of written.
+
+  Raises:
+    UserError: this TensorFlow cannot run the program (the reason it gave is in the message).
+  """
+  from paxlike import log
+
+  if "cpu" not in job.platforms:  # TensorFlow's CPU cannot run it; a server's device will
+    log.warning("--export_platforms=%s has no cpu: the SavedModel was not run in TensorFlow "
+                "before it was written", ",".join(job.platforms))
+    return
+  args = [tf.constant(np.asarray(job.examples[f.name][:1], f.dtype)) for f in job.features]
+  try:
+    with tf.device("/CPU:0"):
+      ids_fn(*args, tf.constant(0, tf.as_dtype(serving.SEED_DTYPE)))["tokens"].numpy()
+  except Exception as e:  # noqa: BLE001  (TF raises several kinds; the message says)
+    import jax
+
+    raise UserError(
+        f"TensorFlow {tf.__version__} cannot run the SavedModel of this decode "
+        f"({serving.describe_settings(job.settings)}) that jax {jax.__version__}'s jax2tf "
+        f"writes ({_reason(e)}); use --export_format=stablehlo, whose run.py runs it with "
+        "jax alone.") from None
+
+
 def _signature(fn: Any) -> dict[str, Any]:
   """A concrete function's inputs and outputs as the manifest lists them."""
   inputs = [{"name": s.name, "dtype": s.dtype.name,
@@ -189,8 +285,12 @@ class SavedModelExporter:
 
   name = "savedmodel"
 
-  def check(self, job: ExportJob) -> ExportJob:
-    """TensorFlow is installed and the decode lowers (jax2tf lowers it the same way)."""
+  def check(self, job: ExportJob) -> tuple[ExportJob, Any]:
+    """TensorFlow is installed and runs this JAX's programs, and the decode lowers.
+
+    Returns:
+      (job, the lowered decode without composites): write() converts that program.
+    """
     _require_tensorflow()
     problem = tensorflow_reads_this_jax()
     if problem:
@@ -200,19 +300,18 @@ class SavedModelExporter:
       raise UserError(f"TensorFlow {tf.__version__} cannot run what jax {jax.__version__}'s "
                       f"jax2tf writes ({problem}); install a TensorFlow released after this "
                       "JAX, or use --export_format=stablehlo.")
-    serving.lower(job)
-    return job
+    return job, without_composites(serving.lower(job))
 
-  def write(self, plan: ExportJob, params: Any, step: int, out_dir: str) -> None:
+  def write(self, plan: tuple[ExportJob, Any], params: Any, step: int, out_dir: str) -> None:
     import jax
     import tensorflow as tf
 
-    job = plan
+    job, exported = plan
     names = serving.param_names(job.abstract_params)
-    with attention_policy.portable():  # the same portable program serving.lower checked
-      module, signatures = build_module(tf, job, names,
-                                        serving.flat_params(params, job.abstract_params))
-      tf.saved_model.save(module, out_dir, signatures=signatures)
+    module, signatures = build_module(tf, job, exported, names,
+                                      serving.flat_params(params, job.abstract_params))
+    run_first_request(tf, job, signatures[IDS_SIGNATURE])
+    tf.saved_model.save(module, out_dir, signatures=signatures)
     extra = os.path.join(out_dir, warmup.DIR)
     os.makedirs(extra)
     with tf.io.TFRecordWriter(os.path.join(extra, warmup.FILE)) as w:
