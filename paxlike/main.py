@@ -105,6 +105,9 @@ def run(argv_flags: flags.FlagValues) -> int:
       and not (argv_flags.restore_checkpoint_dir or argv_flags.init_from or exp.INIT_FROM)):
     raise _no_checkpoint(job_log_dir, argv_flags.mode)  # before a vocabulary is looked for
   _use_job_vocabulary(exp, job_log_dir, argv_flags)
+  if kept := exp.__dict__.get("_inherited_text"):
+    log.info("--mode=%s takes the job's training settings: --set %s (run_env.json; a --set "
+             "of the key changes it)", argv_flags.mode, " --set ".join(kept))
   if argv_flags.mode == "dry_run":
     return _dry_run(exp, job_log_dir, argv_flags)
   layout = _tuned_layout(exp, job_log_dir) if argv_flags.mode == "train" else None
@@ -243,6 +246,7 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
   exp = experiment.instantiate(cls, kept + given)
   # What this mode does not read of them is no refusal: the training run read it.
   exp.__dict__["_inherited"] = {experiment.parse_override(text)[0] for text in kept}
+  exp.__dict__["_inherited_text"] = kept  # logged once the run is past its first checks
   if argv_flags.init_from:
     # What the experiment derives from its initial weights (the tokenizer, a chat
     # template, the Llama family's special ids) follows the flag too.
@@ -274,7 +278,8 @@ def _training_overrides(cls: type, argv_flags: flags.FlagValues, given: list[str
   fine-tune needed: its lengths, dtype, RoPE, files), but for the keys it sets itself.
   They come from job_log_dir/run_env.json (else that of the job whose checkpoint
   --restore_checkpoint_dir gives) when its training run was of this class."""
-  from paxlike import experiment, log
+  from paxlike import experiment
+  from paxlike.inputs import vocabulary
 
   if argv_flags.mode == "train" or not argv_flags.job_log_dir:
     return []
@@ -290,12 +295,12 @@ def _training_overrides(cls: type, argv_flags: flags.FlagValues, given: list[str
   if not isinstance(record, dict) or record.get("mode") != "train" \
       or record.get("experiment") != f"{cls.__module__}.{cls.__qualname__}":
     return []
-  mine = {experiment.parse_override(text)[0] for text in given}
+  # VOCABULARY: the tokenizer the job recorded is read (_use_job_vocabulary) wherever
+  # the training run's setting pointed.
+  mine = {experiment.parse_override(text)[0] for text in given} | (
+      {"VOCABULARY"} if vocabulary.recorded(job) else set())
   kept = [_from_dir(text, record.get("cwd")) for text in _set_flags(record.get("overrides") or [])
           if isinstance(text, str) and experiment.parse_override(text)[0] not in mine]
-  if kept:
-    log.info("--mode=%s takes the job's training settings: --set %s (run_env.json; a --set "
-             "of the key changes it)", argv_flags.mode, " --set ".join(kept))
   return kept
 
 
