@@ -46,9 +46,8 @@ if ARITHMETIC_SEQ2SEQ not in seqio.TaskRegistry.names():
   seqio.TaskRegistry.add(
       ARITHMETIC_SEQ2SEQ,
       source=seqio.FunctionDataSource(_arithmetic_dataset, splits=("train", "test")),
-      # append_eos before the converter trims, as TextInput does: a row cut to its
-      # length loses its EOS rather than a token.
-      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
+      # T5X's: trim, then EOS, as TextInput does: a row cut to its length still ends.
+      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
       output_features={
           "inputs": seqio.Feature(VOCAB, add_eos=True),
           "targets": seqio.Feature(VOCAB, add_eos=True)},

@@ -89,6 +89,18 @@ def test_unpacked_features_of_known_examples_with_custom_field_names(tmp_path):
   assert inp.ids_to_strings(batch["decoder_target_tokens"]) == ["82", "3"]
 
 
+def test_a_cut_example_keeps_its_eos_as_t5x_trains(tmp_path):
+  """seqio's append_eos_after_trim: cut to the row less one, then EOS; so a model learns to
+  end targets longer than MAX_TARGET_LEN, and a long prompt still ends."""
+  path = write_jsonl(tmp_path / "long.jsonl", [{"inputs": "123456789+1=", "targets": "123456"}])
+  inp = enc_dec(file_pattern=path, seq_len=8, target_len=4, batch_size=1, shuffle=False,
+                is_training=False, repeat=False, reset_for_eval=True)
+  batch = inp.get_next()
+  np.testing.assert_array_equal(batch["encoder_input_tokens"], [[52, 53, 54, 55, 56, 57, 58, 1]])
+  np.testing.assert_array_equal(batch["decoder_target_tokens"], [[52, 53, 54, 1]])
+  np.testing.assert_array_equal(batch["decoder_loss_weights"], [[1, 1, 1, 1]])
+
+
 def test_text_input_and_seqio_input_give_the_same_enc_dec_features():
   pytest.importorskip("seqio")
   from paxlike.inputs.seqio_input import SeqIOInput
@@ -99,7 +111,7 @@ def test_text_input_and_seqio_input_give_the_same_enc_dec_features():
                          task_module="tasks.seqio_tasks", split_name="test",
                          feature_converter="enc_dec", pack=True,
                          task_feature_lengths={"inputs": 6, "targets": 4}, **common)
-  # Six encoder positions cut the EOS off "37+45=": both pipelines append EOS, then trim.
+  # Six encoder positions cut "37+45=" + EOS: both pipelines trim, then append EOS.
   native = TextInput(name="n", generator=ARITHMETIC, split="test", feature_converter="enc_dec",
                      seq_len=6, target_len=4, shuffle=False, **common)
   batches = 0

@@ -245,7 +245,9 @@ class Decoder:
     if cut:  # as --mode=infer says it
       print(f"warning: {cut} of {len(full)} prompts were longer than the export's {width} "
             "input tokens and were cut", file=sys.stderr)
-    rows = [ids[:width] for ids in full]
+    # A cut prompt keeps its EOS, as the experiment's input (seqio's append_eos_after_trim).
+    rows = [ids if len(ids) <= width else ids[:width - 1] + ids[-1:] if text["append_eos"]
+            else ids[:width] for ids in full]
     out = {}
     for name, spec in self.inputs.items():
       if spec.get("text") == "tokens":

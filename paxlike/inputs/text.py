@@ -492,10 +492,13 @@ class TextInput(BaseInput):
                         f"{self.input_key!r} field: {shown}; the enc_dec feature converter "
                         "needs (inputs, targets) pairs (set INPUT_KEY / TARGET_KEY, the input's "
                         "input_key / target_key, to your field names).")
-      x = self._bos + self.vocab.encode(str(ex[self.input_key])) + [self.vocab.eos_id]
-      y = self.vocab.encode(str(ex.get(self.target_key, ""))) + [self.vocab.eos_id]
-      cut_in, cut_out = cut_in + (len(x) > self.seq_len), cut_out + (len(y) > self.target_len)
-      x, y = x[:self.seq_len], y[:self.target_len]
+      x = self._bos + self.vocab.encode(str(ex[self.input_key]))
+      y = self.vocab.encode(str(ex.get(self.target_key, "")))
+      cut_in, cut_out = cut_in + (len(x) >= self.seq_len), cut_out + (len(y) >= self.target_len)
+      # Cut, then the EOS (seqio's append_eos_after_trim, as T5X trains): a cut example
+      # still ends, and the model learns to end a long target.
+      x = x[:self.seq_len - 1] + [self.vocab.eos_id]
+      y = y[:self.target_len - 1] + [self.vocab.eos_id]
       enc[i, :len(x)] = x
       dec_tgt[i, :len(y)] = y
       # The whole padded row shifted right behind the start id 0, as seqio, T5X and
