@@ -582,12 +582,13 @@ def check_infer_file(path: str, input_key: str) -> int:
     UserError: naming the file, and the line for a bad line.
   """
   if not path.lower().endswith(INFER_FILES):
-    raise UserError(f"--infer_input {path} is not a .jsonl file; write one JSON object per "
-                    f"line, {{\"{input_key}\": ...}}, to a file ending in .jsonl.")
+    raise UserError(f"--infer_input {path} is none of {', '.join(INFER_FILES)}; write one JSON "
+                    f"object per line, {{\"{input_key}\": ...}}, to a file ending in .jsonl.")
   if "," in path:  # TextInput splits file patterns at commas
     raise UserError(f"--infer_input {path} has a comma in its path; rename or move it.")
   if not os.path.isfile(path):
-    raise UserError(f"--infer_input {path} does not exist; pass a .jsonl file of inputs.")
+    raise UserError(f"--infer_input {path} does not exist; pass a file of inputs "
+                    f"({', '.join(INFER_FILES)}).")
   rows = read_rows(path)
   for where, n, example in rows:
     if not isinstance(example, dict) or not (input_key in example or "messages" in example):

@@ -27,6 +27,7 @@ from paxlike import mesh as mesh_lib
 from paxlike.errors import UserError, user_frame
 
 SET_SOURCE = "--set"
+JOB_SOURCE = "the job's training run (--set, run_env.json)"  # what a later run takes (main)
 # int hyperparameters that Pax also allows as fractions.
 FRACTIONAL_HPARAMS = ("PERCORE_BATCH_SIZE", "PERCORE_EVAL_BATCH_SIZE")
 
@@ -249,8 +250,9 @@ def hparams(exp: BaseExperiment) -> list[HParam]:
                                 or not callable(value)):
           out[name] = HParam(name, getattr(exp, name),
                              f"{klass.__module__}.{klass.__qualname__}")
+  inherited = exp.__dict__.get("_inherited", set())
   for name, value in getattr(exp, "_overrides", {}).items():
-    out[name] = HParam(name, value, SET_SOURCE)
+    out[name] = HParam(name, value, JOB_SOURCE if name in inherited else SET_SOURCE)
   return sorted(out.values(), key=lambda h: h.name)
 
 
@@ -260,7 +262,7 @@ def format_hparams(exp: BaseExperiment) -> str:
   for h in hparams(exp):
     groups.setdefault(h.source, []).append(h)
   order = [f"{k.__module__}.{k.__qualname__}" for k in reversed(type(exp).__mro__)]
-  order.append(SET_SOURCE)
+  order += [JOB_SOURCE, SET_SOURCE]
   lines = [f"# experiment: {type(exp).__module__}.{type(exp).__qualname__}"]
   for source in order:
     if source not in groups:

@@ -44,6 +44,7 @@ from paxlike.inputs import chat as chat_lib
 from paxlike.inputs.text import TextInput, lacks_target, read_rows
 
 FILE_SETTINGS = ("INPUT_KEY", "TARGET_KEY", "METRICS", "VOCABULARY")
+FILE_LISTS = ("TRAIN_FILES", "EVAL_FILES")  # paths or globs (file_list)
 
 
 def file_list(value: Any, name: str) -> list[str]:

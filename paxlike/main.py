@@ -105,9 +105,9 @@ def run(argv_flags: flags.FlagValues) -> int:
       and not (argv_flags.restore_checkpoint_dir or argv_flags.init_from or exp.INIT_FROM)):
     raise _no_checkpoint(job_log_dir, argv_flags.mode)  # before a vocabulary is looked for
   _use_job_vocabulary(exp, job_log_dir, argv_flags)
-  if kept := exp.__dict__.get("_inherited_text"):
-    log.info("--mode=%s takes the job's training settings: --set %s (run_env.json; a --set "
-             "of the key changes it)", argv_flags.mode, " --set ".join(kept))
+  if taken := exp.__dict__.get("_inherited_text"):
+    log.info("--mode=%s takes the training settings of %s: --set %s (its run_env.json; a "
+             "--set of the key changes it)", argv_flags.mode, taken[0], " --set ".join(taken[1]))
   if argv_flags.mode == "dry_run":
     return _dry_run(exp, job_log_dir, argv_flags)
   layout = _tuned_layout(exp, job_log_dir) if argv_flags.mode == "train" else None
@@ -242,11 +242,13 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
     raise UserError("--exp is required; pass an experiment name (see --list_experiments).")
   cls = registry.get(argv_flags.exp)
   given = _set_flags(argv_flags.set)
-  kept = _training_overrides(cls, argv_flags, given)
+  job, kept, cwd = _training_overrides(cls, argv_flags, given)
   exp = experiment.instantiate(cls, kept + given)
   # What this mode does not read of them is no refusal: the training run read it.
   exp.__dict__["_inherited"] = {experiment.parse_override(text)[0] for text in kept}
-  exp.__dict__["_inherited_text"] = kept  # logged once the run is past its first checks
+  _job_files(exp, job, cwd)
+  if kept:  # logged once the run is past its first checks
+    exp.__dict__["_inherited_text"] = (job, kept)
   if argv_flags.init_from:
     # What the experiment derives from its initial weights (the tokenizer, a chat
     # template, the Llama family's special ids) follows the flag too.
@@ -273,17 +275,23 @@ def _experiment(argv_flags: flags.FlagValues) -> Any:
   return exp
 
 
-def _training_overrides(cls: type, argv_flags: flags.FlagValues, given: list[str]) -> list[str]:
+def _training_overrides(cls: type, argv_flags: flags.FlagValues, given: list[str]
+                        ) -> tuple[str | None, list[str], str | None]:
   """The job's training `--set`s, for a run of another mode on it (the settings a
   fine-tune needed: its lengths, dtype, RoPE, files), but for the keys it sets itself.
-  They come from job_log_dir/run_env.json (else that of the job whose checkpoint
-  --restore_checkpoint_dir gives) when its training run was of this class."""
-  from paxlike import experiment
+
+  They come from the run_env.json of the job whose checkpoint --restore_checkpoint_dir
+  gives, else of job_log_dir, when its training run was of this class. One this paxlike
+  cannot apply (a name it no longer takes) is left out with a warning.
+
+  Returns:
+    (that job or None, its KEY=VALUE texts, the directory its training started in).
+  """
+  from paxlike import experiment, log
   from paxlike.inputs import vocabulary
 
   if argv_flags.mode == "train" or not argv_flags.job_log_dir:
-    return []
-  record: Any = None
+    return None, [], None
   for job in _weights_jobs(os.path.abspath(os.path.expanduser(argv_flags.job_log_dir)),
                            argv_flags.restore_checkpoint_dir):
     try:
@@ -292,32 +300,52 @@ def _training_overrides(cls: type, argv_flags: flags.FlagValues, given: list[str
       break
     except (OSError, ValueError):
       continue
+  else:
+    return None, [], None
   if not isinstance(record, dict) or record.get("mode") != "train" \
       or record.get("experiment") != f"{cls.__module__}.{cls.__qualname__}":
-    return []
+    return None, [], None
   # VOCABULARY: the tokenizer the job recorded is read (_use_job_vocabulary) wherever
   # the training run's setting pointed.
   mine = {experiment.parse_override(text)[0] for text in given} | (
       {"VOCABULARY"} if vocabulary.recorded(job) else set())
-  kept = [_from_dir(text, record.get("cwd")) for text in _set_flags(record.get("overrides") or [])
-          if isinstance(text, str) and experiment.parse_override(text)[0] not in mine]
-  return kept
+  kept = []
+  for text in _set_flags([t for t in record.get("overrides") or [] if isinstance(t, str)]):
+    if experiment.parse_override(text)[0] in mine:
+      continue
+    try:
+      experiment.apply_overrides(cls(), [text])
+    except UserError as e:
+      log.warning("the job's training setting --set %s is left out: %s", text, e)
+      continue
+    kept.append(text)
+  cwd = record.get("cwd")
+  return job, kept, cwd if isinstance(cwd, str) else None
 
 
-def _from_dir(text: str, cwd: Any) -> str:
-  """KEY=VALUE with VALUE's relative paths (comma-separated globs) that name files under
-  cwd, the directory the training run started in, made absolute: a later run started
-  elsewhere reads the same files."""
-  key, _, value = text.partition("=")
-  parts = value.split(",")
-  if not isinstance(cwd, str) or not any(parts):
-    return text
+def _job_files(exp: Any, job: str | None, cwd: str | None) -> None:
+  """The data files a later run takes from its job's training run, as that run read them:
+  relative paths from the directory it started in.
+
+  Raises:
+    UserError: one of them matches no file now (the run would read other data, or none).
+  """
   import glob
 
-  if not all(p.strip() and not os.path.isabs(p.strip())
-             and glob.glob(os.path.join(cwd, p.strip())) for p in parts):
-    return text
-  return f"{key}={','.join(os.path.join(cwd, p.strip()) for p in parts)}"
+  from paxlike.file_data import FILE_LISTS, file_list
+
+  for key in sorted(exp.__dict__.get("_inherited", set()) & set(FILE_LISTS)):
+    value = getattr(exp, key)
+    if value is None:
+      continue
+    where = [p if os.path.isabs(p) else os.path.join(cwd or os.getcwd(), p)
+             for p in file_list(value, key) if p]
+    if gone := next((p for p in where if not glob.glob(p)), None):
+      raise UserError(f"this run takes {key}={value!r} from the training run of {job}, and "
+                      f"{gone} matches no file now; pass --set {key}=... to this run (None: "
+                      "the experiment's own data).")
+    setattr(exp, key, where)
+    exp._overrides[key] = where
 
 
 def _checkpoint_steps(job_log_dir: str) -> list[int]:
@@ -329,18 +357,18 @@ def _checkpoint_steps(job_log_dir: str) -> list[int]:
 
 
 def _weights_jobs(job_log_dir: str, restore_dir: str | None) -> list[str]:
-  """job_log_dir, then the job whose weights --restore_checkpoint_dir gives (a job's
-  checkpoints/ folder or one checkpoint in it): where a run looks for the records of how
-  its weights were trained."""
+  """Where a run looks for the records of how its weights were trained: the job whose
+  checkpoint --restore_checkpoint_dir gives (its checkpoints/ folder or one checkpoint in
+  it), then job_log_dir."""
   if not restore_dir:
     return [job_log_dir]
   folder = os.path.abspath(os.path.expanduser(restore_dir)).rstrip(os.sep)
-  return [job_log_dir, os.path.dirname(folder), os.path.dirname(os.path.dirname(folder))]
+  return [os.path.dirname(folder), os.path.dirname(os.path.dirname(folder)), job_log_dir]
 
 
 def _vocabulary_job(job_log_dir: str, restore_dir: str | None) -> str:
-  """The job whose recorded tokenizer this run reads: job_log_dir's, else that of the job
-  whose checkpoint --restore_checkpoint_dir gives: the tokenizer its weights learnt."""
+  """The job whose recorded tokenizer this run reads: that of the job whose checkpoint
+  --restore_checkpoint_dir gives (the tokenizer its weights learnt), else job_log_dir's."""
   from paxlike.inputs import vocabulary
 
   return next((job for job in _weights_jobs(job_log_dir, restore_dir)
@@ -754,6 +782,8 @@ def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: fl
       "experiment": f"{cls.__module__}.{cls.__qualname__}",
       "mode": argv_flags.mode, "partitioner": partitioner.kind,
       "mesh": mesh_desc, "overrides": argv_flags.set, "cwd": os.getcwd(),
+      **({"job_overrides": exp.__dict__["_inherited_text"][1]}
+         if "_inherited_text" in exp.__dict__ else {}),
       **flag_plan.record(),
       **jax_flags.record(argv_flags),
       **({"tfds_data_dir": argv_flags.tfds_data_dir} if argv_flags.tfds_data_dir else {}),

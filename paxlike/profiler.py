@@ -81,9 +81,10 @@ class ProfilePlan:
     """
     if not self.start_given:
       start = min(first + 2, max(first, last - self.num_steps + 1))
-      return dataclasses.replace(self, start_step=start, start_given=True)
-    if self.start_step <= last and self.last_step >= first:
-      return self
+      return dataclasses.replace(self, start_step=start, start_given=True,
+                                 num_steps=min(self.num_steps, last - start + 1))
+    if self.start_step <= last and self.last_step >= first:  # the steps the run has
+      return dataclasses.replace(self, num_steps=min(self.last_step, last) - self.start_step + 1)
     what = (f"{self.source}={self.num_steps} from step {self.start_step} traces steps "
             f"{self.start_step}..{self.last_step}, and this run trains steps {first}..{last}")
     if self.source.startswith("--"):

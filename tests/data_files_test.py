@@ -321,10 +321,10 @@ def test_csv_and_tsv_files_are_tables_whose_header_row_names_the_fields(tmp_path
   csv_file = tmp_path / "qa.csv"
   csv_file.write_bytes(b'\xef\xbb\xbfprompt,completion\r\n"Reverse a, b.","b, a"\r\n'
                        b'"Two\nlines",ok\r\n')
-  tsv_file = tmp_path / "qa.tsv"
-  tsv_file.write_text("prompt\tcompletion\nReverse a, b.\tb, a\n")
+  tsv_file = tmp_path / "qa.tsv"  # a TSV cell's quotes are its text
+  tsv_file.write_text('prompt\tcompletion\nReverse a, b.\tb, a\n"5 inches\t"six"\n')
   want = [("Reverse a, b.", "b, a"), ("Two\nlines", "ok")]
-  for path, rows in ((csv_file, want), (tsv_file, want[:1])):
+  for path, rows in ((csv_file, want), (tsv_file, [want[0], ('"5 inches', '"six"')])):
     inp = _text_input(path, input_key="prompt", target_key="completion", batch_size=2,
                       is_training=True)
     assert _prompts_and_targets(inp) == rows  # the header is no example
@@ -337,6 +337,18 @@ def test_csv_and_tsv_files_are_tables_whose_header_row_names_the_fields(tmp_path
   with pytest.raises(UserError, match=r"has none of the fields 'inputs', 'text' or 'messages' "
                                       r"\(its fields: \['completion', 'prompt'\]\)"):
     _text_input(csv_file, batch_size=2)
+  # An empty cell, and a JSON null, are no target; an object is no text.
+  empty = tmp_path / "empty.csv"
+  empty.write_text("inputs,targets\n1+1=,2\n4+4=,\n")
+  with pytest.raises(UserError, match=r"empty\.csv line 3 has no 'targets' field"):
+    _text_input(empty, batch_size=2, is_training=True)
+  null = _write_jsonl(tmp_path / "null.jsonl", [{"inputs": "1+1=", "targets": None}])
+  with pytest.raises(UserError, match=r"null\.jsonl line 1 has no 'targets' field"):
+    _text_input(null, batch_size=2, is_training=True)
+  nested = _write_jsonl(tmp_path / "nested.jsonl", [{"inputs": {"q": "1+2"}, "targets": "3"}])
+  with pytest.raises(UserError, match=r'has inputs=\{"q": "1\+2"\}, not text; write its '
+                                      r"'inputs' as a string"):
+    _text_input(nested, batch_size=2)
   # Any other extension is plain text, a line an example (the loss on all of it).
   txt = tmp_path / "qa.txt"
   txt.write_text("prompt,completion\nReverse a,b\n")

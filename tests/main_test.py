@@ -21,7 +21,7 @@ from conftest import (
     run_cli,
 )
 
-from paxlike import main, registry
+from paxlike import experiment, main, registry
 
 TINY_SETS = ["--set", "NUM_TRAIN_STEPS=40", "--set", "SUMMARY_INTERVAL_STEPS=10",
              "--set", "CHECKPOINT_EVERY_N_STEPS=20"]
@@ -150,48 +150,64 @@ def test_an_eval_run_keeps_the_record_of_how_the_job_was_trained(tiny_job, tmp_p
   assert proc.returncode == 0, describe(proc)
   assert {n: (copy / n).read_bytes() for n in names} == before
   assert json.loads((copy / "eval_run_env.json").read_text())["mode"] == "eval"
-  assert ("--mode=eval takes the job's training settings: --set NUM_TRAIN_STEPS=40 --set "
-          "CHECKPOINT_EVERY_N_STEPS=20 (run_env.json") in proc.stderr, describe(proc)
-  assert parse_cls_vars((copy / "eval_experiment_cls_vars.txt").read_text())["--set"] == {
-      "NUM_TRAIN_STEPS": "40", "CHECKPOINT_EVERY_N_STEPS": "20", "EVAL_INTERVAL_STEPS": "20",
-      "SUMMARY_INTERVAL_STEPS": "5"}
+  assert (f"--mode=eval takes the training settings of {copy}: --set NUM_TRAIN_STEPS=40 "
+          "--set CHECKPOINT_EVERY_N_STEPS=20 (its run_env.json") in proc.stderr, describe(proc)
+  records = parse_cls_vars((copy / "eval_experiment_cls_vars.txt").read_text())
+  assert records["--set"] == {"EVAL_INTERVAL_STEPS": "20", "SUMMARY_INTERVAL_STEPS": "5"}
+  assert records[experiment.JOB_SOURCE] == {"NUM_TRAIN_STEPS": "40",
+                                            "CHECKPOINT_EVERY_N_STEPS": "20"}
+  assert json.loads((copy / "eval_run_env.json").read_text())["job_overrides"] == [
+      "NUM_TRAIN_STEPS=40", "CHECKPOINT_EVERY_N_STEPS=20"]
 
 
 def test_a_run_on_another_jobs_checkpoint_reads_that_jobs_records(tmp_path):
-  """--restore_checkpoint_dir=<job>/checkpoints (or a checkpoint in it) into a new job:
-  the tokenizer and the training --set values are those of <job>, whose weights these are."""
-  trained, new = tmp_path / "trained", tmp_path / "new"
-  (trained / "vocabulary").mkdir(parents=True)
-  (trained / "vocabulary" / "tokenizer.json").write_text("{}")
+  """--restore_checkpoint_dir=<job>/checkpoints (or a checkpoint in it): the tokenizer and
+  the training --set values are those of <job>, whose weights these are, even when
+  job_log_dir has records of its own."""
   cls = registry.get(TINY)
-  (trained / "run_env.json").write_text(json.dumps({
-      "mode": "train", "experiment": f"{cls.__module__}.{cls.__qualname__}",
-      "overrides": ["NUM_LAYERS=1", "MAX_SEQ_LEN=32"]}))
-  new.mkdir()
+  trained, new = tmp_path / "trained", tmp_path / "new"
+  for job, layers in ((trained, 1), (new, 2)):
+    (job / "vocabulary").mkdir(parents=True)
+    (job / "vocabulary" / "tokenizer.json").write_text("{}")
+    (job / "run_env.json").write_text(json.dumps({
+        "mode": "train", "experiment": f"{cls.__module__}.{cls.__qualname__}",
+        "overrides": [f"NUM_LAYERS={layers}", "MAX_SEQ_LEN=32", "MAX_CKPT_TO_KEEP=3"]}))
   for restore in (trained / "checkpoints", trained / "checkpoints" / "checkpoint_00000020"):
     assert main._vocabulary_job(str(new), str(restore)) == str(trained)
     flags = types.SimpleNamespace(mode="infer", job_log_dir=str(new),
                                   restore_checkpoint_dir=str(restore))
-    assert main._training_overrides(cls, flags, ["MAX_SEQ_LEN=64"]) == ["NUM_LAYERS=1"]
-  assert main._vocabulary_job(str(new), None) == str(new)  # no record: this job's own
+    # A name this paxlike no longer takes (Pax's MAX_CKPT_TO_KEEP) is left out.
+    assert main._training_overrides(cls, flags, ["MAX_SEQ_LEN=64"]) == (
+        str(trained), ["NUM_LAYERS=1"], None)
+  assert main._vocabulary_job(str(new), None) == str(new)
   flags = types.SimpleNamespace(mode="train", job_log_dir=str(new),
                                 restore_checkpoint_dir=str(trained / "checkpoints"))
-  assert main._training_overrides(cls, flags, []) == []  # a training run takes its own only
+  assert main._training_overrides(cls, flags, []) == (None, [], None)  # its own only
 
 
 def test_a_later_run_reads_the_training_runs_files_from_where_it_started(tmp_path):
+  """Relative TRAIN_FILES / EVAL_FILES of the training run are read from where it started,
+  in each way they can be written; one that is gone is refused, not looked for here."""
   (tmp_path / "data").mkdir()
-  (tmp_path / "data" / "a.jsonl").write_text("{}\n")
-  (tmp_path / "data" / "b.jsonl").write_text("{}\n")
-  cwd = str(tmp_path)
-  assert main._from_dir("TRAIN_FILES=data/a.jsonl", cwd) == \
-      f"TRAIN_FILES={tmp_path / 'data' / 'a.jsonl'}"
-  assert main._from_dir("TRAIN_FILES=data/*.jsonl,data/b.jsonl", cwd) == \
-      f"TRAIN_FILES={tmp_path / 'data' / '*.jsonl'},{tmp_path / 'data' / 'b.jsonl'}"
-  for kept in ("MAX_SEQ_LEN=32", "TRAIN_FILES=data/gone.jsonl", "TRAIN_FILES=/abs/x.jsonl",
-               "VOCAB_SIZE="):
-    assert main._from_dir(kept, cwd) == kept
-  assert main._from_dir("TRAIN_FILES=data/a.jsonl", None) == "TRAIN_FILES=data/a.jsonl"
+  for name in ("a.jsonl", "b.jsonl"):
+    (tmp_path / "data" / name).write_text("{}\n")
+  data = tmp_path / "data"
+  cls = registry.get("LlamaTiny")
+  for written, expected in (
+      ("data/a.jsonl", [str(data / "a.jsonl")]),
+      ('["data/a.jsonl", "data/*.jsonl"]', [str(data / "a.jsonl"), str(data / "*.jsonl")]),
+      ("[data/a.jsonl,data/b.jsonl]", [str(data / "a.jsonl"), str(data / "b.jsonl")]),
+      (str(data / "b.jsonl"), [str(data / "b.jsonl")])):
+    exp = experiment.instantiate(cls, [f"TRAIN_FILES={written}", "INPUT_KEY=output"])
+    exp.__dict__["_inherited"] = {"TRAIN_FILES", "INPUT_KEY"}
+    main._job_files(exp, "job", str(tmp_path))
+    assert exp.TRAIN_FILES == expected and exp.INPUT_KEY == "output"  # a field, not a path
+  exp = experiment.instantiate(cls, ["EVAL_FILES=data/gone.jsonl"])
+  exp.__dict__["_inherited"] = {"EVAL_FILES"}
+  with pytest.raises(main.UserError, match=r"this run takes EVAL_FILES='data/gone.jsonl' from "
+                                           r"the training run of job, and .*gone\.jsonl "
+                                           r"matches no file now; pass --set EVAL_FILES="):
+    main._job_files(exp, "job", str(tmp_path))
 
 
 def test_rerun_in_the_same_dir_resumes_from_the_last_checkpoint(tiny_job, tmp_path):

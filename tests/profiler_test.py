@@ -167,7 +167,8 @@ def test_plan_fits_the_runs_own_steps():
   default = profiler.make_plan(2, None, object())
   assert default.fit(1, 100) == profiler.ProfilePlan(3, 2)  # after compile and warm-up
   assert default.fit(41, 100) == profiler.ProfilePlan(43, 2)  # a resumed run's third step
-  assert default.fit(1, 1) == profiler.ProfilePlan(1, 2)  # a run too short for warm-up
+  assert default.fit(1, 1) == profiler.ProfilePlan(1, 1)  # a run too short for warm-up
+  assert profiler.make_plan(5, None, object()).fit(3, 4) == profiler.ProfilePlan(3, 2)
   assert default.fit(1, 3) == profiler.ProfilePlan(2, 2)
   given = profiler.make_plan(2, 5, object())
   assert given.fit(1, 100) == given and given.fit(6, 100) == given  # steps 5..6 overlap

@@ -189,7 +189,9 @@ def _json_document(path: str, text: str) -> list[Located] | None:
 
 def _table_rows(path: str, text: str, delimiter: str) -> list[Located]:
   """A .csv / .tsv file's rows: dicts of its header row's fields."""
-  reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+  # A TSV cell holds any text, quotes included (no quoting, as spreadsheets write it).
+  reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter,
+                          quoting=csv.QUOTE_MINIMAL if delimiter == "," else csv.QUOTE_NONE)
   where, out = f"{path} line", []
   try:
     for row in reader:
@@ -197,8 +199,8 @@ def _table_rows(path: str, text: str, delimiter: str) -> list[Located]:
         cell = "comma" if delimiter == "," else "tab"
         raise UserError(f"{path} line {reader.line_num} has more cells than its header's "
                         f"{len(reader.fieldnames or ())}; quote the cells that hold a {cell}.")
-      # A short row gives the missing cells None: absent fields, not the text "None".
-      out.append((where, reader.line_num, {k: v for k, v in row.items() if v is not None}))
+      # A short row's missing cells (None) and empty cells are absent fields, not text.
+      out.append((where, reader.line_num, {k: v for k, v in row.items() if v}))
   except csv.Error as e:
     raise UserError(f"{path} line {reader.line_num} is not a valid table row ({e}); fix the "
                     "quoting there.") from None
@@ -208,7 +210,7 @@ def _table_rows(path: str, text: str, delimiter: str) -> list[Located]:
 def lacks_target(row: Any, input_key: str, target_key: str) -> bool:
   """Whether a row is an (input, target) row without its target (chat and text rows have none)."""
   return (isinstance(row, dict) and "messages" not in row and input_key in row
-          and target_key not in row)
+          and row.get(target_key) is None)
 
 
 ENC_DEC_TOKENS = ("encoder_input_tokens", "decoder_target_tokens")
@@ -406,17 +408,31 @@ class TextInput(BaseInput):
         flags[-1] = True  # input's EOS does, so that --mode=infer counts the row as an example
       return seq, flags, len(seq)
     if isinstance(ex, dict) and self.input_key in ex:
-      prompt = self._bos + self.vocab.encode(str(ex[self.input_key]))
-      target = self.vocab.encode(str(ex.get(self.target_key, ""))) + [self.vocab.eos_id]
+      prompt = self._bos + self.vocab.encode(self._text(ex, self.input_key))
+      target = self.vocab.encode(self._text(ex, self.target_key)) + [self.vocab.eos_id]
       return prompt + target, [False] * len(prompt) + [True] * len(target), len(prompt)
     if isinstance(ex, dict) and self.text_key not in ex:
       raise UserError(f"input {self.name!r}: an example of {self.file_pattern or self.generator} "
                       f"has none of the fields {self.input_key!r}, {self.text_key!r} or "
                       f"'messages' (its fields: {sorted(ex)}); set INPUT_KEY / TARGET_KEY to "
                       "your field names.")
-    text = ex[self.text_key] if isinstance(ex, dict) else str(ex)
-    seq = self._bos + self.vocab.encode(str(text)) + [self.vocab.eos_id]
+    text = self._text(ex, self.text_key) if isinstance(ex, dict) else str(ex)
+    seq = self._bos + self.vocab.encode(text) + [self.vocab.eos_id]
     return seq, [True] * len(seq), None
+
+  def _text(self, ex: dict[str, Any], key: str) -> str:
+    """A row's field as text ("" when absent): a string, or a number as JSON writes it.
+
+    Raises:
+      UserError: a null, an object or an array, which would train on its Python repr.
+    """
+    value = ex.get(key, "")
+    if value is None or isinstance(value, (dict, list)):
+      shown = json.dumps(value)
+      shown = shown if len(shown) <= 60 else shown[:57] + "..."
+      raise UserError(f"input {self.name!r}: a row of {self.file_pattern or self.generator} has "
+                      f"{key}={shown}, not text; write its {key!r} as a string.")
+    return str(value)
 
   def _chat(self) -> Any:
     if not self.chat_template_dir:
@@ -492,8 +508,8 @@ class TextInput(BaseInput):
                         f"{self.input_key!r} field: {shown}; the enc_dec feature converter "
                         "needs (inputs, targets) pairs (set INPUT_KEY / TARGET_KEY, the input's "
                         "input_key / target_key, to your field names).")
-      x = self._bos + self.vocab.encode(str(ex[self.input_key]))
-      y = self.vocab.encode(str(ex.get(self.target_key, "")))
+      x = self._bos + self.vocab.encode(self._text(ex, self.input_key))
+      y = self.vocab.encode(self._text(ex, self.target_key))
       cut_in, cut_out = cut_in + (len(x) >= self.seq_len), cut_out + (len(y) >= self.target_len)
       # Cut, then the EOS (seqio's append_eos_after_trim, as T5X trains): a cut example
       # still ends, and the model learns to end a long target.
