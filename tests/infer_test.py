@@ -188,5 +188,5 @@ def test_infer_input_without_decode_datasets_is_a_user_error(tmp_path):
   src = _write_inputs(tmp_path / "q.jsonl", [json.dumps({"inputs": "1+2="})])
   with pytest.raises(UserError, match="no decode datasets"):
     evaluator.infer_datasets(EXP, [], str(src))
-  with pytest.raises(UserError, match="not a .jsonl file"):
+  with pytest.raises(UserError, match=r"is none of \.jsonl, \.json, \.csv, \.tsv"):
     evaluator.infer_datasets(EXP, _decode_cfgs(), str(tmp_path / "q.txt"))
