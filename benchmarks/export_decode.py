@@ -127,7 +127,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
   from paxlike import checkpoints, decoding, evaluator
   from paxlike import export as export_lib
-  from paxlike.export import serving
 
   job_log_dir = os.path.abspath(args.job_log_dir)
   ckpt_dir = checkpoints.checkpoint_dir(job_log_dir)
@@ -146,7 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
   # Beside the job's own files (a new directory each run), never in the working directory.
   root = args.export_dir or tempfile.mkdtemp(prefix="export_decode_", dir=job_log_dir)
   result: dict[str, Any] = {"exp": setup["key"], "step": step,
-                            "settings": serving.settings_dict(settings),
+                            "settings": settings.record(),
                             "device": str(jax.devices()[0].platform)}
   formats = ["stablehlo"] + (["savedmodel"] if args.savedmodel else [])
   if args.savedmodel:  # timed apart: a serving pipeline pays it once, not per export

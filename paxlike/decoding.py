@@ -62,6 +62,13 @@ class DecodeSettings:
   eos_id: int = 1
   pad_id: int = 0
 
+  def record(self) -> dict[str, Any]:
+    """The settings as records hold them (an export's manifest, a decode's metrics file),
+    with the mode spelled out."""
+    mode = ("beam_search" if self.num_beams > 1 else
+            "sample" if self.temperature > 0 else "greedy")
+    return {"mode": mode, **dataclasses.asdict(self)}
+
 
 @struct.dataclass
 class DecodeStart:

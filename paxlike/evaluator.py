@@ -33,7 +33,6 @@ taken gets the next free `-2`, `-3`, ... suffix.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import glob
 import json
 import os
@@ -303,7 +302,7 @@ class Evaluator:
       _write_jsonl(path, rows)
       recorded = dict(metrics)
       if settings is not None:
-        recorded["decode_settings"] = settings_dict(settings)
+        recorded["decode_settings"] = settings.record()
       with open(os.path.join(out_dir, f"metrics_{step:08d}{own}{suffix}.json"), "w") as f:
         json.dump(recorded, f, indent=2)
     writer = self._writer(f"decode_test_{name}{own}")
@@ -432,13 +431,6 @@ def settings_tag(settings: decoding.DecodeSettings) -> str:
   if settings.max_decode_length is not None:
     tag += f"_len{settings.max_decode_length}"
   return tag
-
-
-def settings_dict(settings: decoding.DecodeSettings) -> dict[str, Any]:
-  """DecodeSettings as a decode's metrics file records them, with the mode spelled out."""
-  mode = ("beam_search" if settings.num_beams > 1 else
-          "sample" if settings.temperature > 0 else "greedy")
-  return {"mode": mode, **dataclasses.asdict(settings)}
 
 
 def _original_inputs(inp: BaseInput) -> list[tuple[Any, bool]] | None:

@@ -332,7 +332,7 @@ class SavedModelExporter:
         "signatures": {k: _signature(v) for k, v in signatures.items()},
         "params": {"as": "tf.Variable", "count": len(names), "names": names},
         "platforms": list(job.platforms),
-        "decode_settings": serving.settings_dict(job.settings),
+        "decode_settings": job.settings.record(),
         "warmup_requests": f"{warmup.DIR}/{warmup.FILE}",
         "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
                      "tensorflow": tf.__version__},

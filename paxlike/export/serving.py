@@ -117,10 +117,3 @@ def describe_settings(settings: Any) -> str:
   return how
 
 
-def settings_dict(settings: Any) -> dict[str, Any]:
-  """DecodeSettings as the manifest records them, with the mode spelled out."""
-  import dataclasses
-
-  mode = ("beam_search" if settings.num_beams > 1 else
-          "sample" if settings.temperature > 0 else "greedy")
-  return {"mode": mode, **dataclasses.asdict(settings)}

@@ -88,7 +88,7 @@ def manifest(job: ExportJob, exported: jax.export.Exported, step: int) -> dict[s
       },
       "inputs": inputs,
       "outputs": _avals(exported.out_avals, [n for n, _ in serving.OUTPUTS]),
-      "decode_settings": serving.settings_dict(job.settings),
+      "decode_settings": job.settings.record(),
       "example": {"texts": list(job.example_texts),
                   "inputs": {k: v.tolist() for k, v in job.examples.items()}},
       "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__},
