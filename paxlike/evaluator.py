@@ -25,7 +25,9 @@ that decodes nothing, its own text settings: FilesDataset.infer_input);
 process 0 writes infer_out/<name>/infer_<step>_<settings>.jsonl (settings:
 greedy, beams4, t0.7_k40_p0.9, ...), one line per input example in input
 order with its input as the user wrote it (`input_truncated`: true where the
-prompt was cut to the row), its prediction and `log_prob`, and nothing else (no
+prompt was cut to the row; TextInput keeps each example's and says which example
+each row holds, on every host; another input's, or a packed row's, is the prompt
+as the model saw it), its prediction and `log_prob`, and nothing else (no
 metrics, no summaries). An infer never replaces an earlier one: a file name that is
 taken gets the next free `-2`, `-3`, ... suffix.
 """
@@ -48,7 +50,7 @@ from jax.experimental import multihost_utils
 from paxlike import decoding, log, summaries
 from paxlike.errors import UserError
 from paxlike.inputs.base_input import BaseInput
-from paxlike.inputs.text import TextInput, load_generator, read_files, read_rows
+from paxlike.inputs.text import TextInput, read_rows
 from paxlike.models.base import split_weighted, weighted_means, weighted_sums
 
 # Counts a model's fprop may add, reported per example under praxis's metric names: rows
@@ -82,23 +84,37 @@ def marked_eval_batches(inp: BaseInput, model: Any
   batches runs while the others finish theirs). In a step where some host runs a filler,
   the others' batches take its form (model.beside_filler), so that every host feeds the
   step the same features."""
+  for batch, filler, _ in _eval_run(inp, model):
+    yield batch, filler
+
+
+def _eval_run(inp: BaseInput, model: Any
+              ) -> Iterator[tuple[dict[str, np.ndarray], bool, np.ndarray | None]]:
+  """marked_eval_batches, each batch with the example each of its rows holds where the
+  input says (TextInput.last_examples: an index into its data, -1 for none, as in a
+  filler), else None."""
+  def examples() -> np.ndarray | None:  # of the batch get_next just returned
+    return inp.last_examples if isinstance(inp, TextInput) else None
+
   if not inp.reset_for_eval:
     for _ in range(inp.eval_loop_num_batches):
-      yield inp.get_next(), False
+      batch = inp.get_next()
+      yield batch, False, examples()
     return
   inp.reset()
   local = []
   while True:
     try:
-      local.append(inp.get_next())
+      local.append((inp.get_next(), examples()))
     except StopIteration:
       break
   fewest, total = _global_min_max(len(local))
-  filler = model.padding_batch(local[-1] if local else inp.peek_specs())
-  for i, batch in enumerate(local):
-    yield (batch if i < fewest else model.beside_filler(batch)), False
+  filler = model.padding_batch(local[-1][0] if local else inp.peek_specs())
+  for i, (batch, ids) in enumerate(local):
+    yield (batch if i < fewest else model.beside_filler(batch)), False, ids
+  none = np.full(inp.batch_size, -1, np.int32) if isinstance(inp, TextInput) else None
   for _ in range(total - len(local)):
-    yield filler, True
+    yield filler, True, none
 
 
 def eval_step_sums(model: Any, reduce_sum: Callable[[Any], Any]) -> Callable:
@@ -221,22 +237,27 @@ class Evaluator:
     return decoding.decoding_model(self.model, self.partitioner.decode_params(state))[1]
 
   def _decoded_batches(self, inp: BaseInput, params: Any
-                       ) -> Iterator[tuple[dict[str, np.ndarray], decoding.DecodeOutput]]:
+                       ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray | None,
+                                           decoding.DecodeOutput]]:
     """One decode run over an input, read as eval reads it (marked_eval_batches): each
-    batch's rows from every host, and their decode.
+    batch's rows from every host, the example each row holds (TextInput.last_examples,
+    or None for another input) and their decode.
 
-    Every host decodes its shard of the global batch; the rows and outputs
-    come back whole on every host, in global order (process order).
+    Every host decodes its shard of the global batch; the rows, examples and
+    outputs come back whole on every host, in global order (process order).
+    The examples stay on the host: the decode reads the model's features only.
     """
     features = self.decode_model.decode_features()
     # As eval reads it: a host out of batches decodes a filler (its rows weigh 0, so
     # prompt_and_target counts none) while the others finish theirs.
-    for n, (hb, _) in enumerate(marked_eval_batches(inp, self.decode_model)):
+    for n, (hb, _, examples) in enumerate(_eval_run(inp, self.decode_model)):
       names = [k for k in features if k in hb]
       arrays = self.partitioner.decode_inputs(*(hb[k] for k in names))
       with self.partitioner.context():
         out = self._decoder()(params, dict(zip(names, arrays, strict=True)), jax.random.key(n))
-      yield {k: _gather_host(v) for k, v in hb.items()}, jax.tree.map(_gather_device, out)
+      yield ({k: _gather_host(v) for k, v in hb.items()},
+             None if examples is None else _gather_host(examples),
+             jax.tree.map(_gather_device, out))
 
   def decode(self, state: Any, step: int) -> dict[str, dict[str, float]]:
     """Decodes every decode input once; writes decoder_out/<name>/."""
@@ -246,7 +267,7 @@ class Evaluator:
     params = self._decode_params(state)
     for inp in self.decode_inputs:
       rows, short = [], 0
-      for hb, out in self._decoded_batches(inp, params):
+      for hb, _, out in self._decoded_batches(inp, params):
         prompts, targets, real = self.decode_model.prompt_and_target(hb)
         short += self._short_rows(hb, real)
         for r in np.flatnonzero(real):
@@ -379,27 +400,25 @@ class Evaluator:
     results = {}
     params = self._decode_params(state)
     for inp in self.decode_inputs:
-      rows, short, first = [], 0, 0
-      originals = _original_inputs(inp)
-      for hb, out in self._decoded_batches(inp, params):
+      rows, short = [], 0
+      for hb, examples, out in self._decoded_batches(inp, params):
         prompts, _, real = self.decode_model.prompt_and_target(hb)
         short += self._short_rows(hb, real)
         for r in np.flatnonzero(real):
           predictions = inp.ids_to_strings(out.tokens[r])
-          k = first + int(r)  # the row's example: a finite input's rows run in its order
-          if originals is not None and k < len(originals):
-            original, is_prompt = originals[k]
-            row = {"input": original}
-            if is_prompt and _was_cut(inp, original, len(prompts[r])):
-              row["input_truncated"] = True
-          else:  # the prompt as the model saw it
+          # The row's example as its data holds it (TextInput keeps it), found by index.
+          source = None if examples is None else inp.original_input(int(examples[r]))
+          if source is None:  # another input, a packed row: the prompt as the model saw it
             row = {"input": inp.ids_to_strings(prompts[r][None])[0]}
+          else:
+            row = {"input": source[0]}
+            if source[1]:
+              row["input_truncated"] = True
           row.update(prediction=predictions[0], log_prob=float(out.scores[r, 0]))
           if len(predictions) > 1:  # beam search: every beam, best first
             row["beams"] = [{"prediction": p, "log_prob": float(s)}
                             for p, s in zip(predictions, out.scores[r], strict=True)]
           rows.append(row)
-        first += len(real)
       self._warn_short("infer", inp.name, short, len(rows))
       expected = getattr(inp, "num_examples", None)
       if expected and not rows:
@@ -431,38 +450,6 @@ def settings_tag(settings: decoding.DecodeSettings) -> str:
   if settings.max_decode_length is not None:
     tag += f"_len{settings.max_decode_length}"
   return tag
-
-
-def _original_inputs(inp: BaseInput) -> list[tuple[Any, bool]] | None:
-  """Each example's input as its data holds it (the input_key field, a chat's messages,
-  or a plain-text line) and whether it is an input_key prompt, in the input's order; None
-  where rows cannot be matched to examples one to one (not a TextInput, a repeating or
-  packed input)."""
-  if (not isinstance(inp, TextInput) or inp.repeat or not inp.reset_for_eval
-      or jax.process_count() > 1):  # several hosts: a batch's rows interleave their shards
-    return None
-  if inp.pack and inp.feature_converter == "lm":  # plain-text lines are cut into pieces
-    return None
-  raw = (read_files(inp.file_pattern) if inp.file_pattern
-         else list(load_generator(inp.generator, inp.split)))
-  if len(raw) != inp.num_examples:
-    return None
-  out = []
-  for ex in raw:  # the fields TextInput prompts with, in its order
-    if isinstance(ex, dict) and "messages" in ex:
-      out.append((ex["messages"], False))
-    elif isinstance(ex, dict) and inp.input_key in ex:
-      out.append((ex[inp.input_key], True))
-    else:
-      out.append((ex.get(inp.text_key, ex) if isinstance(ex, dict) else ex, False))
-  return out
-
-
-def _was_cut(inp: TextInput, prompt: Any, held: int) -> bool:
-  """Whether a row holds fewer prompt tokens than an example's input_key field encodes
-  to (BOS and, for an encoder, EOS included): the row cut it."""
-  needed = len(inp.vocab.encode(str(prompt))) + bool(inp.vocab.add_bos)
-  return held < needed + (inp.feature_converter == "enc_dec")
 
 
 def _free_path(stem: str) -> str:

@@ -141,7 +141,61 @@ def test_a_decode_with_other_settings_has_outputs_and_curves_of_its_own(t5_job, 
     assert curves and all([s for s, _ in v] == [STEPS] for v in curves.values()), curves
 
 
-# The checks below run in this process: no JAX program, no subprocess.
+# The checks below run in this process, without a subprocess.
+
+def _infer_here(tmp_path: Path, inp, runs: int = 1) -> list[list[dict]]:
+  """Each of `runs` infers over inp of an untrained tiny LM (T5 for an enc_dec input): its
+  predictions are noise; the inputs written beside them are what these tests read."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+
+  from paxlike import decoding, mesh
+  from paxlike.evaluator import Evaluator
+  from paxlike.models import LanguageModel, T5Model
+  from paxlike.partitioning import SpmdPartitioner
+  from paxlike.train_state import TrainState
+
+  tiny = {"model_dims": 8, "num_heads": 1, "dim_per_head": 8, "hidden_dims": 8}
+  model = (T5Model(inp.vocab.vocab_size, num_encoder_layers=1, num_decoder_layers=1, **tiny)
+           if inp.feature_converter == "enc_dec"
+           else LanguageModel(vocab_size=inp.vocab.vocab_size, num_layers=1, **tiny))
+  params = nn.unbox(model.init(jax.random.key(0), model.init_batch(inp.peek_specs()),
+                               method="fprop")["params"])
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=())
+  part = SpmdPartitioner(mesh.build([1, 1, 1], devices=jax.devices()[:1]))
+  ev = Evaluator(model, part, [], [inp], str(tmp_path), enable_summary_writer=False,
+                 settings=decoding.DecodeSettings(max_decode_length=1))
+  return [_rows(Path(ev.infer(state, 5)[inp.name][1])) for _ in range(runs)]
+
+
+def _questions(tmp_path: Path, inputs: list, **kw):
+  from paxlike.inputs.text import TextInput
+
+  src = _write_inputs(tmp_path / "q.jsonl", [json.dumps({"inputs": x}) for x in inputs])
+  return TextInput(name="q", file_pattern=str(src), vocabulary="byte", seq_len=12,
+                   is_training=False, shuffle=False, **kw)
+
+
+def test_infer_writes_each_rows_own_input_on_a_host_that_reads_every_other_batch(tmp_path):
+  # One row a host: host 1 of 2 holds examples 1 and 3, so its predictions are of "bb=" and
+  # "dddd=", which it writes beside them (matching rows to examples by order wrote "a=", "bb=").
+  inp = _questions(tmp_path, ["a=", "bb=", "ccc=", "dddd=", "e="], batch_size=1,
+                   num_infeed_hosts=2, infeed_host_index=1, repeat=False, reset_for_eval=True)
+  (rows,) = _infer_here(tmp_path, inp)
+  assert [r["input"] for r in rows] == ["bb=", "dddd="]
+
+
+def test_infer_of_a_repeating_input_writes_its_inputs_as_given(tmp_path):
+  # Each infer takes the next batch of the stream; an input is written as its file holds it
+  # (the number 22, not the text its tokens spell), and a prompt cut to the row says so.
+  inp = _questions(tmp_path, ["1+1=", 22, "9" * 20], batch_size=2, repeat=True,
+                   reset_for_eval=False, eval_loop_num_batches=1,
+                   feature_converter="enc_dec", target_len=4)
+  first, second = _infer_here(tmp_path, inp, runs=2)
+  assert [(r["input"], r.get("input_truncated", False)) for r in first + second] == [
+      ("1+1=", False), (22, False), ("9" * 20, True), ("1+1=", False)]
+
 
 def _decode_cfgs():
   from paxlike import experiment, registry
@@ -190,3 +244,37 @@ def test_infer_input_without_decode_datasets_is_a_user_error(tmp_path):
     evaluator.infer_datasets(EXP, [], str(src))
   with pytest.raises(UserError, match=r"is none of \.jsonl, \.json, \.csv, \.tsv"):
     evaluator.infer_datasets(EXP, _decode_cfgs(), str(tmp_path / "q.txt"))
+
+
+def test_each_hosts_rows_name_the_examples_they_hold_and_packed_rows_none(tmp_path):
+  # What infer finds each row's input by: on every host, the index of the example the row
+  # holds in the data (-1 for the padding rows that end the input), gathered with the rows.
+  inputs = ["a=", "bb=", "ccc=", "dddd=", "e="]
+  held = {}
+  for host in (0, 1):
+    inp = _questions(tmp_path, inputs, batch_size=2, num_infeed_hosts=2,
+                     infeed_host_index=host, repeat=False, reset_for_eval=True)
+    while True:
+      try:
+        batch = inp.get_next()
+      except StopIteration:
+        break
+      for r, k in enumerate(inp.last_examples):
+        if k >= 0:
+          prompt = batch["ids"][r, :batch["prompt_lens"][r]]
+          held[int(k)] = (host, inp.vocab.decode(prompt), inp.original_input(int(k)))
+        else:
+          assert not batch["weights"][r].any()
+  assert held == {0: (0, "a=", ("a=", False)), 1: (0, "bb=", ("bb=", False)),
+                  2: (1, "ccc=", ("ccc=", False)), 3: (1, "dddd=", ("dddd=", False)),
+                  4: (0, "e=", ("e=", False))}
+  # A packed LM row holds several lines: no one example, so infer writes its prompt.
+  from paxlike.inputs.text import TextInput
+
+  src = tmp_path / "lines.txt"
+  src.write_text("ab\ncd\n")
+  packed = TextInput(name="p", file_pattern=str(src), vocabulary="byte", seq_len=12,
+                     pack=True, is_training=False, repeat=False, reset_for_eval=True,
+                     num_infeed_hosts=1, infeed_host_index=0)
+  packed.get_next()
+  assert packed.last_examples.tolist() == [-1] and packed.original_input(0) is None

@@ -49,6 +49,15 @@ restart with the start id 0 at each example. Eval and decode inputs
 
 `packing_efficiency(batch)` gives the fraction of a batch's token positions
 that hold real tokens, for the trainer to log.
+
+For --mode=infer, which writes each prediction beside its input as the user
+wrote it, an eval or decode input (is_training=False) keeps each example's
+original input (`original_input(k)`: its input_key field, a chat's messages
+or its plain text, and whether its row cut its prompt), and after each
+get_next() `last_examples` says which example each row holds: its index in
+the data, the same on every host, or -1 (a padding row, a packed row). These
+stay on the host: the batch itself, and so every compiled program, is
+unchanged.
 """
 
 from __future__ import annotations
@@ -99,11 +108,6 @@ _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 _JSON_KIND = {list: "an array", str: "a string", int: "a number", float: "a number",
               bool: "a boolean", type(None): "null"}
 _OBJECT_HINT = '{"inputs": ..., "targets": ...} or {"text": ...}'
-
-
-def read_files(pattern: str) -> list[Row]:
-  """Examples from comma-separated globs of data files (see read_rows)."""
-  return [row for _, _, row in read_rows(pattern)]
 
 
 def read_rows(pattern: str) -> list[Located]:
@@ -211,6 +215,16 @@ def lacks_target(row: Any, input_key: str, target_key: str) -> bool:
   """Whether a row is an (input, target) row without its target (chat and text rows have none)."""
   return (isinstance(row, dict) and "messages" not in row and input_key in row
           and row.get(target_key) is None)
+
+
+def _original(row: Row, input_key: str, text_key: str) -> Any:
+  """A row's input as its data holds it, the fields TextInput prompts with in its order: a
+  chat's messages, the input_key field, or the plain text (the text_key field, or the line)."""
+  if isinstance(row, dict) and "messages" in row:
+    return row["messages"]
+  if isinstance(row, dict) and input_key in row:
+    return row[input_key]
+  return row.get(text_key, row) if isinstance(row, dict) else row
 
 
 ENC_DEC_TOKENS = ("encoder_input_tokens", "decoder_target_tokens")
@@ -327,12 +341,20 @@ class TextInput(BaseInput):
            else list(load_generator(self.generator, self.split)))
     if self.is_training:
       self._check_targets(raw, located)
+    # Whether each example's row cut its prompt (the feature builders set it).
+    self._prompt_cut = np.zeros(len(raw), bool)
     if self.feature_converter == "enc_dec":
       self._features, self._weight_key = self._enc_dec_features(raw), ENC_DEC_WEIGHTS
     else:
       self._features, self._weight_key = self._lm_features(raw), "weights"
     if not len(self._features[self._weight_key]):
       raise UserError(f"input {self.name!r} has no examples.")
+    # Row k of the feature table is example k (raw[k]), except in packed LM rows.
+    self._rows_are_examples = not (self.feature_converter == "lm" and self.pack)
+    # What --mode=infer writes beside each prediction; a training input keeps no copy.
+    self._originals = ([_original(ex, self.input_key, self.text_key) for ex in raw]
+                       if self._rows_are_examples and not self.is_training else None)
+    self._last_examples = np.full(0, -1, np.int32)
     self._orders: dict[int, np.ndarray] = {}
     self._flat_cache: dict[str, np.ndarray] = {}
     self._num_packed_batches: int | None = None
@@ -347,6 +369,22 @@ class TextInput(BaseInput):
   @property
   def num_examples(self) -> int:
     return len(self._features[self._weight_key])
+
+  @property
+  def last_examples(self) -> np.ndarray:
+    """[batch_size] int32: the example each row of the batch get_next() last returned
+    holds, as its index in the data (file or generator order, the same on every host),
+    or -1 for a row that holds no one example (the padding rows that end a finite input,
+    a packed row)."""
+    return self._last_examples
+
+  def original_input(self, example: int) -> tuple[Any, bool] | None:
+    """Example `example`'s input as its data holds it (its input_key field, a chat's
+    messages, or its plain text) and whether its row cut its prompt; None for -1 and
+    where the input keeps none (a training input, packed LM rows)."""
+    if self._originals is None or example < 0:
+      return None
+    return self._originals[example], bool(self._prompt_cut[example])
 
   def _check_targets(self, raw: Sequence[Any], located: list[Located] | None) -> None:
     """Refuses a training row with an input but no target: it would train on EOS alone.
@@ -373,13 +411,14 @@ class TextInput(BaseInput):
     to the returned pieces instead (cut into rows, see the module docstring)."""
     n = self.seq_len + 1
     examples, pieces, cut = [], [], 0
-    for ex in raw:
+    for k, ex in enumerate(raw):
       seq, flags, prompt_len = self._example_tokens(ex)
       plain = prompt_len is None
       if plain and self.pack:
         pieces.extend((seq[i:i + n], flags[i:i + n]) for i in range(0, len(seq) - 1, n - 1))
         continue
       cut += len(seq) > n
+      self._prompt_cut[k] = not plain and prompt_len > self.seq_len
       examples.append((seq, flags, min(prompt_len or 0, self.seq_len)))
     self._log_cut(cut, len(raw), f"were longer than MAX_SEQ_LEN={self.seq_len} tokens")
     return examples, pieces
@@ -510,7 +549,8 @@ class TextInput(BaseInput):
                         "input_key / target_key, to your field names).")
       x = self._bos + self.vocab.encode(self._text(ex, self.input_key))
       y = self.vocab.encode(self._text(ex, self.target_key))
-      cut_in, cut_out = cut_in + (len(x) >= self.seq_len), cut_out + (len(y) >= self.target_len)
+      self._prompt_cut[i] = len(x) >= self.seq_len  # no room for it and its EOS
+      cut_in, cut_out = cut_in + self._prompt_cut[i], cut_out + (len(y) >= self.target_len)
       # Cut, then the EOS (seqio's append_eos_after_trim, as T5X trains): a cut example
       # still ends, and the model learns to end a long target.
       x = x[:self.seq_len - 1] + [self.vocab.eos_id]
@@ -653,6 +693,7 @@ class TextInput(BaseInput):
         raise StopIteration
       plan = self._pack_plan(self._cursor)
       self._index, self._cursor = self._index + 1, int(plan[-1])
+      self._last_examples = np.full(self.batch_size, -1, np.int32)
       return self._packed_rows(plan, host * self.batch_size)
     if not self.repeat and self._index >= self.num_batches():
       raise StopIteration
@@ -664,6 +705,7 @@ class TextInput(BaseInput):
     del num_hosts
     batch = {k: v[rows] for k, v in self._features.items()}
     batch[self._weight_key] = (batch[self._weight_key] * valid[:, None]).astype(np.float32)
+    self._last_examples = np.where(valid & self._rows_are_examples, rows, -1).astype(np.int32)
     return batch
 
   def reset(self) -> None:
@@ -672,12 +714,12 @@ class TextInput(BaseInput):
   def peek_specs(self) -> dict[str, np.ndarray]:
     """The first batch, read in place with the position put back: the generic peek
     deep-copies the input, and with it every tokenized example of the user's files."""
-    position = self._index, self._cursor
+    position = self._index, self._cursor, self._last_examples
     self._index, self._cursor = 0, 0
     try:
       return self.get_next()
     finally:
-      self._index, self._cursor = position
+      self._index, self._cursor, self._last_examples = position
 
   def get_state(self) -> dict[str, Any]:
     if self.packed:
