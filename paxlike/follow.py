@@ -10,7 +10,13 @@ that commits checkpoints faster than an eval reads them has the ones in
 between skipped.
 
 A run on a job that no trainer holds, or with --restore_checkpoint_step, or
-in --mode=decode_once, reads one checkpoint and ends, as it always did.
+in --mode=decode_once, reads one checkpoint and ends, as it always did. One
+exception: when the job's last trainer stopped short of its last step in a
+way a scheduler answers with a rerun (preempted: it recorded `stopped` in
+run_env.json; or killed: it left its lock behind), the run waits up to
+RESTART_WAIT_S for the rerun to take the job and goes on following it. On a
+cluster, trainer and evaler restart together after a preemption, and the
+evaler is often first.
 
 In a multi-process run every process looks at the folder (orbax's reads
 are collective) and all follow process 0's answer (one broadcast per look).
@@ -18,18 +24,21 @@ are collective) and all follow process 0's answer (one broadcast per look).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from paxlike import log
 
 POLL_S = 2.0  # seconds between looks at the checkpoints folder while the trainer runs
+RESTART_WAIT_S = 600.0  # how long a preempted or killed trainer's rerun is waited for
 
 
 def steps(poll: Callable[[], tuple[int | None, bool]], final_step: int, *,
-          poll_s: float = POLL_S, sleep: Callable[[float], None] = time.sleep
-          ) -> Iterator[int]:
+          poll_s: float = POLL_S, sleep: Callable[[float], None] = time.sleep,
+          restart_wait_s: float = RESTART_WAIT_S) -> Iterator[int]:
   """The steps to evaluate, in order: each poll's newest step not done yet, until
   final_step is done or the trainer is gone.
 
@@ -41,11 +50,17 @@ def steps(poll: Callable[[], tuple[int | None, bool]], final_step: int, *,
     final_step: the experiment's last training step; once it is yielded, done.
     poll_s: seconds to wait between polls that find nothing new.
     sleep: time.sleep (tests pass a fake clock).
+    restart_wait_s: how long to wait for a trainer to take the job again when no
+      trainer holds it but poll's `restart_pending()` (where it has one) says the last
+      one was preempted or killed short of final_step.
   """
   done: int | None = None
-  waited = False
+  waited, restart_waited = False, None
+  pending = getattr(poll, "restart_pending", lambda: False)
   while True:
     newest, trainer = poll()
+    if trainer:
+      restart_waited = None
     if newest is not None and (done is None or newest > done):
       if waited:
         log.info("checkpoint %d committed; evaluating it", newest)
@@ -54,6 +69,17 @@ def steps(poll: Callable[[], tuple[int | None, bool]], final_step: int, *,
       if newest >= final_step:
         return
       if trainer:
+        continue
+    if not trainer and done is not None and done < final_step and (
+        restart_waited is not None or pending()):
+      if restart_waited is None:
+        log.info("no trainer holds this job now, and its last one stopped at step %d, short "
+                 "of step %d (preempted or killed); waiting up to %.0f s for its rerun to "
+                 "take the job", done, final_step, restart_wait_s)
+        restart_waited = 0.0
+      if restart_waited < restart_wait_s:
+        sleep(poll_s)
+        restart_waited += poll_s
         continue
     if not trainer:  # and so no newer step will come
       if done is not None and done < final_step:
@@ -108,4 +134,22 @@ def folder_poll(directory: str) -> Callable[[], tuple[int | None, bool]]:
     step, alive = agreed([-1 if newest is None else newest, int(trainer)])
     return (None if step < 0 else step), bool(alive)
 
+  def restart_pending() -> bool:
+    """Whether the job's last trainer stopped in a way a scheduler reruns: preempted
+    (its run_env.json says `stopped`) or killed (its lock left behind)."""
+    return bool(agreed([int(bool(last_run_stopped(job_log_dir))
+                            or job_lock.left_behind(job_log_dir))])[0])
+
+  poll.restart_pending = restart_pending  # type: ignore[attr-defined]  # read by steps()
   return poll
+
+
+def last_run_stopped(job_log_dir: str) -> dict[str, Any] | None:
+  """What the job's last training run recorded when a signal stopped it ({signal, step}),
+  or None (it is running, finished, failed, or the job has no record)."""
+  try:
+    with open(os.path.join(job_log_dir, "run_env.json")) as f:
+      stopped = json.load(f).get("stopped")
+  except (OSError, ValueError, AttributeError):
+    return None
+  return stopped if isinstance(stopped, dict) else None

@@ -214,16 +214,29 @@ class JobLock:
     self.release()
 
 
+def _probe(job_log_dir: str) -> tuple[dict[str, Any] | None, bool | None]:
+  """(the lock's holder info, whether the lock is stale), (None, None) when there is no
+  lock file. Reads only."""
+  probe = JobLock(job_log_dir, heartbeat_s=0)
+  probe.pid = -1  # a probe is no holder: a lock naming this process is not stale for it
+  info, mtime = probe._read()
+  if mtime is None:
+    return None, None
+  return info, probe._is_stale(info, mtime)
+
+
 def live_holder(job_log_dir: str) -> dict[str, Any] | None:
   """The run that holds job_log_dir's lock now ({pid, host, ...}), or None when no live run
   does (no lock file, or a stale one). Reads only: an eval or decode job asks this to know
   whether a trainer may still write checkpoints."""
-  probe = JobLock(job_log_dir, heartbeat_s=0)
-  probe.pid = -1  # a probe is no holder: a lock naming this process is not stale for it
-  info, mtime = probe._read()
-  if mtime is None or probe._is_stale(info, mtime):
-    return None
-  return info or {}
+  info, stale = _probe(job_log_dir)
+  return None if stale is None or stale else (info or {})
+
+
+def left_behind(job_log_dir: str) -> bool:
+  """Whether job_log_dir has a lock whose holder is gone: a trainer that was killed (kill
+  -9, out of memory, a lost machine) before it could let go. Reads only."""
+  return bool(_probe(job_log_dir)[1])
 
 
 def hold(job_log_dir: str) -> JobLock | None:

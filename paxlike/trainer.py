@@ -31,6 +31,7 @@ from paxlike import (
     preemption,
     resume,
     summaries,
+    xla_flags,
 )
 from paxlike import log as logging
 from paxlike import profiler as prof_lib
@@ -484,6 +485,10 @@ class _TrainRun:
     result.goodput = self.gp.write(self.job_log_dir) if self.is_chief else self.gp.report()
     logging.info("%s", self.gp.summary_line())
     if result.stopped_by:
+      if self.is_chief and os.path.exists(os.path.join(self.job_log_dir, "run_env.json")):
+        # An evaler beside the job waits for the rerun (follow.py).
+        xla_flags.update_run_env(self.job_log_dir, {"stopped": {
+            "signal": result.stopped_by, "step": result.final_step}})
       waited = time.monotonic() - (self.watcher.requested_at or time.monotonic())
       logging.warning("%s: stopped after step %d, last checkpoint %d (%.2fs after the "
                       "signal); rerun the same command to continue", result.stopped_by,

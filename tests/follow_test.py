@@ -42,6 +42,20 @@ def test_steps_stop_when_the_trainer_is_gone():
   assert list(follow.steps(_fake_poll([(8, False)]), 16, sleep=lambda s: None)) == [8]
 
 
+def test_steps_wait_for_the_rerun_of_a_preempted_or_killed_trainer():
+  # On a cluster the evaler and the preempted trainer restart together, the evaler often
+  # first: it scores step 8, finds no trainer yet, and waits for the rerun's steps.
+  poll = _fake_poll([(8, False), (8, False), (8, True), (12, True), (16, True)])
+  poll.restart_pending = lambda: True
+  assert list(follow.steps(poll, 16, sleep=lambda s: None)) == [8, 12, 16]
+  # For at most restart_wait_s: then it stops as before.
+  waits = []
+  poll = _fake_poll([(8, False)] * 10)
+  poll.restart_pending = lambda: True
+  assert list(follow.steps(poll, 16, sleep=waits.append, restart_wait_s=6)) == [8]
+  assert waits == [2.0] * 3
+
+
 def test_live_holder_sees_a_running_trainer_and_not_a_dead_one(tmp_path):
   assert job_lock.live_holder(str(tmp_path)) is None
   with job_lock.JobLock(str(tmp_path), heartbeat_s=0):
@@ -50,6 +64,9 @@ def test_live_holder_sees_a_running_trainer_and_not_a_dead_one(tmp_path):
   (tmp_path / job_lock.LOCK_NAME).write_text(json.dumps(
       {"pid": 999999999, "host": job_lock.JobLock(str(tmp_path)).host}))
   assert job_lock.live_holder(str(tmp_path)) is None  # a killed run's leftover lock
+  assert job_lock.left_behind(str(tmp_path))  # which an evaler reads as "a rerun will come"
+  (tmp_path / job_lock.LOCK_NAME).unlink()
+  assert not job_lock.left_behind(str(tmp_path))
 
 
 def _state(pid: int) -> str:

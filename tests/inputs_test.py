@@ -226,3 +226,16 @@ def test_synthetic_ids_fit_the_models_vocabulary():
                                       r"but the model's VOCAB_SIZE is 64; set the input's "
                                       r"vocab_size to 64 or less"):
     wide.check_model(model)
+
+
+def test_fewer_infeed_hosts_than_processes_is_refused_by_every_process_alike():
+  # A Pax file's fractional PERCORE_BATCH_SIZE can make num_infeed_hosts=1 on 2 processes;
+  # process 0 refuses too (before: only process 1 did, and process 0 waited in the first
+  # collective until Gloo timed out, then printed a traceback).
+  for process in (0, 1):
+    inp = SyntheticLmInput(batch_size=2, num_infeed_hosts=1)
+    with pytest.raises(UserError, match=r"num_infeed_hosts=1 is fewer than the 2 processes"):
+      inp.bind_host(2, process)
+  inp = SyntheticLmInput(batch_size=2, num_infeed_hosts=1, infeed_host_index=0)
+  inp.bind_host(2, 1)  # an index the user set stands
+  assert inp.hosts == (1, 0)

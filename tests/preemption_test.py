@@ -21,7 +21,7 @@ from fault_tools import (
     run,
 )
 
-from paxlike import preemption
+from paxlike import follow, preemption
 
 LONG = ["--set", "NUM_TRAIN_STEPS=1000000", "--set", "CHECKPOINT_EVERY_N_STEPS=1000000",
         "--set", "EVAL_INTERVAL_STEPS=0", "--set", "SUMMARY_INTERVAL_STEPS=10"]
@@ -81,6 +81,8 @@ def test_sigterm_saves_the_current_step_and_exits_42_then_resumes(tmp_path):
   assert stopped > 20
   assert complete_steps(job) == [stopped] and partial_dirs(job) == []
   assert not (job / "job.lock").exists()
+  # The job says it was stopped short, so an evaler beside it waits for the rerun.
+  assert follow.last_run_stopped(str(job)) == {"signal": "SIGTERM", "step": stopped}
   assert exit_seconds < 60, exit_seconds  # generous: the CI machine is shared
   print(f"\nSIGTERM -> exit 42 in {exit_seconds:.2f}s, stopped after step {stopped}")
 
@@ -90,6 +92,7 @@ def test_sigterm_saves_the_current_step_and_exits_42_then_resumes(tmp_path):
   assert f"restored step {stopped} from" in resumed.stderr
   assert f"trained steps {stopped}..{stopped + 2}:" in resumed.stdout
   assert read_checkpoint(job, stopped + 2)["input/step"] == stopped + 2
+  assert follow.last_run_stopped(str(job)) is None  # the rerun finished
 
 
 def _free_port() -> int:

@@ -96,6 +96,15 @@ class BaseInput:
     if self.num_infeed_hosts <= 0:
       self.num_infeed_hosts = num_hosts
     if self.infeed_host_index < 0:
+      if self.num_infeed_hosts < num_hosts:
+        # Refused by every process alike: a refusal by the processes past the last
+        # infeed host alone would leave the others waiting in the run's first collective.
+        raise UserError(
+            f"input {self.name!r}: num_infeed_hosts={self.num_infeed_hosts} is fewer than the "
+            f"{num_hosts} processes, so processes {self.num_infeed_hosts}..{num_hosts - 1} "
+            "would read no share of the batch; give every process a share (a per-host batch "
+            "that divides the global batch, e.g. a whole PERCORE_BATCH_SIZE x local devices) "
+            "or set infeed_host_index per process.")
       self.infeed_host_index = host_index
     if not 0 <= self.infeed_host_index < self.num_infeed_hosts:
       raise UserError(f"input {self.name!r}: infeed_host_index {self.infeed_host_index} is "
