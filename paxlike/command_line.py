@@ -2,9 +2,10 @@
 
 `python -m paxlike.main --help` lists these flags in HELP_GROUPS. Pax's Fiddle
 flags (--fdl_config, --fdl.KEY=VALUE, --fdl_set) become --exp and --set; Pax's
-main.py flags paxlike does not take (PAX_FLAGS_NOT_HERE) are refused in one
-line saying what paxlike does instead; JAX's own options (--jax_*) are defined
-when named (paxlike.jax_flags).
+main.py flags and modes paxlike does not take (PAX_FLAGS_NOT_HERE,
+PAX_MODES_NOT_HERE) are refused in one line saying what paxlike does
+instead; JAX's own options (--jax_*) are defined when named
+(paxlike.jax_flags).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ flags.DEFINE_string("restore_checkpoint_dir", None,
                     "A checkpoints/ folder to initialise from when job_log_dir has none.")
 flags.DEFINE_multi_integer("restore_checkpoint_step", None, "Restore this step, not the "
                            "latest; --mode=eval, decode and decode_once take several (the "
-                           "flag repeated) and run on each in turn.")
+                           "flag repeated) and run on each in turn. --mode=train without "
+                           "--restore_checkpoint_dir rolls the job back to it; the same "
+                           "command run again continues from the job's newest step.")
 flags.DEFINE_string("checkpoint_todelete_subdir", None, "--mode=train: checkpoints past "
                     "CHECKPOINT_MAX_TO_KEEP move into checkpoints/<this>/ instead of being "
                     "deleted (Pax's flag).")
@@ -96,8 +99,11 @@ for _alias, _target in PAX_ALIASES.items():
 _FIDDLE = "paxlike builds the experiment from --exp (or Pax's --fdl_config); --set KEY=VALUE " \
           "(or Pax's --fdl.KEY=VALUE) overrides a hyperparameter or a model_params.txt path"
 _TUNING = "Pax's automated tuning (Vizier) is not in paxlike; --mode=tune times step layouts"
-# Pax main.py flags paxlike does not define: what a Pax launch script gets instead of
-# absl's "Unknown command line flag".
+_TF_DATA = "Pax's tf.data service is not in paxlike (each process reads its own rows of the " \
+           "global batch)"
+# The flags of Pax's main.py (and of the modules it imports: tf_data_service_lib,
+# summary_utils) paxlike does not define: what a Pax launch script gets instead of absl's
+# "Unknown command line flag".
 PAX_FLAGS_NOT_HERE = {
     "fdl": _FIDDLE, "fdl_config_file": _FIDDLE,
     "enable_auto_sharding": "paxlike shards by the experiment's mesh and its logical-axis "
@@ -112,7 +118,24 @@ PAX_FLAGS_NOT_HERE = {
     "globally_use_hardware_rng": "paxlike uses JAX's default PRNG",
     "study": _TUNING, "controller_mode": _TUNING, "tuner_group": _TUNING,
     "metrics_from": _TUNING, "num_trials": _TUNING, "pythia_port": _TUNING,
+    "async_timeout_secs": "paxlike's background checkpoint saves take orbax's default "
+                          "timeout (--nojax_fully_async_checkpoint saves in the foreground)",
+    "startup_random_jitter_max_secs": "paxlike starts every process at once, with no random "
+                                      "delay",
+    "jax_traceback_filtering_option": "pass JAX's own --jax_traceback_filtering (off, auto, "
+                                      "tracebackhide or remove_frames) instead",
+    "pax_only_aggregate_summaries": "paxlike writes scalar summaries only",
+    **{f"tf_data_service_{name}": _TF_DATA for name in (
+        "port", "dispatcher_address", "worker_address", "data_transfer_protocol",
+        "data_transfer_address", "work_dir", "fault_tolerant_mode", "worker_addresses",
+        "address")},
+    # Flags of older Pax releases, still in launch scripts.
+    "use_orbax": "paxlike saves with orbax", "jax_array_in_pax": "paxlike uses jax.Array",
+    "should_log_compiles": "pass JAX's own --jax_log_compiles instead",
 }
+# Pax's --mode values paxlike does not take.
+PAX_MODES_NOT_HERE = {"tf_data_service_dispatcher": _TF_DATA,
+                      "tf_data_service_worker": _TF_DATA}
 flags.DEFINE_float("peak_tflops_per_device", None,
                    "Peak TFLOP/s of one device for MFU (default: the device table; on a "
                    "CPU, a matmul calibration).")
@@ -220,12 +243,17 @@ def parse_flags(argv: list[str], doc: str) -> list[str]:
     jax_flags.define(FLAGS)
     print(FLAGS.get_help())
     sys.exit(0)
-  for arg in args:
-    name = arg.lstrip("-").split("=", 1)[0] if arg.startswith("-") else ""
+  for i, arg in enumerate(args):
+    name, _, value = arg.lstrip("-").partition("=") if arg.startswith("-") else ("", "", "")
     name = name[2:] if name.startswith("no") and name[2:] in PAX_FLAGS_NOT_HERE else name
     if name in PAX_FLAGS_NOT_HERE:
       fail(f"--{name} is a Pax flag paxlike does not take: {PAX_FLAGS_NOT_HERE[name]}; "
            "drop it (docs/flags.md lists the Pax flags paxlike takes).")
+    if name == "mode" and not value and i + 1 < len(args):
+      value = args[i + 1]  # --mode MODE
+    if name == "mode" and value in PAX_MODES_NOT_HERE:
+      fail(f"--mode={value} is a Pax mode paxlike does not take: {PAX_MODES_NOT_HERE[value]}; "
+           f"pass one of {', '.join(MODES)}.")
   jax_flags.define_if_named(args, FLAGS)  # --jax_*: JAX's own options, as in Pax's main.py
   try:
     return FLAGS(argv)

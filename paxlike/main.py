@@ -122,17 +122,18 @@ def run(argv_flags: flags.FlagValues) -> int:
   created = not os.path.exists(job_log_dir)
   lock = _claim_job_log_dir(job_log_dir, argv_flags.mode)
   try:
-    init_from, source, export_job = _preflight(exp, built, job_log_dir, argv_flags)
+    init_from, source, export_job, restore = _preflight(exp, built, job_log_dir, argv_flags)
   except UserError:
     _unclaim_job_log_dir(job_log_dir, lock, created)  # a refused run leaves no directory
     raise
   before = _JobFiles(job_log_dir) if argv_flags.mode == "train" else None
   try:
-    _write_run_records(exp, built, job_log_dir, argv_flags, partitioner, mesh_desc, flag_plan)
+    _write_run_records(exp, built, job_log_dir, argv_flags, partitioner, mesh_desc, flag_plan,
+                       restore)
     if layout is not None:
       xla_flags.update_run_env(job_log_dir, {"layout": layout})
     options = _train_options(built, partitioner, job_log_dir, argv_flags, init_from,
-                             run_timer, flag_plan, profile_plan)
+                             run_timer, flag_plan, profile_plan, restore)
     if argv_flags.mode != "train":
       code = _run_on_restored(built, partitioner, job_log_dir, argv_flags, options, export_job)
     else:
@@ -228,10 +229,17 @@ MODE_FLAGS = {
        for k in ("temperature", "top_k", "top_p", "num_beams", "alpha", "max_length")},
     "infer_input": ("infer",), "decode_during_train": ("train",), "eval_on_test": ("train",),
     "checkpoint_todelete_subdir": ("train",), "eval_during_decode": ("decode", "decode_once"),
+    "enable_checkpoint_saving": ("train",), "jax_fully_async_checkpoint": ("train",),
+    "pmap_use_tensorstore": ("train",),
 }
 # What to do instead, where dropping the flag is not the whole answer.
+_ONLY_TRAINING_SAVES = "drop it (only --mode=train writes checkpoints)"
 _MODE_FLAG_HINTS = {"infer_input": "add --mode=infer or drop --infer_input",
-                    "eval_on_test": "drop it (--mode=eval runs the eval datasets)"}
+                    "eval_on_test": "drop it (--mode=eval runs the eval datasets)",
+                    "enable_checkpoint_saving": _ONLY_TRAINING_SAVES,
+                    "jax_fully_async_checkpoint": _ONLY_TRAINING_SAVES,
+                    "pmap_use_tensorstore": "drop it (a run reads a checkpoint in whichever "
+                                            "format it was saved, msgpack or tensorstore)"}
 
 
 def _experiment(argv_flags: flags.FlagValues) -> Any:
@@ -705,32 +713,30 @@ def _no_checkpoint(job_log_dir: str, mode: str) -> UserError:
 
 
 def _preflight(exp: Any, built: _Built, job_log_dir: str,
-               argv_flags: flags.FlagValues) -> tuple[Any, Any, Any]:
+               argv_flags: flags.FlagValues) -> tuple[Any, Any, Any, Any]:
   """Everything a run can refuse, checked before it writes anything into job_log_dir.
 
   Returns:
-    (INIT_FROM or None, the checkpoint source, (exporter, plan, export_dir) or None).
+    (INIT_FROM or None, the checkpoint source, (exporter, plan, export_dir) or None,
+    a training run's resume.TrainRestore or None).
   """
-  from paxlike import checkpoints, experiment, initial, resume
+  from paxlike import experiment, initial, log, resume
   from paxlike import export as export_lib
 
   mode, task = argv_flags.mode, built.task
   init_from = initial.InitFrom.of(exp, argv_flags.init_from)
   exporter = export_lib.get(argv_flags.export_format) if mode == "export" else None
+  steps, restore = _restore_steps(argv_flags), None
+  if mode == "train":  # a rerun of a command with restore flags continues the job
+    restore = resume.train_restore(job_log_dir, argv_flags.restore_checkpoint_dir, steps[0])
+    steps = [restore.step]
   with experiment.user_config_errors(f"initialising {type(exp).__name__}'s model"):
     source, *_ = [resume.preflight_task(  # every step asked for, before anything is read
         task, built.train_input, job_log_dir, mode, argv_flags.restore_checkpoint_dir,
         step, argv_flags.restore_fallback, will_save=argv_flags.enable_checkpoint_saving,
-        init_from=init_from) for step in _restore_steps(argv_flags)]
-  asked = argv_flags.restore_checkpoint_step
-  if mode == "train" and asked and argv_flags.restore_checkpoint_dir is None:
-    ckpt_dir = checkpoints.checkpoint_dir(job_log_dir)
-    later = [step for step in _checkpoint_steps(job_log_dir) if step > asked[0]]
-    if later:
-      raise UserError(f"--restore_checkpoint_step={asked[0]} trains on from there, but "
-                      f"{ckpt_dir} already has step {later[0]} after it, which this run would "
-                      "write again; train into a new --job_log_dir with --restore_checkpoint_dir="
-                      f"{ckpt_dir}, or move the later checkpoints away.")
+        init_from=init_from) for step in steps]
+  if restore is not None and restore.note:
+    log.info("%s", restore.note)
   if mode == "train":  # a pipeline's microbatches, before anything is written
     rows, slices = built.train_input.get_global_batch_size(), task.train.num_microbatches
     if rows % slices == 0:  # else the trainer's accumulation check says so
@@ -748,11 +754,12 @@ def _preflight(exp: Any, built: _Built, job_log_dir: str,
         decode_settings(argv_flags, task.model),
         export_lib.parse_platforms(argv_flags.export_platforms), job_log_dir))
     export_job = (exporter, export_plan, export_dir)
-  return init_from, source, export_job
+  return init_from, source, export_job, restore
 
 
 def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: flags.FlagValues,
-                       partitioner: Any, mesh_desc: dict[str, int], flag_plan: Any) -> None:
+                       partitioner: Any, mesh_desc: dict[str, int], flag_plan: Any,
+                       restore: Any) -> None:
   """experiment_cls_vars.txt, model_params.txt, input_specs.json and run_env.json (the chief
   writes them). Another mode than train writes them with its name in front, as Pax does
   (eval_model_params.txt, infer_run_env.json, ...), so the record of how the job was
@@ -788,6 +795,10 @@ def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: fl
       **jax_flags.record(argv_flags),
       **({"tfds_data_dir": argv_flags.tfds_data_dir} if argv_flags.tfds_data_dir else {}),
       **({"vocabulary": vocab.spec} if vocab is not None else {})}))
+  if restore is not None:  # what a rerun of this command is recognised by
+    from paxlike import resume
+
+    resume.write_record(job_log_dir, restore)
   # Each new attention choice (logged once) is added as programs are lowered.
   attention_policy.on_choice(lambda rec: xla_flags.update_run_env(job_log_dir, {"attention": rec}))
 
@@ -809,7 +820,7 @@ def _write_input_specs(train_input: Any, partitioner: Any, path: str) -> None:
 
 def _train_options(built: _Built, partitioner: Any, job_log_dir: str,
                    argv_flags: flags.FlagValues, init_from: Any, run_timer: Any, flag_plan: Any,
-                   profile_plan: Any) -> Any:
+                   profile_plan: Any, restore: Any) -> Any:
   """The trainer's options from the flags, with the evaluator and, for training, the peak."""
   import jax
 
@@ -821,7 +832,7 @@ def _train_options(built: _Built, partitioner: Any, job_log_dir: str,
       async_checkpoint=argv_flags.jax_fully_async_checkpoint,
       enable_summary_writer=argv_flags.enable_summary_writer,
       restore_checkpoint_dir=argv_flags.restore_checkpoint_dir,
-      restore_checkpoint_step=_restore_steps(argv_flags)[0],
+      restore_checkpoint_step=restore.step if restore else _restore_steps(argv_flags)[0],
       checkpoint_format="msgpack" if (partitioner.kind == "pmap"
                                       and not argv_flags.pmap_use_tensorstore) else "tensorstore")
   options.init_from = init_from

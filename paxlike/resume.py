@@ -2,10 +2,16 @@
 
 The rule (Pax's): the latest complete step in job_log_dir/checkpoints; if
 there is none, --restore_checkpoint_dir (its latest step, or
---restore_checkpoint_step); --restore_checkpoint_step also picks an older
-step of job_log_dir itself. Partial steps (orbax's `*.orbax-checkpoint-tmp*`
-directories left by a crash mid-save) are never listed, and the trainer's
-checkpointer removes them when it opens the directory.
+--restore_checkpoint_step): another job's checkpoints only start a job that
+has none of its own, so the same command continues it. Without
+--restore_checkpoint_dir (or with the job's own folder),
+--restore_checkpoint_step rolls a training job back to an older step of its
+own; train_restore() refuses one below later checkpoints, unless they were
+written since the job's last training run rolled it back to that same step
+(run_env.json's "restore" record), which the same command continues.
+Partial steps (orbax's `*.orbax-checkpoint-tmp*` directories left by a crash
+mid-save) are never listed, and the trainer's checkpointer removes them when
+it opens the directory.
 
 `preflight()` runs before a run writes anything: it resolves the step,
 checks that it exists, and compares the checkpoint's stored metadata
@@ -22,6 +28,8 @@ naming the step, and with fallback=True the damaged step is moved aside
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import re
 import shutil
 from typing import Any
@@ -61,6 +69,12 @@ def _pick(ckpt: ckpt_lib.Checkpointer, steps: list[int], step: int | None,
   return Source(ckpt, step, own)
 
 
+def _is_own(own_dir: str, restore_checkpoint_dir: str) -> bool:
+  """--restore_checkpoint_dir names own_dir (a job's checkpoints/ folder) or its job_log_dir."""
+  path = os.path.realpath(os.path.expanduser(restore_checkpoint_dir))
+  return path in (os.path.realpath(own_dir), os.path.dirname(os.path.realpath(own_dir)))
+
+
 def find_source(own: ckpt_lib.Checkpointer, restore_checkpoint_dir: str | None,
                 restore_checkpoint_step: int | None) -> Source:
   """Applies the restore rule; see the module docstring.
@@ -70,7 +84,9 @@ def find_source(own: ckpt_lib.Checkpointer, restore_checkpoint_dir: str | None,
   """
   own_steps = own.all_steps()
   if own_steps:
-    return _pick(own, own_steps, restore_checkpoint_step, True)
+    # Another job's checkpoints (and the step in them) only start a job with none.
+    another = restore_checkpoint_dir and not _is_own(own.directory, restore_checkpoint_dir)
+    return _pick(own, own_steps, None if another else restore_checkpoint_step, True)
   if restore_checkpoint_dir:
     other = _read_only(ckpt_lib.resolve_restore_dir(restore_checkpoint_dir))
     steps = other.all_steps()
@@ -84,6 +100,114 @@ def find_source(own: ckpt_lib.Checkpointer, restore_checkpoint_dir: str | None,
         f"{own.directory} has none and no --restore_checkpoint_dir was given; pass the "
         "checkpoints/ folder that holds that step.")
   return Source(None, None, True)
+
+
+RECORD = "restore"  # run_env.json: a training run's restore flags (train_restore)
+
+
+@dataclasses.dataclass
+class TrainRestore:
+  """How a training run goes by its restore flags (train_restore)."""
+
+  step: int | None  # the --restore_checkpoint_step it restores (None: the newest)
+  record: dict[str, Any] | None  # run_env.json's RECORD (write_record() fills in a None "since")
+  note: str | None = None  # why the flags are not used, for the log
+
+
+def _own_steps(job_log_dir: str) -> dict[int, str]:
+  """{step: folder} of job_log_dir's complete checkpoints (folder names; no orbax)."""
+  folder = ckpt_lib.checkpoint_dir(job_log_dir)
+  names = os.listdir(folder) if os.path.isdir(folder) else []
+  return {int(m.group(1)): os.path.join(folder, n) for n in names
+          if (m := re.fullmatch(rf"{ckpt_lib.STEP_PREFIX}_(\d+)", n))}
+
+
+def _previous_record(job_log_dir: str) -> dict[str, Any]:
+  """The RECORD of the job's last training run ({} when it has none)."""
+  try:
+    with open(os.path.join(job_log_dir, "run_env.json")) as f:
+      record = json.load(f).get(RECORD)
+  except (OSError, ValueError, AttributeError):
+    return {}
+  return record if isinstance(record, dict) else {}
+
+
+def _agreed(verdict: bool) -> bool:
+  """Process 0's verdict, for every process (they read files process 0 may be rewriting)."""
+  import jax
+
+  if jax.process_count() == 1:
+    return verdict
+  import numpy as np
+  from jax.experimental import multihost_utils
+
+  return bool(int(multihost_utils.broadcast_one_to_all(np.int32(verdict))))
+
+
+def train_restore(job_log_dir: str, restore_checkpoint_dir: str | None,
+                  restore_checkpoint_step: int | None) -> TrainRestore:
+  """The restore flags of a training run, read against the job's own checkpoints.
+
+  With another job's --restore_checkpoint_dir, a job with checkpoints of its own
+  continues from its newest (find_source). A rollback (--restore_checkpoint_step in
+  the job's own checkpoints) below later steps would write those steps again, so it
+  is refused, unless the job's last training run recorded the same rollback and every
+  later step was written since it began: then this is a rerun of that command, which
+  continues from the newest step.
+
+  Raises:
+    UserError: a rollback below later checkpoints that no run of this rollback wrote.
+  """
+  if restore_checkpoint_dir is None and restore_checkpoint_step is None:
+    return TrainRestore(None, None)
+  own_dir = ckpt_lib.checkpoint_dir(job_log_dir)
+  record = {"restore_checkpoint_dir": restore_checkpoint_dir and os.path.abspath(
+      os.path.expanduser(restore_checkpoint_dir)), "restore_checkpoint_step":
+      restore_checkpoint_step}
+  steps = _own_steps(job_log_dir)
+  if restore_checkpoint_dir and not _is_own(own_dir, restore_checkpoint_dir):
+    note = (f"--restore_checkpoint_dir and --restore_checkpoint_step are not used: the job "
+            f"continues from its own step {max(steps)} (they start a job with no checkpoint)"
+            if steps else None)
+    return TrainRestore(restore_checkpoint_step, record, note)
+  step = restore_checkpoint_step
+  if step is None:  # the job's own folder, its newest step: no rollback
+    return TrainRestore(None, record)
+  later = sorted(s for s in steps if s > step)
+  if not later:
+    return TrainRestore(step, {**record, "since": None})
+  previous = _previous_record(job_log_dir)
+  since = previous.get("since")
+  same = (previous.get("restore_checkpoint_step") == step
+          and isinstance(since, (int, float)) and not isinstance(since, bool)
+          and (not previous.get("restore_checkpoint_dir")
+               or _is_own(own_dir, previous["restore_checkpoint_dir"])))
+  # The later steps this rollback did not write (all of them, for another rollback).
+  stale = [s for s in later if not same or os.stat(steps[s]).st_mtime < since]
+  if _agreed(not stale):
+    return TrainRestore(None, {**record, "since": since}, (
+        f"--restore_checkpoint_step={step} is not used: the job continues from its own step "
+        f"{later[-1]}, written since this command rolled it back to step {step}"))
+  if step not in steps:  # preflight names the steps there are
+    return TrainRestore(step, record)
+  raise UserError(f"--restore_checkpoint_step={step} trains on from there, but {own_dir} "
+                  f"already has step {stale[0] if stale else later[0]} after it, which this run "
+                  "would write again; train into a new --job_log_dir with "
+                  f"--restore_checkpoint_dir={own_dir}, or move the later checkpoints away.")
+
+
+def write_record(job_log_dir: str, restore: TrainRestore) -> None:
+  """Adds restore's RECORD to the training run's run_env.json (written just before). A
+  rollback that starts now gets "since": the file's time on the job's file system,
+  where its checkpoints' times come from too."""
+  if restore.record is None:
+    return
+  from paxlike import xla_flags
+
+  entry = dict(restore.record)
+  if "since" in entry and entry["since"] is None:
+    entry["since"] = os.stat(os.path.join(job_log_dir, "run_env.json")).st_mtime
+  xla_flags.update_run_env(job_log_dir, {RECORD: entry})
 
 
 def check_compatible(source: Source, step: int, abstract: Any,

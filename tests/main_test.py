@@ -239,6 +239,79 @@ def test_script_form_runs(tmp_path):
   assert not re.findall(r"^[WE]\d{4} .*", proc.stderr, re.M), proc.stderr
 
 
+# Every flag Pax's main.py defines (paxml HEAD, with those of tf_data_service_lib and
+# summary_utils, which it imports, and of older releases), and its --mode values.
+PAX_MAIN_FLAGS = (
+    "exp", "job_log_dir", "mode", "eval_on_test", "decode_during_train", "eval_during_decode",
+    "maybe_use_persistence_checkpointing", "jax_fully_async_checkpoint",
+    "exit_after_ondemand_checkpoint", "tensorstore_use_ocdbt", "async_timeout_secs",
+    "startup_random_jitter_max_secs", "jax_traceback_filtering_option", "decode_output_pickle",
+    "checkpoint_todelete_subdir", "restore_checkpoint_dir", "restore_checkpoint_step",
+    "globally_use_hardware_rng", "jax_profiler_port", "enable_auto_sharding",
+    "enable_checkpoint_saving", "enforce_restore_shape_check", "study", "controller_mode",
+    "tuner_group", "metrics_from", "num_trials", "pythia_port", "tfds_data_dir",
+    "multiprocess_gpu", "server_addr", "num_hosts", "host_idx", "fdl", "enable_summary_writer",
+    "pmap_use_tensorstore", "pax_only_aggregate_summaries", "tf_data_service_port",
+    "tf_data_service_dispatcher_address", "tf_data_service_worker_address",
+    "tf_data_service_data_transfer_protocol", "tf_data_service_data_transfer_address",
+    "tf_data_service_work_dir", "tf_data_service_fault_tolerant_mode",
+    "tf_data_service_worker_addresses", "tf_data_service_address", "use_orbax",
+    "jax_array_in_pax", "should_log_compiles")
+PAX_MODES = ("train", "eval", "decode", "decode_once", "infer", "tf_data_service_dispatcher",
+             "tf_data_service_worker")
+
+
+def test_every_pax_main_flag_and_mode_is_taken_or_refused_in_one_line(capsys):
+  """A Pax launch line's flag is either paxlike's too or refused saying what paxlike does
+  instead, never absl's bare "Unknown command line flag"."""
+  from paxlike import command_line as cl
+
+  def refusal(args: list[str]) -> str:
+    with pytest.raises(SystemExit) as e:
+      cl.parse_flags(["main", *args], main.__doc__)  # refused before absl parses anything
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+  for name in PAX_MAIN_FLAGS:
+    if name in cl.FLAGS:
+      continue
+    err = refusal([f"--{name}=1"])
+    assert re.fullmatch(rf"error: --{name} is a Pax flag paxlike does not take: [^\n]+\n",
+                        err), err
+  assert "--jax_traceback_filtering (off" in refusal(["--jax_traceback_filtering_option=off"])
+  for mode in PAX_MODES:
+    if mode in cl.MODES:
+      continue
+    for args in ([f"--mode={mode}"], ["--mode", mode]):
+      err = refusal(args)
+      assert re.fullmatch(rf"error: --mode={mode} is a Pax mode paxlike does not take: "
+                          r"Pax's tf\.data service is not in paxlike [^\n]+; pass one of "
+                          r"train, eval, [^\n]+\.\n", err), err
+
+
+@pytest.mark.parametrize("flag, why", [
+    ("--enable_checkpoint_saving=false", "only --mode=train writes checkpoints"),
+    ("--nojax_fully_async_checkpoint", "only --mode=train writes checkpoints"),
+    ("--pmap_use_tensorstore", "a run reads a checkpoint in whichever format it was saved"),
+])
+def test_checkpoint_saving_flags_are_refused_outside_training(tmp_path, flag, why):
+  """Only training saves checkpoints (and every mode reads either format): in --mode=eval
+  these flags would do nothing, so they are refused like --eval_on_test."""
+  import copy
+
+  from paxlike.command_line import FLAGS
+  from paxlike.errors import UserError
+
+  values = copy.deepcopy(FLAGS)
+  values.unparse_flags()
+  values(["main", f"--exp={TINY}", f"--job_log_dir={tmp_path / 'job'}", "--mode=eval", flag])
+  name = flag.lstrip("-").split("=")[0].removeprefix("no")
+  with pytest.raises(UserError) as e:
+    main._experiment(values)
+  assert str(e.value).startswith(f"--{name} is read only by --mode=train, not --mode=eval; "
+                                 f"drop it ({why}"), e.value
+
+
 def test_a_pax_run_scripts_fiddle_flags_run_as_exp_and_set(tmp_path):
   """Pax's GPU scripts pass --fdl_config=CLASS and --fdl.KNOB=VALUE (strings quoted, as the
   shell leaves them): they are --exp and --set, values and all."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -18,10 +19,13 @@ from fault_tools import (
     launch,
     partial_dirs,
     read_checkpoint,
+    reference_job,
     run,
+    step_dir,
 )
 
-from paxlike import follow, preemption
+from paxlike import follow, preemption, resume
+from paxlike.errors import UserError
 
 LONG = ["--set", "NUM_TRAIN_STEPS=1000000", "--set", "CHECKPOINT_EVERY_N_STEPS=1000000",
         "--set", "EVAL_INTERVAL_STEPS=0", "--set", "SUMMARY_INTERVAL_STEPS=10"]
@@ -93,6 +97,70 @@ def test_sigterm_saves_the_current_step_and_exits_42_then_resumes(tmp_path):
   assert f"trained steps {stopped}..{stopped + 2}:" in resumed.stdout
   assert read_checkpoint(job, stopped + 2)["input/step"] == stopped + 2
   assert follow.last_run_stopped(str(job)) is None  # the rerun finished
+
+
+def _stopped_then_rerun(args: list[str], cwd, job, stop_at: int) -> tuple[int, str]:
+  """args run with a SIGTERM after step stop_at, then again: (the step saved, the rerun's
+  output)."""
+  proc = run(args, cwd, PAXLIKE_TEST_FAULT=f"term:step:{stop_at}")
+  assert proc.returncode == preemption.EXIT_PREEMPTED, describe(proc)
+  assert "rerun the same command to continue" in proc.stderr
+  stopped = int(STOPPED_RE.search(proc.stderr).group(2))
+  rerun = run(args, cwd)
+  assert rerun.returncode == 0, describe(rerun)
+  assert f"restored step {stopped} from {job / 'checkpoints'}" in rerun.stderr, describe(rerun)
+  return stopped, rerun.stdout + rerun.stderr
+
+
+def test_a_command_with_restore_flags_continues_its_job_when_rerun(tmp_path_factory, tmp_path):
+  """The SIGTERM line says "rerun the same command": a job started from another job's step
+  (--restore_checkpoint_dir/step), or rolled back to one of its own (--restore_checkpoint_step),
+  continues from its own newest step when its command is rerun."""
+  ref = reference_job(tmp_path_factory)  # steps 8, 12, 16
+  job = tmp_path / "job"
+  quick = ["--noeval_on_test", f"--job_log_dir={job}"]
+  warm = [FAULT_EXP, *quick, f"--restore_checkpoint_dir={ref / 'checkpoints'}",
+          "--restore_checkpoint_step=8", "--set", "NUM_TRAIN_STEPS=14"]
+  stopped, out = _stopped_then_rerun(warm, tmp_path, job, 10)
+  assert ("--restore_checkpoint_dir and --restore_checkpoint_step are not used: the job "
+          f"continues from its own step {stopped}") in out
+  assert f"trained steps {stopped}..14:" in out
+
+  for step in complete_steps(job)[1:]:  # a rollback to its first step
+    step_dir(job, step).rename(tmp_path / f"moved_{step}")
+  first = complete_steps(job)[0]
+  back = [FAULT_EXP, *quick, f"--restore_checkpoint_step={first}", "--set",
+          "NUM_TRAIN_STEPS=16"]
+  stopped, out = _stopped_then_rerun(back, tmp_path, job, first + 1)
+  assert stopped > first
+  assert (f"--restore_checkpoint_step={first} is not used: the job continues from its own "
+          f"step {stopped}, written since this command rolled it back") in out
+  assert f"trained steps {stopped}..16:" in out
+  record = json.loads((job / "run_env.json").read_text())["restore"]
+  assert record["restore_checkpoint_step"] == first and record["restore_checkpoint_dir"] is None
+
+
+def test_a_rollback_continues_only_over_the_steps_it_wrote(tmp_path):
+  """A rerun of a rollback continues from the newest step only when every later step was
+  written since the rollback began; one from before it (moved back), or another rollback,
+  is refused as any rollback below later checkpoints."""
+  job = tmp_path / "job"
+  for step in (10, 11, 12, 14):
+    step_dir(job, step).mkdir(parents=True)
+  since = time.time() - 60
+  os.utime(step_dir(job, 14), (since - 60, since - 60))  # written before the rollback
+  (job / "run_env.json").write_text(json.dumps({"restore": {
+      "restore_checkpoint_dir": None, "restore_checkpoint_step": 10, "since": since}}))
+  with pytest.raises(UserError, match=r"--restore_checkpoint_step=10 trains on from there, "
+                                      r"but \S+ already has step 14 after it"):
+    resume.train_restore(str(job), None, 10)
+  step_dir(job, 14).rmdir()
+  with pytest.raises(UserError, match=r"already has step 12 after it"):  # another rollback
+    resume.train_restore(str(job), None, 11)
+  for own in (None, str(job / "checkpoints"), str(job)):  # the job's own folder: the same
+    again = resume.train_restore(str(job), own, 10)
+    assert again.step is None and again.record["since"] == since, again
+    assert "the job continues from its own step 12" in again.note
 
 
 def _free_port() -> int:
