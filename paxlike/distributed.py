@@ -8,8 +8,10 @@ is single-process. On CPU the cross-process collectives go through gloo.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import sys
 import time
 
 from paxlike import log
@@ -93,3 +95,44 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   jax.distributed.initialize(coordinator_address, num_processes=num_processes,
                              process_id=process_id, initialization_timeout=timeout_s)
   return True
+
+
+_REFUSED = "paxlike/refused/"  # the coordination service's keys: process index -> why
+
+
+def _client() -> object | None:
+  """jax.distributed's client in a multi-process run that started it, else None (never
+  imports JAX: a run refused before the backend has no other process waiting on it)."""
+  module = sys.modules.get("jax._src.distributed")
+  state = getattr(module, "global_state", None)
+  client = getattr(state, "client", None)
+  return client if client is not None and (state.num_processes or 1) > 1 else None
+
+
+def share_refusal(message: str) -> None:
+  """Leaves why this process refuses the run where the others can read it: a refusal that
+  only one process meets (a file only its host lacks) leaves the others waiting in the
+  run's next collective until it times out, and they then name this one (peer_refusal)."""
+  client = _client()
+  if client is None:
+    return
+  import jax
+
+  with contextlib.suppress(Exception):  # the service may already be gone
+    client.key_value_set(f"{_REFUSED}{jax.process_index()}", message)  # type: ignore[attr-defined]
+
+
+def peer_refusal() -> str | None:
+  """"process K refused the run: <why>" when another process did (share_refusal), else
+  None; asked when this process failed in a collective."""
+  client = _client()
+  if client is None:
+    return None
+  try:
+    entries = client.key_value_dir_get(_REFUSED)  # type: ignore[attr-defined]
+  except Exception:  # the service went with process 0
+    return None
+  if not entries:
+    return None
+  key, message = min(entries, key=lambda kv: int(kv[0].rsplit("/", 1)[-1]))
+  return f"process {key.rsplit('/', 1)[-1]} refused the run: {message}"

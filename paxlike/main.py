@@ -1009,10 +1009,18 @@ def decode_settings(argv_flags: flags.FlagValues, model: Any) -> Any:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     fail(f"unexpected positional arguments {argv[1:]}; every option is a --flag.")
+  from paxlike import distributed
+
   try:
     code = run(FLAGS)
   except UserError as e:
+    distributed.share_refusal(str(e))
     fail(str(e))
+  except Exception:
+    # Another process's refusal reaches this one as a failed collective: say that instead.
+    if (peer := distributed.peer_refusal()) is not None:
+      fail(peer)
+    raise
   sys.exit(code)
 
 

@@ -165,3 +165,48 @@ def test_two_processes_evaluate_and_decode_a_finite_set_exactly(tmp_path):
   two_processes(["--mode=decode_once", "--exp=pax_eval_experiments.ArithmeticUnevenHosts"])
   again = (job / "decoder_out" / "test" / "decode_00000002-2.jsonl").read_text().splitlines()
   assert again == rows
+
+
+def test_a_refusal_on_one_process_is_named_by_the_others(monkeypatch, capsys):
+  """A refusal only process 1 meets (here: a mesh its own --set asks for) reaches process 0
+  as a failed collective; process 0 then says which process refused and why, exit 2, not
+  a traceback. (Checked by hand with two processes: both print one line and exit 2, 32 s
+  in, when Gloo's collective times out.) Here the coordination service is a dict."""
+  import pytest
+  from jax._src import distributed as jax_distributed
+
+  from paxlike import main
+
+  store: dict[str, str] = {}
+
+  class Client:
+    def key_value_set(self, key, value):
+      store[key] = value
+
+    def key_value_dir_get(self, prefix):
+      return [(k, v) for k, v in store.items() if k.startswith(prefix)]
+
+  monkeypatch.setattr(jax_distributed.global_state, "client", Client())
+  monkeypatch.setattr(jax_distributed.global_state, "num_processes", 2)
+  monkeypatch.setattr("jax.process_index", lambda: 1)
+
+  def refuse(_):
+    raise UserError("the mesh needs 6 devices but 2 are available.")
+
+  monkeypatch.setattr(main, "run", refuse)
+  with pytest.raises(SystemExit) as exit_1:  # process 1: its own line, and leaves it
+    main.main(["main"])
+  assert exit_1.value.code == 2
+
+  def collective_times_out(_):
+    raise RuntimeError("Gloo context initialization failed: DEADLINE_EXCEEDED")
+
+  monkeypatch.setattr(main, "run", collective_times_out)
+  with pytest.raises(SystemExit) as exit_0:  # process 0: names process 1's refusal
+    main.main(["main"])
+  assert exit_0.value.code == 2
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+      "error: process 1 refused the run: the mesh needs 6 devices but 2 are available.")
+  store.clear()  # no refusal left by another process: the failure is raised as it is
+  with pytest.raises(RuntimeError, match="DEADLINE_EXCEEDED"):
+    main.main(["main"])
