@@ -85,7 +85,8 @@ class StopWatcher:
       self.signal_name = name
       self.requested_at = time.monotonic()
       self._flag.set()
-      logging.warning("%s received: finishing the current step, then saving a checkpoint "
+      logging.warning("%s received: finishing the steps already dispatched to the devices "
+                      "(the host runs ahead of the logged step), then saving a checkpoint "
                       "(send it again to stop at once)", name)
 
   def _handle(self, signum: int, frame: Any) -> None:
