@@ -171,7 +171,7 @@ def analyse(exp: Any) -> dict[str, Any]:
   from paxlike import mesh as mesh_lib
   from paxlike import train_state as ts
   from paxlike.partitioning import SpmdPartitioner
-  from paxlike.steps import batch_shards, check_microbatches, make_train_step
+  from paxlike.steps import accumulation_knob, batch_shards, check_microbatches, make_train_step
 
   shape, n = mesh_size(exp)
   devices = jax.devices()[:n]
@@ -188,7 +188,8 @@ def analyse(exp: Any) -> dict[str, Any]:
   specs = input_specs(train_cfgs[0], task.model)
   global_batch = next(iter(specs.values())).shape[0]
   partitioner.check_global_batch(global_batch)
-  check_microbatches(global_batch, task.train.num_microbatches, batch_shards(partitioner))
+  check_microbatches(global_batch, task.train.num_microbatches, batch_shards(partitioner),
+                     accumulation_knob(partitioner))
   task.model.check_batch(global_batch // task.train.num_microbatches)
 
   tx = task.learner.transform()

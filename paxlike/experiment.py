@@ -336,7 +336,7 @@ def _convert_named(key: str, raw: str, current: Any) -> Any:
 def _allows_none(exp_cls: type | None, key: str, current: Any) -> bool:
   """Whether `--set KEY=None` fits: a string whose unset value is "" or whose annotation
   (on the class that declares it) allows None, as INIT_FROM's `str | None`."""
-  if current == "":
+  if current == "" or key in PAX_CLAIMS:  # a claim of None claims nothing
     return True
   for klass in (exp_cls.__mro__ if exp_cls else ()):
     note = vars(klass).get("__annotations__", {}).get(key)
@@ -471,12 +471,82 @@ PAX_UNMODELED = {
 }
 
 # Knobs Pax's own LM files set where nothing reads them, in Pax either: what does the job.
-PAX_UNREAD = {
-    "NUM_GPUS": "Pax does not read it either; the device count is ICI_MESH_SHAPE x "
-                "DCN_MESH_SHAPE (a class body that computes a mesh shape from it reads it)",
-    "ENABLE_BFLOAT16": "in Pax only the BERT templates read it; an LM's activations take "
-                       "FPROP_DTYPE (jnp.bfloat16 for bfloat16), in Pax too",
+# (NUM_GPUS and an LM's ENABLE_BFLOAT16 were here; they are PAX_CLAIMS now, read as checks.)
+PAX_UNREAD: dict[str, str] = {}
+
+
+def _mesh_devices(exp: BaseExperiment) -> tuple[int, str] | None:
+  """The devices the run takes and where that number comes from: ICI_MESH_SHAPE x
+  DCN_MESH_SHAPE; None for a pmap run (every device: not known before the backend starts,
+  which must wait for jax.distributed)."""
+  ici, dcn = _untracked_get(exp, "ICI_MESH_SHAPE"), _untracked_get(exp, "DCN_MESH_SHAPE")
+  if ici is None:
+    return None
+  shapes = f"ICI_MESH_SHAPE {list(ici)}" + (f" x DCN_MESH_SHAPE {list(dcn)}" if dcn else "")
+  return int(np.prod(ici)) * int(np.prod(dcn or [1])), shapes
+
+
+def _num_gpus_claim(exp: BaseExperiment, claimed: Any) -> str | None:
+  mesh = _mesh_devices(exp)
+  if mesh is None:  # a pmap run takes every device there is
+    return None
+  devices, where = mesh
+  if isinstance(claimed, int) and not isinstance(claimed, bool) and claimed == devices:
+    return None
+  return (f"the run takes {devices} device{'' if devices == 1 else 's'} ({where}); Pax reads "
+          "NUM_GPUS nowhere, and paxlike only checks it: the mesh decides")
+
+
+def _enable_bfloat16_claim(exp: BaseExperiment, claimed: Any) -> str | None:
+  fprop = _untracked_get(exp, "FPROP_DTYPE") if hasattr(type(exp), "FPROP_DTYPE") else None
+  try:
+    if fprop is None or bool(claimed) == (np.dtype(fprop).name == "bfloat16"):
+      return None
+  except TypeError:  # not a dtype: the template says so in its own words
+    return None
+  return (f"FPROP_DTYPE is {_show(fprop)}; an LM's activations take FPROP_DTYPE, in Pax too "
+          "(only its BERT templates read ENABLE_BFLOAT16)")
+
+
+# Knobs Pax's LM files set that state what another setting decides, read by nothing in Pax:
+# paxlike reads them as a check of that setting (check_pax_claims). -> (what decides, check:
+# None when the claim holds, else what the run does instead).
+PAX_CLAIMS: dict[str, tuple[str, Callable[[BaseExperiment, Any], str | None]]] = {
+    "NUM_GPUS": ("the mesh's shapes", _num_gpus_claim),
+    "ENABLE_BFLOAT16": ("FPROP_DTYPE", _enable_bfloat16_claim),
 }
+
+
+def check_pax_claims(exp: BaseExperiment) -> None:
+  """Reads each PAX_CLAIMS knob the experiment sets and nothing else read (NUM_GPUS, an LM's
+  ENABLE_BFLOAT16), checking it against the setting that decides. A class's claim that does
+  not hold is a warning: the class runs as Pax runs it (nvidia.py's Grok_Proxy_PP says
+  NUM_GPUS = 64 beside a mesh of 512). A --set one is refused: it changes nothing. None
+  claims nothing.
+
+  Raises:
+    UserError: a --set claim that does not hold, one line each.
+  """
+  reads = hparams_read(exp)
+  overrides = exp.__dict__.get("_overrides", {})
+  inherited = exp.__dict__.get("_inherited", set())
+  defined = class_hparams(type(exp))
+  lines = []
+  for name, (decides, check) in PAX_CLAIMS.items():
+    if name in reads or not (name in defined or name in overrides):
+      continue
+    claimed = getattr(exp, name)  # read: checked below
+    wrong = None if claimed is None else check(exp, claimed)
+    if wrong is None:
+      continue
+    if name in overrides and name not in inherited:
+      lines.append(f"--set {name}={_show(claimed)}: {wrong}; set {decides} instead (or "
+                   f"--set {name}=None).")
+    else:
+      klass = defined.get(name, type(exp))
+      warn(f"{name} = {_show(claimed)} on {klass.__name__} does not hold: {wrong}.")
+  if lines:
+    raise UserError("\n".join(lines))
 
 
 def _is_paxlike_class(klass: type) -> bool:
@@ -612,7 +682,7 @@ def unread_hparams(exp: BaseExperiment) -> list[str]:
 def _inactive_reason(exp: BaseExperiment, name: str) -> str | None:
   """Where the experiment's source reads `name` on a branch this run did not take, or None."""
   if any(name in known for known in (PAX_RENAMED, PAX_UNMODELED, PAX_UNREAD, PAX_PIPELINE,
-                                      PAX_TASK_KNOBS)):
+                                      PAX_TASK_KNOBS, PAX_CLAIMS)):
     return None
   classes = [k for k in type(exp).__mro__ if k is not object]
   return knob_branches.inactive_reason(name, classes, lambda n: _untracked_get(exp, n))
@@ -698,8 +768,10 @@ def apply_path_overrides(exp: BaseExperiment, task_cfg: Any) -> None:
 
 
 def _flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+  """Every leaf of cfg by its dotted path; a sub-config's own path holds its callable, so
+  that a --set that picks another class (LR_SCHEDULE, OPTIMIZER) feeds that path."""
   if isinstance(cfg, fdl.Buildable):
-    out = {}
+    out = {prefix: _Callable(fdl.get_callable(cfg))}
     for name, value in cfg.__arguments__.items():
       out.update(_flatten(value, f"{prefix}.{name}" if prefix else name))
     return out
@@ -720,17 +792,61 @@ def _same(a: Any, b: Any) -> bool:
     return False
 
 
-def _perturbed(value: Any) -> Any:
-  """A different value of the same type, to see which config fields a --set feeds."""
+@dataclass(frozen=True)
+class _Callable:
+  """A sub-config's callable in _flatten: equal for the same class or function."""
+
+  fn: Any
+
+  def __str__(self) -> str:
+    return f"{getattr(self.fn, '__qualname__', self.fn)} config"
+
+
+def _string_choices(key: str) -> tuple[str, ...]:
+  """The values a string hyperparameter with a fixed set takes (any template's), or ()."""
+  from paxlike import learners
+  from paxlike.layers import embedding, linear, t5, transformer
+
+  return {
+      "LR_SCHEDULE": learners.SCHEDULES,
+      "OPTIMIZER": learners.OPTIMIZERS,
+      "ACTIVATION": (*linear.ACTIVATIONS, *t5.FFN_ACTIVATIONS),
+      "CHECKPOINT_POLICY": tuple(transformer.CHECKPOINT_POLICIES),
+      "NORM_POLICY": transformer.NORM_POLICIES,
+      "EMBEDDING_LOOKUP_STYLE": embedding.LOOKUP_STYLES,
+      "LORA_TARGET_LAYERS": linear.LORA_TARGETS,
+  }.get(key, ())
+
+
+def _perturbations(key: str, value: Any) -> list[Any]:
+  """Other values of the same kind as `value`, to see which config fields a --set of `key`
+  feeds: the first one the template takes is used. A string with a fixed set of values
+  (LR_SCHEDULE, OPTIMIZER, ...) and an enum member, an activation class or a dtype get the
+  others of their set; another string, itself with a suffix."""
+  import enum
+
+  from paxlike.layers import activations
+
   if isinstance(value, bool):
-    return not value
-  if isinstance(value, int):
-    return value + 1
+    return [not value]
+  if isinstance(value, int) and not isinstance(value, enum.Enum):
+    return [value + 1]
   if isinstance(value, float):
-    return value * 2 + 1
+    return [value * 2 + 1]
+  if isinstance(value, enum.Enum):
+    return [m for m in type(value) if m is not value]
   if isinstance(value, str):
-    return value + "_"
-  return None
+    choices = [c for c in _string_choices(key) if c != value]
+    return choices or [value + "_"]
+  if isinstance(value, type) and issubclass(value, activations.BaseActivation):
+    return [c for c in vars(activations).values()
+            if isinstance(c, type) and issubclass(c, activations.BaseActivation)
+            and c not in (value, activations.BaseActivation)]
+  if _is_dtype_like(value):
+    import ml_dtypes
+
+    return [t for t in (np.float32, ml_dtypes.bfloat16) if np.dtype(t) != np.dtype(value)]
+  return []
 
 
 def _template_task(exp: BaseExperiment) -> Callable[[], Any] | None:
@@ -747,9 +863,11 @@ def overwritten_overrides(exp: BaseExperiment, task_cfg: Any) -> list[str]:
   """Lines for each `--set KEY` whose value the user's task() overwrote.
 
   The fields a --set key feeds are found by building paxlike's own task()
-  twice, with the key's value and with another one; a field the user's
-  task() sets to something else, whatever the key's value, overwrote the
-  --set.
+  twice, with the key's value and with another one the template takes
+  (_perturbations: another of LR_SCHEDULE's schedules, not a misspelt one);
+  a field the user's task() sets to something else, whatever the key's
+  value, overwrote the --set. A sub-config the user's task() replaces with
+  another class's (set_default_adam's schedule) is one line.
   """
   template = _template_task(exp)
   overrides = exp.__dict__.get("_overrides", {})
@@ -757,36 +875,79 @@ def overwritten_overrides(exp: BaseExperiment, task_cfg: Any) -> list[str]:
     return []
   lines = []
   d = exp.__dict__
+  # The builds with other values declare knobs not used for those values: not this run's.
+  unused = dict(d.get("_hparam_unused", {}))
   with untracked(exp):
     try:
-      base = _flatten(template())
-    except Exception:  # noqa: BLE001  (the user's task() works without this template)
-      return []
-    user = _flatten(task_cfg)
-    for key, value in overrides.items():
-      other = _perturbed(value)
-      if other is None:
-        continue
-      d[key] = other
       try:
-        fed = {p for p, v in _flatten(template()).items() if not _same(v, base.get(p))}
-        # The user's task() may derive the field from the key itself (3 x MODEL_DIMS):
-        # then the --set reaches it and nothing was overwritten.
-        responds = exp.task()
-        resolve_pax_tree(responds)
-        responds = _flatten(responds)
-      except Exception:  # noqa: BLE001  (a value the template rejects: nothing to compare)
-        fed, responds = set(), {}
-      finally:
-        d[key] = value
-      for path in sorted(fed):
-        if (path in user and not _same(user[path], base[path])
-            and _same(responds.get(path), user[path])):
-          lines.append(f"--set {key}={_show(value)} is overwritten by "
-                       f"{method_owner(exp, 'task')}(), which sets task.{path} = "
-                       f"{user[path]!r}; use --set {path}={_show(base[path])} to set the "
-                       "field after task(), or stop task() from setting it.")
+        base = _flatten(template())
+      except Exception:  # noqa: BLE001  (the user's task() works without this template)
+        return []
+      user = _flatten(task_cfg)
+      for key, value in overrides.items():
+        lines += _overwritten(exp, template, key, value, base, user)
+    finally:
+      if "_hparam_unused" in d:
+        d["_hparam_unused"] = unused
   return lines
+
+
+def _overwritten(exp: BaseExperiment, template: Callable[[], Any], key: str, value: Any,
+                 base: dict[str, Any], user: dict[str, Any]) -> list[str]:
+  """overwritten_overrides' lines for one --set key."""
+  d = exp.__dict__
+  fed: set[str] = set()
+  responds: dict[str, Any] = {}
+  for other in _perturbations(key, value):
+    d[key] = other
+    try:
+      other_cfg = _flatten(template())
+      fed = {p for p in other_cfg.keys() | base.keys()
+             if not _same(other_cfg.get(p, _MISSING), base.get(p, _MISSING))}
+      # The user's task() may derive the field from the key itself (3 x MODEL_DIMS):
+      # then the --set reaches it and nothing was overwritten.
+      responds = exp.task()
+      resolve_pax_tree(responds)
+      responds = _flatten(responds)
+    except Exception:  # noqa: BLE001  (a value the template rejects: try the next one)
+      fed, responds = set(), {}
+    finally:
+      d[key] = value
+    if fed:
+      break
+  lines = []
+  replaced: list[str] = []  # sub-configs task() replaced with another class's
+  for path in sorted(fed):
+    if any(path.startswith(f"{r}.") for r in replaced):
+      continue
+    if not (path in user and not _same(user[path], base.get(path, _MISSING))
+            and _same(responds.get(path, _MISSING), user[path])):
+      continue
+    where = f"--set {key}={_setting(value)} is overwritten by {method_owner(exp, 'task')}()"
+    if isinstance(user[path], _Callable):
+      replaced.append(path)
+      lines.append(f"{where}, which replaces task.{path} with its own {user[path]}; stop "
+                   "task() from replacing it.")
+      continue
+    sets = f"{where}, which sets task.{path} = {_setting(user[path], repr)}"
+    if path in base and not isinstance(base[path], _Callable):
+      lines.append(f"{sets}; use --set {path}={_setting(base[path])} to set the field after "
+                   "task(), or stop task() from setting it.")
+    else:
+      lines.append(f"{sets}; stop task() from setting it.")
+  return lines
+
+
+_MISSING = object()
+
+
+def _setting(value: Any, show: Callable[[Any], str] = _show) -> str:
+  """A value as --set writes it: an enum member (Pax's AutodiffCheckpointType) by its name."""
+  import enum
+
+  if isinstance(value, enum.Enum):
+    return f"{type(value).__name__}.{value.name}"
+  return show(value)
 
 
 def resolve_pax_tree(task_cfg: Any) -> list[str]:
@@ -859,5 +1020,6 @@ def build_checked(exp: BaseExperiment) -> Configs:
   configs = Configs(task_config(exp), input_configs(exp, "datasets"),
                     input_configs(exp, "decode_datasets"),
                     call_user(exp, "get_input_specs_provider_params"))
+  check_pax_claims(exp)
   check_all_read(exp)
   return configs

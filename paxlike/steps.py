@@ -54,19 +54,33 @@ def batch_shards(partitioner: Any) -> int:
   return shards if shards is not None else jax.device_count()
 
 
-def check_microbatches(global_batch: int, num_microbatches: int, batch_shards: int) -> None:
+def accumulation_knob(partitioner: Any) -> str:
+  """The hyperparameter that sets a run's gradient accumulation, as messages name it: on a
+  pipeline's mesh (a 'stage' axis) GRADIENT_ACCUMULATION_STEPS, since its NUM_MICROBATCHES
+  are the pipeline's; else NUM_MICROBATCHES."""
+  mesh = getattr(partitioner, "mesh", None)
+  pipelined = "stage" in getattr(mesh, "axis_names", ())
+  return "GRADIENT_ACCUMULATION_STEPS" if pipelined else "NUM_MICROBATCHES"
+
+
+def check_microbatches(global_batch: int, num_microbatches: int, batch_shards: int,
+                       knob: str | None = None) -> None:
   """Raises UserError unless every microbatch divides over the batch shards.
 
   Args:
     global_batch: rows of one step's batch, over every host.
-    num_microbatches: NUM_MICROBATCHES.
+    num_microbatches: the gradient-accumulation slices (task.train.num_microbatches).
     batch_shards: devices (or mesh shards) the batch rows are split over.
+    knob: the hyperparameter that set num_microbatches, as the message names it
+      (accumulation_knob); None: NUM_MICROBATCHES.
   """
   if num_microbatches < 1 or global_batch % (num_microbatches * batch_shards):
+    knob = knob or "NUM_MICROBATCHES"
+    shards = f"{batch_shards} batch shard{'' if batch_shards == 1 else 's'}"
     raise UserError(
-        f"NUM_MICROBATCHES={num_microbatches} must be a positive divisor of the global batch "
-        f"{global_batch} that leaves each microbatch divisible over the {batch_shards} batch "
-        "shards; change NUM_MICROBATCHES or the batch size.")
+        f"{knob}={num_microbatches} must be a positive divisor of the global batch "
+        f"{global_batch} that leaves each microbatch divisible over the {shards}; change "
+        f"{knob} or the batch size.")
 
 
 def _accumulated_grads(grad_fn: Callable, params: Any, batch: dict[str, jax.Array],

@@ -37,7 +37,7 @@ from paxlike import log as logging
 from paxlike import profiler as prof_lib
 from paxlike import train_state as ts
 from paxlike.inputs.base_input import BaseInput, input_specs
-from paxlike.steps import batch_shards, check_microbatches, make_train_step
+from paxlike.steps import accumulation_knob, batch_shards, check_microbatches, make_train_step
 from paxlike.task import RunningMode, Task
 
 
@@ -173,7 +173,8 @@ def build_train_program(task: Task, train_input: BaseInput, partitioner: Any,
   global_batch = next(iter(global_specs.values())).shape[0]
   partitioner.check_global_batch(global_batch)
   num_microbatches = task.train.num_microbatches
-  check_microbatches(global_batch, num_microbatches, batch_shards(partitioner))
+  check_microbatches(global_batch, num_microbatches, batch_shards(partitioner),
+                     accumulation_knob(partitioner))
   model.check_batch(global_batch // num_microbatches)
   abstract, logical = ts.task_logical_specs(task, sample_batch)
   partitioner.set_state_specs(logical)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import fiddle as fdl
 import jax
 import pytest
 
@@ -225,3 +226,49 @@ def test_a_class_in_either_order_gets_paxs_template_and_the_mixins_sizes():
   pax = (10, 2048, 8192, 16, 128, 32000, "bfloat16", True, "ShardedAdafactor", 0.99, 2.5e-4,
          100000, 5.0, 1024, 16)
   assert built == [pax, pax]
+
+
+# Pax's set_default_adam (paxml's tasks/lm/model_params.py), typed from it: praxis's
+# optimizers.Adam with beta1 0.9, beta2 0.99, the class's WEIGHT_DECAY, gradient norm clipped
+# to 5.0 (praxis's defaults for the rest: epsilon 1e-6, epsilon_root 0, update clip 1.0), the
+# class's LEARNING_RATE, and LinearRampupExponentialDecay(warmup_steps=4000, decay_start=4001,
+# decay_end=300000, min_ratio=0.1, max=1.0): its keyword defaults, which none of these
+# classes' task() overrides.
+SET_DEFAULT_ADAM = dict(beta1=0.9, beta2=0.99, epsilon=1e-6, epsilon_root=0.0,
+                        clip_threshold=1.0, clip_gradient_norm_to_value=5.0)
+SET_DEFAULT_ADAM_SCHEDULE = dict(warmup_steps=4000, decay_start=4001, decay_end=300000,
+                                 min_ratio=0.1, max=1.0)
+# Every shipped class mirroring a Pax class whose task() calls set_default_adam, with the
+# LEARNING_RATE and WEIGHT_DECAY Pax's class passes it: lm_cloud.py's LmCloudSpmd and
+# LmCloudSpmdPipeline families (their Adafactor templates' 2.5e-4, 1e-3), the pmap
+# TransformerLmPmapAdam family and MLP benchmarks (ClassificationModelAdam), bert.py's
+# BertAdamL4H128 (TransformerBertPmapAdam), all 1e-3, 1e-3.
+SPMD_ADAM = (2.5e-4, 1e-3)
+PMAP_ADAM = (1e-3, 1e-3)
+DEFAULT_ADAM_CLASSES = {
+    **{name: SPMD_ADAM for name in (
+        "LmCloudSpmd2B", "LmCloudSpmd2BLimitSteps", "LmCloudSpmd32B", "LmCloudSpmd64B",
+        "LmCloudSpmd128B", "LmCloudSpmd256B", "LmCloudSpmd512B", "LmCloudSpmd1024B",
+        "LmCloudSpmdTest", "LmCloudSpmdPipeline9B", "LmCloudSpmdPipeline175B",
+        "LmCloudSpmdPipelineMultislice2B", "LmCloudSpmdPipelineMultislice2BCircular")},
+    **{name: PMAP_ADAM for name in (
+        "LmCloudTransformerAdam", "LmCloudTransformerAdamTest",
+        "LmCloudTransformerAdamLimitSteps", "LargeMlp", "SmallMlp", "BertAdamL4H128")},
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULT_ADAM_CLASSES))
+def test_a_class_whose_pax_task_calls_set_default_adam_has_its_optimizer_and_schedule(name):
+  from paxlike.pax import optimizers, schedules
+
+  lr, weight_decay = DEFAULT_ADAM_CLASSES[name]
+  exp = experiment.instantiate(registry.get(name))
+  opt = exp.task().train.learner.optimizer  # the config: nothing is built
+  sched = opt.lr_schedule
+  assert (fdl.get_callable(opt), fdl.get_callable(sched)) == (
+      optimizers.Adam, schedules.LinearRampupExponentialDecay)
+  got = {k: getattr(opt, k) for k in SET_DEFAULT_ADAM}
+  got.update(learning_rate=opt.learning_rate, weight_decay=opt.weight_decay,
+             **{k: getattr(sched, k) for k in SET_DEFAULT_ADAM_SCHEDULE})
+  assert got == dict(SET_DEFAULT_ADAM, learning_rate=lr, weight_decay=weight_decay,
+                     **SET_DEFAULT_ADAM_SCHEDULE)

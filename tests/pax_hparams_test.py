@@ -21,6 +21,7 @@ from conftest import REPO_ROOT, TINY, describe, run_cli
 from paxlike import config, experiment, registry
 from paxlike.errors import UserError
 from paxlike.inputs.base_input import BaseInput
+from paxlike.layers.transformer import AutodiffCheckpointType
 from paxlike.learners import Learner
 from paxlike.training_experiment import pax_batch_size
 
@@ -144,6 +145,161 @@ def test_a_task_edit_of_a_missing_path_is_one_sentence_naming_it():
   assert "EditsMissing.task()" in msg and "z_loss" in msg
   assert "task_p.model.lm_tpl.softmax_tpl.z_loss = 1e-4" in msg  # the user's line
   assert "\n" not in msg
+
+
+class _DefaultAdam(registry.get(TINY)):
+  """Pax's LmCloudSpmd.task(): set_default_adam replaces the template's optimizer."""
+
+  def task(self):
+    from paxlike.pax.tasks.lm import model_params
+
+    task_p = super().task()
+    model_params.set_default_adam(task_p, self.LEARNING_RATE, self.WEIGHT_DECAY)
+    return task_p
+
+
+def test_a_string_set_that_task_replaces_is_refused_quoting_the_users_value():
+  # set_default_adam's exponential schedule replaces whatever LR_SCHEDULE picks.
+  for value in ("constant", "linear_rampup_cosine_decay"):
+    with pytest.raises(UserError) as e:
+      _build(_DefaultAdam, [*SMALL, f"LR_SCHEDULE={value}"])
+    assert str(e.value) == (
+        f"--set LR_SCHEDULE='{value}' is overwritten by _DefaultAdam.task(), which replaces "
+        "task.train.learner.optimizer.lr_schedule with its own LinearRampupExponentialDecay "
+        "config; stop task() from replacing it.")
+  with pytest.raises(UserError, match=r"^--set OPTIMIZER='sgd' is overwritten by "
+                     r"_DefaultAdam\.task\(\), which replaces task\.train\.learner\.optimizer "
+                     r"with its own Adam config") as e:
+    _build(_DefaultAdam, [*SMALL, "OPTIMIZER=sgd"])
+  assert "\n" not in str(e.value)
+
+
+def test_a_not_used_reason_names_the_users_value_not_a_probe():
+  # Checking LR_SCHEDULE against task() builds the template with other schedules; the
+  # reason LR_LRED_WARMUP is not read is still the user's schedule.
+  with pytest.raises(UserError) as e:
+    _build(_Sets300, [*SMALL, "LR_LRED_WARMUP=5", "LR_SCHEDULE=constant"])
+  assert str(e.value) == ("--set LR_LRED_WARMUP=5: nothing reads it; "
+                          "LR_SCHEDULE='constant' does not read it.")
+
+
+class _Frozen(registry.get(TINY)):
+  """A task() that ignores every --set: it builds the template from the class's values."""
+
+  def task(self):
+    saved = {k: self.__dict__.pop(k) for k in self._overrides}
+    try:
+      return super().task()
+    finally:
+      self.__dict__.update(saved)
+
+
+class _FrozenLora(_Frozen):
+  USE_LORA = True
+
+
+# A value other than LmCloudSpmdTiny's for each knob with a fixed set of values (each of
+# experiment._string_choices), and for an enum member, an activation class and a dtype.
+OTHER_VALUES = {
+    "LR_SCHEDULE": ["LR_SCHEDULE=constant"],
+    "OPTIMIZER": ["OPTIMIZER=adafactor"],
+    "ACTIVATION": ["ACTIVATION=gelu"],
+    "CHECKPOINT_POLICY": ["CHECKPOINT_POLICY=SAVE_DOT_ONLY"],
+    "NORM_POLICY": ["NORM_POLICY=post"],
+    "EMBEDDING_LOOKUP_STYLE": ["EMBEDDING_LOOKUP_STYLE=matmul"],
+    "LORA_TARGET_LAYERS": ["LORA_TARGET_LAYERS=mlp"],  # on _FrozenLora
+    "ACTIVATION_CLS": ["ACTIVATION_CLS=GELU"],
+    "FPROP_DTYPE": ["FPROP_DTYPE=bfloat16"],
+}
+
+
+@pytest.mark.parametrize("key", sorted(OTHER_VALUES))
+def test_a_set_of_any_kind_that_task_ignores_is_refused(key):
+  """Each knob is probed with another value the template takes (not `value + '_'`, which no
+  template takes, so a --set of any string knob used to pass unchecked)."""
+  assert {k for k in OTHER_VALUES if experiment._string_choices(k)} == {
+      "LR_SCHEDULE", "OPTIMIZER", "ACTIVATION", "CHECKPOINT_POLICY", "NORM_POLICY",
+      "EMBEDDING_LOOKUP_STYLE", "LORA_TARGET_LAYERS"}
+  with pytest.raises(UserError, match=rf"(^|\n)--set {key}=\S+ is overwritten by "
+                     r"_Frozen\.task\(\)"):
+    _build(_FrozenLora if key.startswith("LORA_") else _Frozen, OTHER_VALUES[key])
+
+
+def test_an_enum_set_that_task_ignores_is_refused():
+  class PaxPolicy(_Frozen):  # Pax's files write the policy as praxis's enum
+    CHECKPOINT_POLICY = AutodiffCheckpointType.SAVE_NOTHING
+
+  with pytest.raises(UserError) as e:
+    _build(PaxPolicy, ["CHECKPOINT_POLICY=SAVE_DOT_ONLY"])
+  assert str(e.value) == (
+      "--set CHECKPOINT_POLICY=AutodiffCheckpointType.SAVE_DOT_ONLY is overwritten by "
+      "_Frozen.task(), which sets task.model.checkpoint_policy = "
+      "AutodiffCheckpointType.SAVE_NOTHING; use --set "
+      "model.checkpoint_policy=AutodiffCheckpointType.SAVE_DOT_ONLY to set the field after "
+      "task(), or stop task() from setting it.")
+
+
+def test_every_shipped_string_knob_is_probed_within_its_set_or_is_free_form():
+  """A string knob with a fixed set of values needs its set in experiment._string_choices,
+  or its --set goes unchecked against task(); the others here take any string."""
+  free_form = {"INIT_FROM", "GENERATOR", "SCORER", "INPUT_KEY", "TARGET_KEY",
+               "EMB_W_DATA_DIMS"}
+  registry.import_shipped()
+  strings = set()
+  for name in registry.list_names():
+    exp = registry.get(name)()
+    strings |= {h.name for h in experiment.hparams(exp) if isinstance(h.value, str)}
+  assert {k for k in strings if not experiment._string_choices(k)} <= free_form
+
+
+# ------------------------------------------------ Pax's knobs that state a fact
+
+
+def test_num_gpus_is_checked_against_the_mesh_not_refused(capsys):
+  """Pax's nvidia.py sets NUM_GPUS, which nothing reads in Pax: a class runs as written,
+  with a warning when the mesh (which decides) takes another count; a --set is refused
+  unless it holds, and None claims nothing."""
+  class Gpus(_tiny_cls()):  # ICI_MESH_SHAPE [1, 1, 1]
+    NUM_GPUS = 1
+
+  class Stale(_tiny_cls()):
+    NUM_GPUS = 64
+
+  _build(Gpus)
+  _build(Stale, ["NUM_GPUS=1"])
+  _build(Stale, ["NUM_GPUS=None"])
+  assert "NUM_GPUS" not in capsys.readouterr().out
+  _build(Stale)
+  assert ("warning: NUM_GPUS = 64 on Stale does not hold: the run takes 1 device "
+          "(ICI_MESH_SHAPE [1, 1, 1]); Pax reads NUM_GPUS nowhere, and paxlike only checks "
+          "it: the mesh decides.") in capsys.readouterr().out
+  with pytest.raises(UserError) as e:
+    _build(Gpus, ["NUM_GPUS=8"])
+  assert str(e.value) == (
+      "--set NUM_GPUS=8: the run takes 1 device (ICI_MESH_SHAPE [1, 1, 1]); Pax reads "
+      "NUM_GPUS nowhere, and paxlike only checks it: the mesh decides; set the mesh's shapes "
+      "instead (or --set NUM_GPUS=None).")
+
+
+def test_enable_bfloat16_on_an_lm_is_checked_against_fprop_dtype(capsys):
+  """Only Pax's BERT templates read ENABLE_BFLOAT16 (paxlike's too); on an LM it is checked
+  against FPROP_DTYPE, which decides, in Pax too."""
+  class Bf16(_tiny_cls()):
+    ENABLE_BFLOAT16 = True
+    FPROP_DTYPE = jnp.bfloat16
+
+  class Says(_tiny_cls()):  # FPROP_DTYPE float32
+    ENABLE_BFLOAT16 = True
+
+  _build(Bf16, SMALL)
+  assert "ENABLE_BFLOAT16" not in capsys.readouterr().out
+  _build(Says, SMALL)
+  assert ("warning: ENABLE_BFLOAT16 = True on Says does not hold: FPROP_DTYPE is float32; "
+          "an LM's activations take FPROP_DTYPE, in Pax too (only its BERT templates read "
+          "ENABLE_BFLOAT16).") in capsys.readouterr().out
+  with pytest.raises(UserError, match=r"^--set ENABLE_BFLOAT16=False: FPROP_DTYPE is bfloat16;"
+                     r".* set FPROP_DTYPE instead \(or --set ENABLE_BFLOAT16=None\)\.$"):
+    _build(Bf16, [*SMALL, "ENABLE_BFLOAT16=False"])
 
 
 def test_every_shipped_experiment_reads_what_it_sets():

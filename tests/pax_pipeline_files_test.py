@@ -201,9 +201,9 @@ PAX = {
                                       **NVIDIA),
     "pax_nvidia.NVIDIA175BProxy": Pax(24, 12288, 96, stages=4, microbatches=96, devices=16,
                                       **NVIDIA),
-    # ENABLE_BFLOAT16: read by Pax's BERT templates only.
+    # ENABLE_BFLOAT16 (read by Pax's BERT templates only): checked against FPROP_DTYPE.
     "pax_nvidia.NVIDIA175B": Pax(96, 12288, 96, stages=6, microbatches=6, devices=96,
-                                 unread=("ENABLE_BFLOAT16",), **NVIDIA),
+                                 **NVIDIA),
     "pax_nvidia.TestSmallConfig": Pax(16, 4096, 32, stages=2, microbatches=16, devices=16,
                                       **NVIDIA),
     # INIT_STD and SOFTMAX_INIT_STD: read by NVIDIA5B's task(), which this class does not
@@ -325,17 +325,39 @@ def test_c4s_misspelled_microbatch_size_is_refused_by_name(pax_modules):
     _model_of(registry.get("pax_c4.C4SpmdPipelineGpt3AdamOrgHPBS1p5k768Replicas"))
 
 
-def test_knobs_pax_sets_and_never_reads_are_refused_saying_what_does_the_job(pax_modules,
-                                                                             monkeypatch):
+def test_knobs_pax_sets_and_never_reads_run_as_written_checked_against_what_decides(
+    pax_modules, monkeypatch, capsys):
+  """NUM_GPUS (the Grok classes) and an LM's ENABLE_BFLOAT16 (NVIDIA175B, Llama33BProxy):
+  nothing reads them in Pax; paxlike checks them against the mesh and FPROP_DTYPE. Where the
+  file's numbers hold, nothing is said; Grok_Proxy_PP's NUM_GPUS = 64 beside its mesh of
+  512 devices is a warning (the mesh decides, as in Pax); a --set that does not hold is
+  refused in one line."""
   _on_devices(monkeypatch, 96)  # NVIDIA175B's batch: 1/16 of a row per device
-  with pytest.raises(UserError, match=r"^NUM_GPUS = 64 on Grok_Proxy: nothing reads it; Pax "
-                     r"does not read it either; the device count is ICI_MESH_SHAPE x "
-                     r"DCN_MESH_SHAPE"):
-    _model_of(registry.get("pax_nvidia.Grok_Proxy"))
-  with pytest.raises(UserError, match=r"^ENABLE_BFLOAT16 = True on NVIDIA175B: nothing reads "
-                     r"it; in Pax only the BERT templates read it; an LM's activations take "
-                     r"FPROP_DTYPE"):
-    _model_of(registry.get("pax_nvidia.NVIDIA175B"))
+  _model_of(registry.get("pax_nvidia.NVIDIA175B"))
+  _on_devices(monkeypatch, 64)
+  _model_of(registry.get("pax_nvidia.Grok_Proxy"))
+  out = capsys.readouterr().out
+  assert "NUM_GPUS" not in out and "ENABLE_BFLOAT16" not in out
+  _on_devices(monkeypatch, 512)
+  _model_of(registry.get("pax_nvidia.Grok_Proxy_PP"))
+  assert ("warning: NUM_GPUS = 64 on Grok_Proxy_PP does not hold: the run takes 512 devices "
+          "(ICI_MESH_SHAPE [1, 1, 1, 8, 1] x DCN_MESH_SHAPE [8, 1, 8, 1, 1]); Pax reads "
+          "NUM_GPUS nowhere") in capsys.readouterr().out
+  with pytest.raises(UserError, match=r"^--set NUM_GPUS=128: the run takes 64 devices "
+                     r"\(ICI_MESH_SHAPE \[1, 1, 8, 1\] x DCN_MESH_SHAPE \[1, 8, 1, 1\]\);"
+                     r"[^\n]*\(or --set NUM_GPUS=None\)\.$"):
+    experiment.build_checked(experiment.instantiate(registry.get("pax_nvidia.Grok_Proxy"),
+                                                    ["NUM_GPUS=128"]))
+
+
+def test_knobs_a_class_sets_that_only_other_classes_read_are_refused(pax_modules):
+  """NVIDIA_CIRCULAR_REPEAT sets INIT_STD, SOFTMAX_INIT_STD (NVIDIA1_3B's and NVIDIA5B's
+  task() read them) and MAX_STEPS (Grok's and Llama2_7B's), none of which it inherits: in
+  Pax they change nothing for it, and paxlike refuses them by name (see PAX.unread)."""
+  with pytest.raises(UserError) as err:
+    _model_of(registry.get("pax_nvidia.NVIDIA_CIRCULAR_REPEAT"))
+  assert [line.split(" on ")[0] for line in str(err.value).splitlines()] == [
+      "INIT_STD = 0.01", "MAX_STEPS = 2000", "SOFTMAX_INIT_STD = 0.01"]
 
 
 @pytest.mark.parametrize(("name", "layers"), [("Grok_Proxy_PP", 16), ("Grok_PP", 64)])
@@ -346,7 +368,7 @@ def test_pipelined_grok_has_paxs_count_stages_and_experts(pax_modules, monkeypat
   the file's MICROBATCH_SIZE = 8 does not reach its pipeline, in Pax either), every layer
   with 8 experts; the count is the unpipelined Grok's."""
   _on_devices(monkeypatch, 512)
-  exp, model, rows = _model_of(_class(f"pax_nvidia.{name}", unread=("NUM_GPUS",)))
+  exp, model, rows = _model_of(registry.get(f"pax_nvidia.{name}"))
   assert exp.mesh_axis_names() == ("stage", "replica", "data", "data_expert", "mdl")
   assert (rows, model.num_stages, model.num_microbatches, model.microbatch_size,
           model.num_layers, model.moe_layers, model.num_experts) == (
@@ -678,11 +700,11 @@ def _grok_count(layers: int) -> int:
                                                          ("Grok", 64, 256)])
 def test_nvidias_grok_classes_have_paxs_count_on_the_expert_parallel_mesh(
     pax_modules, monkeypatch, name, layers, devices):
-  """Grok (Grok-1's 314B) and Grok_Proxy: their NUM_GPUS, which nothing reads (in Pax
-  either), is refused by name as written; read, they configure Pax's count, every layer with
-  8 experts, one per device of the mesh's data_expert axis."""
+  """Grok (Grok-1's 314B) and Grok_Proxy, as written (their NUM_GPUS is their mesh's
+  count): Pax's count, every layer with 8 experts, one per device of the mesh's
+  data_expert axis."""
   _on_devices(monkeypatch, devices)
-  exp, model, rows = _model_of(_class(f"pax_nvidia.{name}", unread=("NUM_GPUS",)))
+  exp, model, rows = _model_of(registry.get(f"pax_nvidia.{name}"))
   assert exp.mesh_axis_names() == ("replica", "data", "data_expert", "mdl")
   assert (rows, model.num_layers, model.moe_layers, model.num_experts, model.num_groups,
           model.expert_shards) == (devices, layers, tuple(range(layers)), 8, devices, 8)
@@ -692,25 +714,14 @@ def test_nvidias_grok_classes_have_paxs_count_on_the_expert_parallel_mesh(
 
 def test_nvidias_grok_proxy_dry_runs_on_its_64_device_expert_parallel_mesh(pax_modules,
                                                                           tmp_path):
-  """The pod check on a CPU, with two of its 16 layers: the mesh [replica, data,
-  data_expert, mdl] = [1, 8, 8, 1] from ICI x DCN, Pax's count, and the --set values (an
-  AutodiffCheckpointType among them) written to dry_run.json."""
+  """The pod check on a CPU of Grok_Proxy as written, with two of its 16 layers: the mesh
+  [replica, data, data_expert, mdl] = [1, 8, 8, 1] from ICI x DCN, Pax's count, and the
+  --set values (an AutodiffCheckpointType among them) written to dry_run.json."""
   root = Path(pax_modules["nvidia"].__file__).parent
-  (tmp_path / "grok_read.py").write_text(textwrap.dedent("""\
-      import pax_nvidia
-      from paxlike.pax import experiment_registry
-
-
-      @experiment_registry.register
-      class GrokProxy(pax_nvidia.Grok_Proxy):
-        def task(self):
-          self.NUM_GPUS  # Pax's file sets it and nothing reads it
-          return super().task()
-      """))
   job = tmp_path / "job"
-  proc = run_cli(["--exp=grok_read.GrokProxy", "--mode=dry_run", f"--job_log_dir={job}",
+  proc = run_cli(["--exp=pax_nvidia.Grok_Proxy", "--mode=dry_run", f"--job_log_dir={job}",
                   "--set", "NUM_LAYERS=2", "--set", "CHECKPOINT_POLICY=SAVE_NOTHING"],
-                 tmp_path, pythonpath=[root, tmp_path])
+                 tmp_path, pythonpath=[root])
   assert proc.returncode == 0, describe(proc)
   report = json.loads((job / "dry_run.json").read_text())
   assert report["mesh"] == {"replica": 1, "data": 8, "data_expert": 8, "mdl": 1}

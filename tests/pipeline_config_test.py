@@ -211,7 +211,14 @@ def test_a_pipeline_hyperparameter_that_does_not_fit_is_one_line(overrides, numb
     (["NUM_MICROBATCHES=3"], ("NUM_MICROBATCHES=3", "16 rows")),
     (["NUM_MICROBATCHES=None", "MICROBATCH_SIZE=5"], ("MICROBATCH_SIZE=5", "16 rows")),
     (["NUM_MICROBATCHES=None", "MICROBATCH_SIZE=16", "CIRCULAR_REPEAT=2"],
-     ("1 microbatches", "NUM_STAGES=2")),
+     ("makes 1 microbatch, fewer than", "NUM_STAGES=2")),
+    # The pipeline's gradient accumulation is named by the knob that sets it; its
+    # NUM_MICROBATCHES (4) are the pipeline's own.
+    (["GRADIENT_ACCUMULATION_STEPS=3"], ("GRADIENT_ACCUMULATION_STEPS=3 must be", "batch 16",
+                                         "change GRADIENT_ACCUMULATION_STEPS")),
+    # praxis's stream buffer is [stages, M / stages]: M a multiple of the stages.
+    (["STREAM_IO=True", "NUM_MICROBATCHES=3", "PERCORE_BATCH_SIZE=3"],
+     ("STREAM_IO=True", "24 rows makes 3 microbatches on NUM_STAGES=2", "multiple of 2")),
 ])
 def test_microbatches_that_do_not_split_the_batch_are_one_line(overrides, numbers):
   exp = _exp(PIPE, [*SMALL, *overrides])
@@ -220,6 +227,14 @@ def test_microbatches_that_do_not_split_the_batch_are_one_line(overrides, number
     dry_run.analyse(exp)  # refused before anything is compiled
   text = str(err.value)
   assert "\n" not in text and all(n in text for n in numbers), text
+  assert "NUM_MICROBATCHES=3 must" not in text
+
+
+def test_stream_io_takes_microbatches_that_split_over_the_stages():
+  pipeline.check_batch(24, 2, 4, None, 1, stream_io=True)
+  pipeline.check_batch(24, 3, None, 8, 1, stream_io=True)  # 3 microbatches on 3 stages
+  with pytest.raises(UserError, match=r"makes 3 microbatches on NUM_STAGES=2"):
+    pipeline.check_batch(24, 2, None, 8, 1, stream_io=True)
 
 
 def test_a_four_axis_mesh_on_an_unpipelined_experiment_is_one_line():

@@ -168,7 +168,10 @@ class LmCloudSpmdTiny(CpuSized, LmCloudSpmd):
 
 class LmCloudSpmdPipeline(TransformerLmSpmdPipelineAdafactor, SyntheticDataset):
   """Base of the pipelined lm_cloud family (not registered): Pax's
-  LmCloudSpmdPipeline, whose task() calls set_default_adam."""
+  LmCloudSpmdPipeline, whose task() calls set_default_adam. That replaces the
+  Adafactor template's optimizer and schedule with set_default_adam's: Adam 0.9/0.99,
+  gradient clip 5.0, 4000 warmup steps, then exponential decay to 0.1 at step 300k (the
+  template's Adafactor decays by 100k)."""
 
   NUM_LAYERS = 10
   MODEL_DIMS = 2048
@@ -177,7 +180,8 @@ class LmCloudSpmdPipeline(TransformerLmSpmdPipelineAdafactor, SyntheticDataset):
   ACTIVATION_CLS = GELU
   USE_GATED_ACTIVATION = False
   CHECKPOINT_POLICY = "SAVE_NOTHING"
-  OPTIMIZER = "adam"
+  OPTIMIZER = "adam"  # set_default_adam's optimizer,
+  LR_LRED_DECAY_END = 300000  # and its decay_end (the Adafactor template's is 100k)
   MICROBATCH_SIZE = None
   NUM_STAGES = None
 

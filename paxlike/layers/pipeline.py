@@ -125,7 +125,7 @@ class PipelinedModel:
   def check_batch(self, rows: int) -> None:
     if self.num_stages is not None:
       check_batch(rows, self.num_stages, self.num_microbatches, self.microbatch_size,
-                  self.circular_repeat)
+                  self.circular_repeat, stream_io=self.stream_io)
 
   def unpipelined(self) -> Any:
     """The same model without a pipeline (its layers scanned); its parameters are these
@@ -165,8 +165,11 @@ def microbatch_sizes(batch: int, num_microbatches: int | None,
 
 
 def check_batch(rows: int, num_stages: int, num_microbatches: int | None,
-                microbatch_size: int | None, circular_repeat: int) -> None:
-  """One line when the microbatches do not split a step's `rows` rows (Pax's names)."""
+                microbatch_size: int | None, circular_repeat: int,
+                stream_io: bool = False) -> None:
+  """One line when the microbatches do not split a step's `rows` rows (Pax's names), or
+  (stream_io) do not split over the stages, as praxis's stream buffer [stages, M / stages]
+  needs."""
   m, size = num_microbatches, microbatch_size
   if m is not None and rows % m:
     raise UserError(f"NUM_MICROBATCHES={m} does not divide the batch of {rows} rows.")
@@ -176,10 +179,20 @@ def check_batch(rows: int, num_stages: int, num_microbatches: int | None,
     raise UserError(f"NUM_MICROBATCHES x MICROBATCH_SIZE = {m} x {size} = {m * size} is not "
                     f"the batch of {rows} rows; set only one of them.")
   count = m if m is not None else rows // size
+  makes = f"the batch of {rows} rows makes {_count(count, 'microbatch', 'microbatches')}"
   if circular_repeat > 1 and count < num_stages:
-    raise UserError(f"the batch of {rows} rows makes {count} microbatches, fewer than "
-                    f"NUM_STAGES={num_stages}: the circular schedule (CIRCULAR_REPEAT="
-                    f"{circular_repeat}) needs at least one microbatch per stage.")
+    raise UserError(f"{makes}, fewer than NUM_STAGES={num_stages}: the circular schedule "
+                    f"(CIRCULAR_REPEAT={circular_repeat}) needs at least one microbatch per "
+                    "stage.")
+  if stream_io and count % num_stages:
+    raise UserError(f"STREAM_IO=True splits the microbatches evenly over the stages (praxis's "
+                    f"stream buffer is [stages, microbatches / stages]), but {makes} on "
+                    f"NUM_STAGES={num_stages}; make the count a multiple of {num_stages} or "
+                    "drop STREAM_IO.")
+
+
+def _count(n: int, one: str, many: str) -> str:
+  return f"{n} {one if n == 1 else many}"
 
 
 # ------------------------------------------------------------ the schedule
