@@ -310,7 +310,7 @@ def _pipeline_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
 
   return [
       ("pipeline schedule", f"{flops.schedule_name(p)}: {flops.stages_text(p)}, "
-       f"{p['microbatches']} microbatches of {p['microbatch_size']} rows"
+       f"{flops.microbatches_text(p)}"
        f"{', stream_io' if p['stream_io'] else ''}"),
       ("pipeline iterations / bubble", f"{p['iterations']} / {100 * p['bubble_fraction']:.1f}% "
        "of each stage's iterations idle ((S-1)/(M x R + S-1)); MFU counts model FLOPs only"),

@@ -14,6 +14,11 @@ class UserError(Exception):
   """
 
 
+def counted(n: int, one: str, many: str | None = None) -> str:
+  """'1 microbatch', '4 microbatches': a count and its noun, for messages."""
+  return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
 def user_frame(tb: TracebackType | None) -> str:
   """` (at FILE:LINE: SOURCE)` of the innermost frame outside paxlike, fiddle, Python's
   own modules and importlib, or ''; paxlike.pax counts as the user's (Pax's names)."""

@@ -24,7 +24,7 @@ from absl import logging
 
 from paxlike import knob_branches, registry
 from paxlike import mesh as mesh_lib
-from paxlike.errors import UserError, user_frame
+from paxlike.errors import UserError, counted, user_frame
 
 SET_SOURCE = "--set"
 JOB_SOURCE = "the job's training run (--set, run_env.json)"  # what a later run takes (main)
@@ -493,7 +493,7 @@ def _num_gpus_claim(exp: BaseExperiment, claimed: Any) -> str | None:
   devices, where = mesh
   if isinstance(claimed, int) and not isinstance(claimed, bool) and claimed == devices:
     return None
-  return (f"the run takes {devices} device{'' if devices == 1 else 's'} ({where}); Pax reads "
+  return (f"the run takes {counted(devices, 'device')} ({where}); Pax reads "
           "NUM_GPUS nowhere, and paxlike only checks it: the mesh decides")
 
 

@@ -31,6 +31,8 @@ import dataclasses
 import math
 from typing import Any
 
+from paxlike.errors import counted
+
 # Peak dense FLOP/s per chip by device kind substring and dtype (vendor figures).
 PEAK_FLOPS: dict[str, dict[str, float]] = {
     "TPU v4": {"bfloat16": 275e12, "float32": 275e12 / 2},
@@ -334,7 +336,13 @@ def stages_text(rec: dict[str, Any]) -> str:
   form = "scanned" if rec["scanned_stage"] else "unrolled"
   if rec["layer_remat"]:
     form += ", each layer rematerialised"
-  return f"{rec['stages']} stages x {rec['layers_per_stage']} layers ({form})"
+  return f"{rec['stages']} stages x {counted(rec['layers_per_stage'], 'layer')} ({form})"
+
+
+def microbatches_text(rec: dict[str, Any]) -> str:
+  """'M microbatches of R rows' for a pipeline_schedule record."""
+  return (f"{counted(rec['microbatches'], 'microbatch', 'microbatches')} of "
+          f"{counted(rec['microbatch_size'], 'row')}")
 
 
 def schedule_name(rec: dict[str, Any]) -> str:
@@ -345,7 +353,7 @@ def schedule_name(rec: dict[str, Any]) -> str:
 def describe_pipeline(rec: dict[str, Any]) -> str:
   """One line for a pipeline_schedule record: the schedule, its bubble, and what MFU counts."""
   return (f"pipeline: {schedule_name(rec)}, {stages_text(rec)}, "
-          f"{rec['microbatches']} microbatches of {rec['microbatch_size']} rows, "
+          f"{microbatches_text(rec)}, "
           f"{rec['iterations']} iterations, bubble {100 * rec['bubble_fraction']:.1f}%"
           f"{', stream_io' if rec['stream_io'] else ''}; MFU counts model FLOPs only, so the "
           "bubble is included in it (shows as lower MFU), not hidden")

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from paxlike import nontrainable
-from paxlike.errors import UserError
+from paxlike.errors import UserError, counted
 from paxlike.layers.linear import FP8_META
 from paxlike.learners import FrozenTransformation, apply_updates
 from paxlike.models.base import WEIGHT, split_weighted, weighted_means, weighted_sums
@@ -76,7 +76,7 @@ def check_microbatches(global_batch: int, num_microbatches: int, batch_shards: i
   """
   if num_microbatches < 1 or global_batch % (num_microbatches * batch_shards):
     knob = knob or "NUM_MICROBATCHES"
-    shards = f"{batch_shards} batch shard{'' if batch_shards == 1 else 's'}"
+    shards = counted(batch_shards, "batch shard")
     raise UserError(
         f"{knob}={num_microbatches} must be a positive divisor of the global batch "
         f"{global_batch} that leaves each microbatch divisible over the {shards}; change "

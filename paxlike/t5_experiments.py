@@ -19,10 +19,11 @@ from paxlike.errors import UserError
 from paxlike.file_data import FilesDataset
 from paxlike.inputs.synthetic import SyntheticSeq2SeqInput
 from paxlike.inputs.text import TextInput
+from paxlike.layers.t5 import FFN_ACTIVATIONS
 from paxlike.models.t5 import T5Model
 from paxlike.training_experiment import AdamTraining, LoraHParams
 
-ACTIVATIONS = ("gated-gelu", "relu")
+ACTIVATIONS = FFN_ACTIVATIONS  # what the T5 layers take
 
 
 class T5SpmdAdam(LoraHParams, AdamTraining):

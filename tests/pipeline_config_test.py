@@ -309,7 +309,7 @@ def test_the_dry_run_reports_the_schedule_and_the_bubble():
   report["fits"] = dry_run.fits(report)
   table = dry_run.format_table(report, "tpu_v5p")
   assert "mesh (stage, replica, data, mdl)  [2, 1, 1, 1]" in table
-  assert "GPipe: 2 stages x 1 layers (unrolled), 4 microbatches of 4 rows" in table
+  assert "GPipe: 2 stages x 1 layer (unrolled), 4 microbatches of 4 rows" in table
   assert "5 / 20.0% of each stage's iterations idle" in table
   assert "in-flight memory" in table and "included in the compiled peak" in table
   # The unrolled stage's table names the scanned one as the way to hold less.
@@ -341,7 +341,7 @@ def test_a_training_run_records_the_schedule_in_run_env(tmp_path):
       "iteration_remat": True, "layer_remat": False, "iterations": 3,
       "bubble_fraction": pytest.approx(1 / 3)}
   log = proc.stdout + proc.stderr
-  assert ("pipeline: GPipe, 2 stages x 1 layers (unrolled), 2 microbatches of 2 rows, "
+  assert ("pipeline: GPipe, 2 stages x 1 layer (unrolled), 2 microbatches of 2 rows, "
           "3 iterations, bubble 33.3%") in log, describe(proc)
   assert "MFU counts model FLOPs only" in log, describe(proc)
 

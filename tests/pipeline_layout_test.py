@@ -153,7 +153,7 @@ def test_a_run_resumes_in_another_stage_layout_as_the_unchanged_run(reference, t
                              "PERCORE_BATCH_SIZE=2"],
                  f"--restore_checkpoint_dir={ref / 'checkpoints'}", "--restore_checkpoint_step=2")
     devices, source = 4, "2 stages x 2 layers (unrolled)"
-    target = "4 stages x 1 layers (unrolled)"
+    target = "4 stages x 1 layer (unrolled)"
   else:  # the plain template, from its own job_log_dir (a copy of the step-2 checkpoint)
     (job / "checkpoints").mkdir(parents=True)
     shutil.copytree(ref / "checkpoints" / "checkpoint_00000002",

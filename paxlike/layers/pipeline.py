@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paxlike.errors import UserError
+from paxlike.errors import UserError, counted
 
 STAGE_AXIS = "stage"  # the logical (and mesh) axis of the stage dimension
 REPEAT_AXIS = "circular_repeat"  # the logical axis of the circular repeats (not sharded)
@@ -87,7 +87,7 @@ class Layout:
     inner = "scanned" if self.use_repeated_layer else "unrolled"
     if self.num_stages is None:
       return f"{self.num_layers} layers, {inner}"
-    text = f"{self.num_stages} stages x {self.layers_per_stage} layers ({inner})"
+    text = f"{self.num_stages} stages x {counted(self.layers_per_stage, 'layer')} ({inner})"
     if self.circular_repeat > 1:
       text += f", circular repeat {self.circular_repeat}"
     return text
@@ -179,7 +179,7 @@ def check_batch(rows: int, num_stages: int, num_microbatches: int | None,
     raise UserError(f"NUM_MICROBATCHES x MICROBATCH_SIZE = {m} x {size} = {m * size} is not "
                     f"the batch of {rows} rows; set only one of them.")
   count = m if m is not None else rows // size
-  makes = f"the batch of {rows} rows makes {_count(count, 'microbatch', 'microbatches')}"
+  makes = f"the batch of {rows} rows makes {counted(count, 'microbatch', 'microbatches')}"
   if circular_repeat > 1 and count < num_stages:
     raise UserError(f"{makes}, fewer than NUM_STAGES={num_stages}: the circular schedule "
                     f"(CIRCULAR_REPEAT={circular_repeat}) needs at least one microbatch per "
@@ -189,10 +189,6 @@ def check_batch(rows: int, num_stages: int, num_microbatches: int | None,
                     f"stream buffer is [stages, microbatches / stages]), but {makes} on "
                     f"NUM_STAGES={num_stages}; make the count a multiple of {num_stages} or "
                     "drop STREAM_IO.")
-
-
-def _count(n: int, one: str, many: str) -> str:
-  return f"{n} {one if n == 1 else many}"
 
 
 # ------------------------------------------------------------ the schedule
