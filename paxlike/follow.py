@@ -24,7 +24,6 @@ are collective) and all follow process 0's answer (one broadcast per look).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -147,9 +146,7 @@ def folder_poll(directory: str) -> Callable[[], tuple[int | None, bool]]:
 def last_run_stopped(job_log_dir: str) -> dict[str, Any] | None:
   """What the job's last training run recorded when a signal stopped it ({signal, step}),
   or None (it is running, finished, failed, or the job has no record)."""
-  try:
-    with open(os.path.join(job_log_dir, "run_env.json")) as f:
-      stopped = json.load(f).get("stopped")
-  except (OSError, ValueError, AttributeError):
-    return None
+  from paxlike import xla_flags
+
+  stopped = (xla_flags.training_run_env(job_log_dir) or {}).get("stopped")
   return stopped if isinstance(stopped, dict) else None

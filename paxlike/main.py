@@ -295,19 +295,15 @@ def _training_overrides(cls: type, argv_flags: flags.FlagValues, given: list[str
   Returns:
     (that job or None, its KEY=VALUE texts, the directory its training started in).
   """
-  from paxlike import experiment, log
+  from paxlike import experiment, log, xla_flags
   from paxlike.inputs import vocabulary
 
   if argv_flags.mode == "train" or not argv_flags.job_log_dir:
     return None, [], None
   for job in _weights_jobs(os.path.abspath(os.path.expanduser(argv_flags.job_log_dir)),
                            argv_flags.restore_checkpoint_dir):
-    try:
-      with open(os.path.join(job, "run_env.json")) as f:
-        record = json.load(f)
+    if (record := xla_flags.training_run_env(job)) is not None:
       break
-    except (OSError, ValueError):
-      continue
   else:
     return None, [], None
   if not isinstance(record, dict) or record.get("mode") != "train" \

@@ -28,7 +28,6 @@ naming the step, and with fallback=True the damaged step is moved aside
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import shutil
@@ -124,11 +123,9 @@ def _own_steps(job_log_dir: str) -> dict[int, str]:
 
 def _previous_record(job_log_dir: str) -> dict[str, Any]:
   """The RECORD of the job's last training run ({} when it has none)."""
-  try:
-    with open(os.path.join(job_log_dir, "run_env.json")) as f:
-      record = json.load(f).get(RECORD)
-  except (OSError, ValueError, AttributeError):
-    return {}
+  from paxlike import xla_flags
+
+  record = (xla_flags.training_run_env(job_log_dir) or {}).get(RECORD)
   return record if isinstance(record, dict) else {}
 
 
@@ -206,7 +203,7 @@ def write_record(job_log_dir: str, restore: TrainRestore) -> None:
 
   entry = dict(restore.record)
   if "since" in entry and entry["since"] is None:
-    entry["since"] = os.stat(os.path.join(job_log_dir, "run_env.json")).st_mtime
+    entry["since"] = os.stat(os.path.join(job_log_dir, xla_flags.TRAINING_RUN_ENV)).st_mtime
   xla_flags.update_run_env(job_log_dir, {RECORD: entry})
 
 

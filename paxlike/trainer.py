@@ -486,7 +486,8 @@ class _TrainRun:
     result.goodput = self.gp.write(self.job_log_dir) if self.is_chief else self.gp.report()
     logging.info("%s", self.gp.summary_line())
     if result.stopped_by:
-      if self.is_chief and os.path.exists(os.path.join(self.job_log_dir, "run_env.json")):
+      if self.is_chief and os.path.exists(os.path.join(self.job_log_dir,
+                                                            xla_flags.TRAINING_RUN_ENV)):
         # An evaler beside the job waits for the rerun (follow.py).
         xla_flags.update_run_env(self.job_log_dir, {"stopped": {
             "signal": result.stopped_by, "step": result.final_step}})

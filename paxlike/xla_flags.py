@@ -382,7 +382,19 @@ def run_env(extra: dict[str, Any] | None = None) -> dict[str, Any]:
   return env
 
 
-_RUN_ENV = ["run_env.json"]  # this process's record: <mode>_run_env.json outside training
+TRAINING_RUN_ENV = "run_env.json"  # a training run's record; other modes' are <mode>_run_env.json
+_RUN_ENV = [TRAINING_RUN_ENV]  # this process's record: <mode>_run_env.json outside training
+
+
+def training_run_env(job_log_dir: str) -> dict[str, Any] | None:
+  """The record of the job's last training run (its run_env.json): None when there is no
+  readable one, {} when it holds no JSON object."""
+  try:
+    with open(os.path.join(job_log_dir, TRAINING_RUN_ENV)) as f:
+      env = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return env if isinstance(env, dict) else {}
 
 
 def set_run_env_name(name: str) -> None:
