@@ -83,9 +83,8 @@ def find_source(own: ckpt_lib.Checkpointer, restore_checkpoint_dir: str | None,
   """
   own_steps = own.all_steps()
   if own_steps:
-    # Another job's checkpoints (and the step in them) only start a job with none.
-    another = restore_checkpoint_dir and not _is_own(own.directory, restore_checkpoint_dir)
-    return _pick(own, own_steps, None if another else restore_checkpoint_step, True)
+    # (train_restore drops another job's step once the job has checkpoints of its own.)
+    return _pick(own, own_steps, restore_checkpoint_step, True)
   if restore_checkpoint_dir:
     other = _read_only(ckpt_lib.resolve_restore_dir(restore_checkpoint_dir))
     steps = other.all_steps()
@@ -163,10 +162,11 @@ def train_restore(job_log_dir: str, restore_checkpoint_dir: str | None,
       restore_checkpoint_step}
   steps = _own_steps(job_log_dir)
   if restore_checkpoint_dir and not _is_own(own_dir, restore_checkpoint_dir):
-    note = (f"--restore_checkpoint_dir and --restore_checkpoint_step are not used: the job "
-            f"continues from its own step {max(steps)} (they start a job with no checkpoint)"
-            if steps else None)
-    return TrainRestore(restore_checkpoint_step, record, note)
+    if not steps:  # they start the job
+      return TrainRestore(restore_checkpoint_step, record)
+    return TrainRestore(None, record, (
+        f"--restore_checkpoint_dir and --restore_checkpoint_step are not used: the job "
+        f"continues from its own step {max(steps)} (they start a job with no checkpoint)"))
   step = restore_checkpoint_step
   if step is None:  # the job's own folder, its newest step: no rollback
     return TrainRestore(None, record)
