@@ -84,18 +84,20 @@ class BaseExperiment:
         reads.add(name)
     return object.__getattribute__(self, name)
 
-  def not_used(self, *names: str, reason: str) -> None:
+  def not_used(self, *names: str, reason: str, config: str | None = None) -> None:
     """Declares these hyperparameters consulted but not used in this configuration.
 
     A template calls this for knobs that legitimately do nothing here (the
     other schedule's LR_* when LR_SCHEDULE picks one): set on a class they
     pass the read check with a warning that gives the reason; set by `--set`
     they are refused with it, since the user asked for something that has no
-    effect.
+    effect. config: the task's sub-config they would feed (a dotted path,
+    "train.learner.optimizer"); where the user's task() replaces it with
+    another class's, that replacement is the reason given instead.
     """
     unused = self.__dict__.setdefault("_hparam_unused", {})
     for name in names:
-      unused[name] = reason
+      unused[name] = (reason, config)
 
   def task(self) -> Any:
     """A fiddle config of the task: model + learner + train settings."""
@@ -585,7 +587,7 @@ def untracked(exp: BaseExperiment) -> Iterator[None]:
 def start_read_tracking(exp: BaseExperiment) -> None:
   """From here on, reads of UPPERCASE attributes are recorded (check_all_read)."""
   exp.__dict__["_hparam_reads"] = set()
-  exp.__dict__["_hparam_unused"] = {}
+  exp.__dict__["_hparam_unused"] = {}  # name -> (reason, config path or None): not_used
 
 
 def hparams_read(exp: BaseExperiment) -> set[str]:
@@ -641,7 +643,7 @@ def unread_hparams(exp: BaseExperiment) -> list[str]:
   of one is still refused: the user asked for something with no effect.
   """
   reads = hparams_read(exp)
-  unused = exp.__dict__.get("_hparam_unused", {})
+  unused = _UnusedReasons(exp)
   defined = class_hparams(type(exp))
   known = sorted(reads | set(defined))
   base = set(class_hparams(BaseExperiment))
@@ -677,6 +679,46 @@ def unread_hparams(exp: BaseExperiment) -> list[str]:
     reason = unused.get(name) or _inactive_reason(exp, name) or _describe_unread(name, known)
     lines.append(f"--set {name}={_show(value)}: nothing reads it; {_sentence(reason)}")
   return lines
+
+
+class _UnusedReasons:
+  """The reasons templates gave with not_used, by name (get), where a reason about a
+  sub-config the user's task() replaced with another class's says so instead: the
+  template's OPTIMIZER='adafactor' is not what leaves ADAM_EPSILON unread when task()
+  calls Pax's set_default_adam."""
+
+  def __init__(self, exp: BaseExperiment) -> None:
+    self._exp = exp
+    self._declared = exp.__dict__.get("_hparam_unused", {})
+    self._replaced: dict[str, str] | None = None
+
+  def __contains__(self, name: str) -> bool:
+    return name in self._declared
+
+  def get(self, name: str) -> str | None:
+    if name not in self._declared:
+      return None
+    reason, config = self._declared[name]
+    parts = config.split(".") if config else []
+    for path in (".".join(parts[:n]) for n in range(1, len(parts) + 1)):
+      replacement = self._replacements().get(path)
+      if replacement:
+        return (f"{method_owner(self._exp, 'task')}() replaces task.{path} with its own "
+                f"{replacement}, which does not read it")
+    return reason
+
+  def _replacements(self) -> dict[str, str]:
+    """Sub-config path -> the user's replacement, where task() put another class's."""
+    if self._replaced is None:
+      self._replaced = {}
+      user = self._exp.__dict__.get("_task_config")
+      base = _template_flat(self._exp) if user is not None else None
+      if base:
+        flat = _flatten(user)
+        self._replaced = {path: str(flat[path]) for path, was in base.items()
+                          if isinstance(was, _Callable) and isinstance(flat.get(path), _Callable)
+                          and flat[path] != was}
+    return self._replaced
 
 
 def _inactive_reason(exp: BaseExperiment, name: str) -> str | None:
@@ -873,23 +915,42 @@ def overwritten_overrides(exp: BaseExperiment, task_cfg: Any) -> list[str]:
   overrides = exp.__dict__.get("_overrides", {})
   if template is None or not overrides:
     return []
+  base = _template_flat(exp)
+  if base is None:
+    return []
   lines = []
+  user = _flatten(task_cfg)
+  with _template_builds(exp):
+    for key, value in overrides.items():
+      lines += _overwritten(exp, template, key, value, base, user)
+  return lines
+
+
+@contextlib.contextmanager
+def _template_builds(exp: BaseExperiment) -> Iterator[None]:
+  """Builds of paxlike's own task() that are not the run's: no reads are recorded, and
+  the knobs they declare not used (for other values) are forgotten after."""
   d = exp.__dict__
-  # The builds with other values declare knobs not used for those values: not this run's.
   unused = dict(d.get("_hparam_unused", {}))
   with untracked(exp):
     try:
-      try:
-        base = _flatten(template())
-      except Exception:  # noqa: BLE001  (the user's task() works without this template)
-        return []
-      user = _flatten(task_cfg)
-      for key, value in overrides.items():
-        lines += _overwritten(exp, template, key, value, base, user)
+      yield
     finally:
       if "_hparam_unused" in d:
         d["_hparam_unused"] = unused
-  return lines
+
+
+def _template_flat(exp: BaseExperiment) -> dict[str, Any] | None:
+  """_flatten of paxlike's own task() under the user's override, or None (not overridden,
+  or the template fails where the user's task() does not)."""
+  template = _template_task(exp)
+  if template is None:
+    return None
+  with _template_builds(exp):
+    try:
+      return _flatten(template())
+    except Exception:  # noqa: BLE001  (the user's task() works without this template)
+      return None
 
 
 def _overwritten(exp: BaseExperiment, template: Callable[[], Any], key: str, value: Any,
@@ -967,6 +1028,7 @@ def task_config(exp: BaseExperiment) -> Any:
   task_cfg = call_user(exp, "task")
   for note in resolve_pax_tree(task_cfg):
     logging.warning("%s", note)
+  exp.__dict__["_task_config"] = task_cfg  # for check_all_read's reasons (_UnusedReasons)
   lines = overwritten_overrides(exp, task_cfg)
   if lines:
     raise UserError("\n".join(lines))

@@ -129,12 +129,14 @@ class AdamTraining(BaseExperiment):
     chosen = knobs.get(schedule, ())
     for names in knobs.values():
       if names is not chosen:
-        self.not_used(*names, reason=f"LR_SCHEDULE={schedule!r} does not read it")
+        self.not_used(*names, reason=f"LR_SCHEDULE={schedule!r} does not read it",
+                      config="train.learner.optimizer.lr_schedule")
     optimizer = self.OPTIMIZER
     adam = ("ADAM_BETA1", "ADAM_BETA2", "ADAM_EPSILON", "ADAM_EPSILON_ROOT",
             "ADAM_CLIP_THRESHOLD")
     if optimizer != "adam":
-      self.not_used(*adam, reason=f"OPTIMIZER={optimizer!r} is not Adam")
+      self.not_used(*adam, reason=f"OPTIMIZER={optimizer!r} is not Adam",
+                    config="train.learner.optimizer")
     sched = dict(zip(("warmup_steps", "decay_start", "decay_end", "min_ratio", "max"),
                      (getattr(self, n) for n in chosen), strict=False))
     learning_rate = self.LEARNING_RATE

@@ -174,6 +174,27 @@ def test_a_string_set_that_task_replaces_is_refused_quoting_the_users_value():
   assert "\n" not in str(e.value)
 
 
+def test_an_adam_knob_under_a_replaced_optimizer_names_the_replacement():
+  # The template's Adafactor leaves ADAM_EPSILON unread, but so does the Adam that
+  # set_default_adam puts in its place: the reason is task()'s, not OPTIMIZER's.
+  # (Pax's LmCloudSpmdPipeline: the Adafactor template, set_default_adam in task().)
+  class AdafactorTemplate(_DefaultAdam):
+    OPTIMIZER = "adafactor"
+
+  with pytest.raises(UserError) as e:
+    _build(AdafactorTemplate, [*SMALL, "ADAM_EPSILON=1e-7"])
+  assert str(e.value) == (
+      "--set ADAM_EPSILON=1e-07: nothing reads it; _DefaultAdam.task() replaces "
+      "task.train.learner.optimizer with its own Adam config, which does not read it.")
+  # The schedule's knobs sit inside the replaced optimizer too.
+  with pytest.raises(UserError, match=r"^--set LR_LRED_WARMUP=5: nothing reads it; "
+                     r"_DefaultAdam\.task\(\) replaces task\.train\.learner\.optimizer "):
+    _build(AdafactorTemplate, [*SMALL, "LR_LRED_WARMUP=5"])
+  # Without the replacement the template's own reason stands.
+  with pytest.raises(UserError, match=r"OPTIMIZER='adafactor' is not Adam"):
+    _build(registry.get(TINY), [*SMALL, "OPTIMIZER=adafactor", "ADAM_EPSILON=1e-7"])
+
+
 def test_a_not_used_reason_names_the_users_value_not_a_probe():
   # Checking LR_SCHEDULE against task() builds the template with other schedules; the
   # reason LR_LRED_WARMUP is not read is still the user's schedule.
