@@ -30,11 +30,14 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import serialization
 
+from paxlike.checkpoint_folders import (  # noqa: F401  (checkpoint_dir: also named here)
+    STEP_DIGITS,
+    STEP_PREFIX,
+    checkpoint_dir,
+)
 from paxlike.errors import UserError
 from paxlike.partitioning.host_blocks import process_copy
 
-STEP_PREFIX = "checkpoint"
-STEP_DIGITS = 8
 FORMATS = ("tensorstore", "msgpack")
 MSGPACK_FILE = "state.msgpack"
 
@@ -148,10 +151,6 @@ def _quiet_absl(quiet: bool):
     yield
   finally:
     absl_logging.set_verbosity(before)
-
-
-def checkpoint_dir(job_log_dir: str) -> str:
-  return os.path.join(job_log_dir, "checkpoints")
 
 
 def path_name(path: tuple[Any, ...]) -> str:

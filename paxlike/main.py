@@ -21,6 +21,7 @@ if __package__ in (None, ""):
 
 from absl import app, flags  # noqa: E402
 
+from paxlike import checkpoint_folders  # noqa: E402
 from paxlike.command_line import (  # noqa: E402
   FLAGS,
   FOLLOWING_MODES,
@@ -101,7 +102,7 @@ def run(argv_flags: flags.FlagValues) -> int:
   # Nothing is created in job_log_dir until the experiment's configs are built and
   # every hyperparameter the user wrote was read (experiment.build_checked).
   job_log_dir = _job_log_dir_path(argv_flags.job_log_dir)
-  if (argv_flags.mode in ("export", "infer") and not _checkpoint_steps(job_log_dir)
+  if (argv_flags.mode in ("export", "infer") and not checkpoint_folders.step_folders(job_log_dir)
       and not (argv_flags.restore_checkpoint_dir or argv_flags.init_from or exp.INIT_FROM)):
     raise _no_checkpoint(job_log_dir, argv_flags.mode)  # before a vocabulary is looked for
   _use_job_vocabulary(exp, job_log_dir, argv_flags)
@@ -352,14 +353,6 @@ def _job_files(exp: Any, job: str | None, cwd: str | None) -> None:
     exp._overrides[key] = where
 
 
-def _checkpoint_steps(job_log_dir: str) -> list[int]:
-  """The steps of job_log_dir/checkpoints/checkpoint_<step> folders, sorted (read before
-  any backend starts: no orbax)."""
-  folder = os.path.join(job_log_dir, "checkpoints")
-  names = os.listdir(folder) if os.path.isdir(folder) else []
-  return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"checkpoint_(\d+)", n)))
-
-
 def _weights_jobs(job_log_dir: str, restore_dir: str | None) -> list[str]:
   """Where a run looks for the records of how its weights were trained: the job whose
   checkpoint --restore_checkpoint_dir gives (its checkpoints/ folder or one checkpoint in
@@ -394,7 +387,7 @@ def _use_job_vocabulary(exp: Any, job_log_dir: str, argv_flags: flags.FlagValues
                     "drop --init_from (the tokenizer is that of the checkpoint's job).")
   init_from = initial.InitFrom.of(exp, None)  # exp.INIT_FROM holds --init_from already
   # A dry run needs only the shapes, and a job with checkpoints starts from its own.
-  if init_from and mode != "dry_run" and not _checkpoint_steps(job_log_dir):
+  if init_from and mode != "dry_run" and not checkpoint_folders.step_folders(job_log_dir):
     init_from.check_exists()
   setting = getattr(exp, "VOCABULARY", None)
   spec = vocabulary.for_job(setting, init_from.vocabulary_dir() if init_from else None,

@@ -33,8 +33,8 @@ import re
 import shutil
 from typing import Any
 
+from paxlike import checkpoint_folders, initial, relayout
 from paxlike import checkpoints as ckpt_lib
-from paxlike import initial, relayout
 from paxlike import log as logging
 from paxlike.errors import UserError
 
@@ -112,14 +112,6 @@ class TrainRestore:
   note: str | None = None  # why the flags are not used, for the log
 
 
-def _own_steps(job_log_dir: str) -> dict[int, str]:
-  """{step: folder} of job_log_dir's complete checkpoints (folder names; no orbax)."""
-  folder = ckpt_lib.checkpoint_dir(job_log_dir)
-  names = os.listdir(folder) if os.path.isdir(folder) else []
-  return {int(m.group(1)): os.path.join(folder, n) for n in names
-          if (m := re.fullmatch(rf"{ckpt_lib.STEP_PREFIX}_(\d+)", n))}
-
-
 def _previous_record(job_log_dir: str) -> dict[str, Any]:
   """The RECORD of the job's last training run ({} when it has none)."""
   from paxlike import xla_flags
@@ -160,7 +152,7 @@ def train_restore(job_log_dir: str, restore_checkpoint_dir: str | None,
   record = {"restore_checkpoint_dir": restore_checkpoint_dir and os.path.abspath(
       os.path.expanduser(restore_checkpoint_dir)), "restore_checkpoint_step":
       restore_checkpoint_step}
-  steps = _own_steps(job_log_dir)
+  steps = checkpoint_folders.step_folders(job_log_dir)
   if restore_checkpoint_dir and not _is_own(own_dir, restore_checkpoint_dir):
     if not steps:  # they start the job
       return TrainRestore(restore_checkpoint_step, record)
