@@ -171,7 +171,7 @@ def analyse(exp: Any) -> dict[str, Any]:
   from paxlike import mesh as mesh_lib
   from paxlike import train_state as ts
   from paxlike.partitioning import SpmdPartitioner
-  from paxlike.steps import accumulation_knob, batch_shards, check_microbatches, make_train_step
+  from paxlike.steps import check_step_batch, make_train_step
 
   shape, n = mesh_size(exp)
   devices = jax.devices()[:n]
@@ -187,10 +187,7 @@ def analyse(exp: Any) -> dict[str, Any]:
     raise UserError(f"{type(exp).__name__}.datasets() has no input with is_training=True.")
   specs = input_specs(train_cfgs[0], task.model)
   global_batch = next(iter(specs.values())).shape[0]
-  partitioner.check_global_batch(global_batch)
-  check_microbatches(global_batch, task.train.num_microbatches, batch_shards(partitioner),
-                     accumulation_knob(partitioner))
-  task.model.check_batch(global_batch // task.train.num_microbatches)
+  check_step_batch(task.model, partitioner, global_batch, task.train.num_microbatches)
 
   tx = task.learner.transform()
   t0 = time.perf_counter()

@@ -142,6 +142,7 @@ def run(argv_flags: flags.FlagValues) -> int:
   except UserError:
     if before is not None and run_timer.steps == 0:  # refused before its first step
       before.put_back()
+      _unclaim_job_log_dir(job_log_dir, lock, created)
     raise
   if (line := cache.line()) is not None:
     import jax
@@ -401,8 +402,13 @@ def _dry_run(exp: Any, job_log_dir: str, argv_flags: flags.FlagValues) -> int:
 
   dry_run.ensure_fake_devices(dry_run.mesh_size(exp)[1])  # may restart this process
   experiment.build_checked(exp)
-  return dry_run.run(exp, _prepare_job_log_dir(job_log_dir), argv_flags.target,
-                     layouts=argv_flags.dry_run_layouts, overrides=_set_flags(argv_flags.set))
+  created = not os.path.exists(job_log_dir)
+  try:
+    return dry_run.run(exp, _prepare_job_log_dir(job_log_dir), argv_flags.target,
+                       layouts=argv_flags.dry_run_layouts, overrides=_set_flags(argv_flags.set))
+  except UserError:
+    _unclaim_job_log_dir(job_log_dir, None, created)  # a refused run leaves no directory
+    raise
 
 
 def _start_backend(exp: Any, job_log_dir: str, argv_flags: flags.FlagValues,
@@ -813,7 +819,7 @@ def _train_options(built: _Built, partitioner: Any, job_log_dir: str,
   """The trainer's options from the flags, with the evaluator and, for training, the peak."""
   import jax
 
-  from paxlike import evaluator, flops, trainer, xla_flags
+  from paxlike import evaluator, flops, steps, trainer, xla_flags
 
   model = built.task.model
   options = trainer.TrainOptions(
@@ -831,11 +837,15 @@ def _train_options(built: _Built, partitioner: Any, job_log_dir: str,
       raise UserError(f"--device_memory_gib={argv_flags.device_memory_gib} must be positive.")
     options.device_memory_bytes = int(argv_flags.device_memory_gib * (1 << 30))
   if argv_flags.mode == "train":
+    # A batch the step cannot divide is refused before the peak is measured or a pipeline's
+    # schedule logged.
+    global_batch = built.train_input.get_global_batch_size()
+    num_microbatches = built.task.train.num_microbatches
+    steps.check_step_batch(model, partitioner, global_batch, num_microbatches)
     options.peak_flops_per_device, peak_source = flops.resolve_peak(
         jax.local_devices(), model.compute_dtype(), argv_flags.peak_tflops_per_device)
     # A pipeline's schedule and bubble: in run_env.json and the log (MFU includes the bubble).
-    pipeline = flops.pipeline_schedule(model, built.train_input.get_global_batch_size()
-                                       // built.task.train.num_microbatches)
+    pipeline = flops.pipeline_schedule(model, global_batch // num_microbatches)
     if pipeline is not None:
       from paxlike import log
 

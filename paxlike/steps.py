@@ -83,6 +83,17 @@ def check_microbatches(global_batch: int, num_microbatches: int, batch_shards: i
         f"{knob} or the batch size.")
 
 
+def check_step_batch(model: Any, partitioner: Any, global_batch: int,
+                     num_microbatches: int) -> None:
+  """Raises UserError unless a training step's batch of global_batch rows divides over the
+  partitioner's batch shards, into num_microbatches gradient-accumulation slices that each
+  divide over them too, and into what the model needs (a pipeline's microbatches)."""
+  partitioner.check_global_batch(global_batch)
+  check_microbatches(global_batch, num_microbatches, batch_shards(partitioner),
+                     accumulation_knob(partitioner))
+  model.check_batch(global_batch // num_microbatches)
+
+
 def _accumulated_grads(grad_fn: Callable, params: Any, batch: dict[str, jax.Array],
                        key: jax.Array, num_microbatches: int,
                        select: Callable[[Any], Any] | None = None):

@@ -37,7 +37,7 @@ from paxlike import log as logging
 from paxlike import profiler as prof_lib
 from paxlike import train_state as ts
 from paxlike.inputs.base_input import BaseInput, input_specs
-from paxlike.steps import accumulation_knob, batch_shards, check_microbatches, make_train_step
+from paxlike.steps import check_step_batch, make_train_step
 from paxlike.task import RunningMode, Task
 
 
@@ -171,11 +171,8 @@ def build_train_program(task: Task, train_input: BaseInput, partitioner: Any,
   global_specs = global_input_specs(train_input)
   sample_batch = model.init_batch(global_specs)
   global_batch = next(iter(global_specs.values())).shape[0]
-  partitioner.check_global_batch(global_batch)
   num_microbatches = task.train.num_microbatches
-  check_microbatches(global_batch, num_microbatches, batch_shards(partitioner),
-                     accumulation_knob(partitioner))
-  model.check_batch(global_batch // num_microbatches)
+  check_step_batch(model, partitioner, global_batch, num_microbatches)
   abstract, logical = ts.task_logical_specs(task, sample_batch)
   partitioner.set_state_specs(logical)
   step_fn = partitioner.compile(make_train_step(task.model, tx, schedule, partitioner.reduce,

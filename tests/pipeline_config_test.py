@@ -247,15 +247,24 @@ def test_a_four_axis_mesh_on_an_unpipelined_experiment_is_one_line():
   assert "data_expert" in text
 
 
-def test_the_cli_refuses_with_exit_2_and_leaves_no_job_dir(tmp_path):
+@pytest.mark.parametrize("mode,setting,error", [
+    ("train", "NUM_MICROBATCHES=3", "NUM_MICROBATCHES=3 does not divide the batch of 4 rows."),
+    # Refused by the step's batch check, which comes after the job's directory is made.
+    ("train", "GRADIENT_ACCUMULATION_STEPS=3", "GRADIENT_ACCUMULATION_STEPS=3 must be a "
+     "positive divisor of the global batch 4"),
+    ("dry_run", "GRADIENT_ACCUMULATION_STEPS=3", "GRADIENT_ACCUMULATION_STEPS=3 must be a "
+     "positive divisor of the global batch 4"),
+])
+def test_the_cli_refuses_with_exit_2_and_leaves_no_job_dir(tmp_path, mode, setting, error):
   job = tmp_path / "job"
-  proc = run_cli([f"--exp={PIPE}", f"--job_log_dir={job}", "--set", "NUM_MICROBATCHES=3",
+  proc = run_cli([f"--exp={PIPE}", f"--job_log_dir={job}", f"--mode={mode}", "--set", setting,
                   *[a for s in SMALL for a in ("--set", s)]], cwd=tmp_path, devices=2)
   assert proc.returncode == 2, describe(proc)
   errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-  assert errors == ["error: NUM_MICROBATCHES=3 does not divide the batch of 4 rows."], describe(
-      proc)
+  assert len(errors) == 1 and errors[0].startswith(f"error: {error}"), describe(proc)
   assert not job.exists()
+  # No schedule of microbatches the batch cannot make is logged before the refusal.
+  assert "pipeline: GPipe" not in proc.stderr + proc.stdout, describe(proc)
 
 
 # ---------------------------------------------------------------- accounting
