@@ -654,6 +654,15 @@ class _JobFiles:
   def __init__(self, job_log_dir: str) -> None:
     self.root = job_log_dir
     self.kept = {path: self._read(path) for path in self._ours()}
+    self.folders = self._folders()
+
+  def _folders(self) -> set[str]:
+    """job_log_dir's folders, not looking inside its checkpoints."""
+    out = set()
+    for dirpath, dirnames, _ in os.walk(self.root):
+      out.add(dirpath)
+      dirnames[:] = [d for d in dirnames if not d.startswith(f"{checkpoint_folders.STEP_PREFIX}_")]
+    return out
 
   def _ours(self) -> list[str]:
     """The run's own files: top-level files, summaries/train, eval_train, vocabulary/."""
@@ -682,9 +691,10 @@ class _JobFiles:
       elif self.kept[path] is not None and self._read(path) != self.kept[path]:
         with open(path, "wb") as f:
           f.write(self.kept[path])
-    for sub in (*self.FOLDERS[:-1], "summaries"):
+    # Folders this run made (checkpoints/, summaries/...) and left empty, deepest first.
+    for folder in sorted(self._folders() - self.folders, key=len, reverse=True):
       try:
-        os.rmdir(os.path.join(self.root, sub))  # only a folder this run left empty
+        os.rmdir(folder)  # only ever an empty one
       except OSError:
         pass
 

@@ -13,12 +13,19 @@ SMALL = ["--set", "NUM_TRAIN_STEPS=4", "--set", "CHECKPOINT_EVERY_N_STEPS=2",
 
 
 def test_a_budget_below_the_step_is_refused_before_step_1_and_keeps_the_job(tmp_path):
+  # A new job refused so leaves no folder (not even an empty checkpoints/).
+  new = tmp_path / "new"
+  proc = run_cli([f"--exp={TINY}", f"--job_log_dir={new}", "--device_memory_gib=0.0001",
+                  *SMALL], REPO_ROOT)
+  assert proc.returncode == 2 and "GiB per device" in proc.stderr, describe(proc)
+  assert not new.exists(), sorted(new.rglob("*"))
   job = tmp_path / "job"
   first = run_cli([f"--exp={TINY}", f"--job_log_dir={job}", *SMALL], REPO_ROOT)
   assert first.returncode == 0, describe(first)
   kept = sorted(p.name for p in (job / "checkpoints").iterdir())
   files = {p: p.read_bytes() for p in job.rglob("*")
            if p.is_file() and "checkpoints" not in p.parts and p.name != "job.lock"}
+  folders = {p for p in job.rglob("*") if p.is_dir()}
   more = [*SMALL, "--set", "NUM_TRAIN_STEPS=6"]
   proc = run_cli([f"--exp={TINY}", f"--job_log_dir={job}", "--device_memory_gib=0.0001", *more],
                  REPO_ROOT)
@@ -33,6 +40,7 @@ def test_a_budget_below_the_step_is_refused_before_step_1_and_keeps_the_job(tmp_
   # Its records (another NUM_TRAIN_STEPS) and summary files are put back: the job is as it was.
   assert {p: p.read_bytes() for p in job.rglob("*") if p.is_file() and "checkpoints" not in
           p.parts and p.name != "job.lock"} == files
+  assert {p for p in job.rglob("*") if p.is_dir()} == folders
   # A budget that holds the step trains on from the kept checkpoint.
   ok = run_cli([f"--exp={TINY}", f"--job_log_dir={job}", "--device_memory_gib=8", *more],
                REPO_ROOT)
