@@ -48,7 +48,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from paxlike import decoding, log, summaries
-from paxlike.errors import UserError
+from paxlike.errors import UserError, counted
 from paxlike.inputs.base_input import BaseInput
 from paxlike.inputs.text import TextInput, read_rows
 from paxlike.models.base import split_weighted, weighted_means, weighted_sums
@@ -434,7 +434,8 @@ class Evaluator:
                                      f"infer_{step:08d}_{settings_tag(self.settings)}"))
       if self.is_chief:
         _write_jsonl(path, rows)
-      log.info("infer %s at step %d: %d predictions -> %s", inp.name, step, len(rows), path)
+      log.info("infer %s at step %d: %s -> %s", inp.name, step, counted(len(rows), "prediction"),
+               path)
       results[inp.name] = (len(rows), path)
     return results
 

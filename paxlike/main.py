@@ -29,7 +29,7 @@ from paxlike.command_line import (  # noqa: E402
   fail,
   parse_flags,
 )
-from paxlike.errors import UserError  # noqa: E402
+from paxlike.errors import UserError, counted  # noqa: E402
 
 
 def _job_log_dir_path(path: str | None) -> str:
@@ -920,7 +920,7 @@ def _run_on_restored(built: _Built, partitioner: Any, job_log_dir: str,
     return 0
   if mode == "infer":  # predictions only: no metrics, no summaries
     for name, (count, path) in options.evaluator.infer(state, step).items():
-      print(f"infer {name} at step {step}: {count} predictions -> {path}")
+      print(f"infer {name} at step {step}: {counted(count, 'prediction')} -> {path}")
   return 0
 
 

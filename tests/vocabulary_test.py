@@ -361,7 +361,7 @@ def test_the_job_records_its_tokenizer_and_infer_reads_it_later(llama_job, llama
   assert proc.returncode == 0, describe(proc)
   run_env = json.loads((job / "infer_run_env.json").read_text())  # Pax's <mode>_ prefix
   assert run_env["vocabulary"] == str(job / "vocabulary" / "tokenizer.json"), run_env
-  out = Path(proc.stdout.split("predictions -> ")[-1].strip())
+  out = Path(proc.stdout.split(" -> ")[-1].strip())
   rows = [json.loads(line) for line in out.read_text().splitlines()]
   # Each input as the file gives it (a chat row's messages), each with a generation.
   assert [r["input"] for r in rows] == ["12+34=", "hello world",
@@ -543,7 +543,7 @@ def test_fine_tune_on_files_from_the_hf_directory_then_transformers_generates_li
                   f"--infer_input={prompts}", "--decode_max_length=6", *sets], tmp_path,
                  timeout=600, pythonpath=[REPO_ROOT])
   assert proc.returncode == 0, describe(proc)
-  out = Path(proc.stdout.split("predictions -> ")[-1].strip())
+  out = Path(proc.stdout.split(" -> ")[-1].strip())
   predictions = [json.loads(line)["prediction"] for line in out.read_text().splitlines()]
   export = tmp_path / "hf_out"
   proc = run_cli(["--exp=LlamaArithmeticTiny", f"--job_log_dir={job}", "--mode=export",
@@ -599,7 +599,7 @@ def _t5_hf_dir(t5_sp_dir: Path, out: Path) -> Path:
 
 def _predictions(proc) -> list[str]:
   assert proc.returncode == 0, describe(proc)
-  out = Path(proc.stdout.split("predictions -> ")[-1].strip())
+  out = Path(proc.stdout.split(" -> ")[-1].strip())
   return [json.loads(line)["prediction"] for line in out.read_text().splitlines()]
 
 
