@@ -194,7 +194,9 @@ class Recorder:
       stepping = steady_total + first_exec
       if self.steps:
         out["restart_redo"] = stepping * self.redo_steps / self.steps
-        out["productive"] = stepping - out["restart_redo"]
+        # redo_steps <= steps: a negative difference is float residue (every step re-done
+        # gives -4e-16, which the log would show as 'goodput -0.0%'), so it is 0.
+        out["productive"] = max(stepping - out["restart_redo"], 0.0)
     else:
       out["startup"] = max(wall - sum(out.values()), 0.0)
     out["other"] = max(wall - sum(out.values()), 0.0)

@@ -41,7 +41,8 @@ def config_name(value: Any) -> str:
     return f"Config({getattr(target, '__name__', type(target).__name__)})"
   if isinstance(value, str | int | float | bool | type(None)):
     return repr(value)
-  return f"a {type(value).__name__}"
+  name = type(value).__name__
+  return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 @dataclasses.dataclass
@@ -93,6 +94,15 @@ class Learner:
   bprop_variable_inclusion: Sequence[str] = ()
   bprop_variable_exclusion: Sequence[str] = ()
 
+  def __new__(cls, *args: Any, **kwargs: Any) -> Learner:
+    # The fields the caller passed: fdl.build passes a config's explicitly set arguments
+    # only (its __arguments__), so these are the ones a template or the user's task() set,
+    # whatever their value; __post_init__ refuses a set one a praxis optimizer does not read.
+    self = super().__new__(cls)
+    names = [f.name for f in dataclasses.fields(cls)][:len(args)] + list(kwargs)
+    object.__setattr__(self, "_set_fields", frozenset(names))
+    return self
+
   def __post_init__(self) -> None:
     for field in ("bprop_variable_inclusion", "bprop_variable_exclusion"):
       patterns = getattr(self, field)
@@ -111,8 +121,9 @@ class Learner:
         raise UserError(f"learner.optimizer is {config_name(self.optimizer)}, which paxlike's "
                         f"learner cannot run; use one of {OPTIMIZERS} or a praxis optimizer "
                         "config (optimizers.Adam, optimizers.ShardedAdafactor, ...).")
+      set_fields = getattr(self, "_set_fields", frozenset())
       for f in dataclasses.fields(self):
-        if f.name in KNOB_FIELDS and getattr(self, f.name) != f.default:
+        if f.name in KNOB_FIELDS and (f.name in set_fields or getattr(self, f.name) != f.default):
           raise UserError(f"learner.{f.name}={getattr(self, f.name)!r} is not read when "
                           f"learner.optimizer is {config_name(self.optimizer)}, which says "
                           f"the rate, schedule and clipping itself; set it on the optimizer "

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from paxlike.errors import UserError
+from paxlike.errors import UserError, counted
 
 if TYPE_CHECKING:  # jax is imported where a mesh is built: experiments read the names only
   import jax
@@ -178,8 +178,9 @@ def build(ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int] | None = 
   want = _product(ici) * _product(dcn)
   if want != len(devices):
     raise UserError(
-        f"the mesh {ici_name}={ici} x DCN_MESH_SHAPE={dcn} needs {want} devices but "
-        f"{len(devices)} are available; change the mesh shape or the device count.")
+        f"the mesh {ici_name}={ici} x DCN_MESH_SHAPE={dcn} needs {counted(want, 'device')} "
+        f"but {len(devices)} {'is' if len(devices) == 1 else 'are'} available; change the mesh "
+        "shape or the device count.")
   if _product(dcn) > 1:
     num_processes = len({d.process_index for d in devices})
     num_slices = len({getattr(d, "slice_index", 0) for d in devices})

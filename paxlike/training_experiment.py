@@ -16,7 +16,7 @@ import fiddle as fdl
 import jax
 
 from paxlike import config
-from paxlike.errors import UserError
+from paxlike.errors import UserError, counted
 from paxlike.experiment import BaseExperiment
 from paxlike.layers.linear import LORA_NAMES, lora_targets
 from paxlike.learners import Learner
@@ -306,7 +306,7 @@ def pax_batch_size(name: str, percore: float, local_devices: int, processes: int
   if percore < 1:
     global_batch = percore * local_devices * processes
     if global_batch != int(global_batch) or global_batch < 1:
-      raise UserError(f"{name}={percore} on {local_devices * processes} devices gives a "
+      raise UserError(f"{name}={percore} on {counted(local_devices * processes, 'device')} gives a "
                       f"global batch of {global_batch:g} rows, not a whole number; pick a "
                       "per-core size whose product with the device count is an integer.")
     if int(global_batch) % processes:
@@ -315,7 +315,7 @@ def pax_batch_size(name: str, percore: float, local_devices: int, processes: int
                       "hosts idle; paxlike feeds every host); raise it.")
     return int(global_batch) // processes
   if per_host != int(per_host):
-    raise UserError(f"{name}={percore} on {local_devices} devices per host gives "
+    raise UserError(f"{name}={percore} on {counted(local_devices, 'device')} per host gives "
                     f"{per_host:g} rows per host, not a whole number; pick a per-core size "
                     "whose product with the device count is an integer.")
   return int(per_host)

@@ -76,7 +76,7 @@ CASES = [
     Case("unknown_set_key", [FAULT_EXP, "--set", "MODEL_DIM=32"], [r"MODEL_DIM\b", "MODEL_DIMS"]),
     Case("ill_typed_set", [FAULT_EXP, "--set", "NUM_LAYERS=two"], ["NUM_LAYERS", r"\bint\b"]),
     Case("mesh_device_mismatch", [FAULT_EXP, "--set", "ICI_MESH_SHAPE=[1,2,1]"],
-         [r"needs 2 devices", r"\b1 are available"]),
+         [r"needs 2 devices", r"\b1 is available"]),
     Case("dcn_process_mismatch", [FAULT_EXP, "--set", "DCN_MESH_SHAPE=[2,1,1]"],
          [r"DCN_MESH_SHAPE=\[2, 1, 1\]", r"has 1\b"], devices=2),
     Case("data_files_missing", ["--exp=fault_experiments.TextTiny",

@@ -173,5 +173,5 @@ def test_a_mesh_the_devices_do_not_fill_is_named_by_paxs_mesh_shape(tmp_path):
   assert proc.returncode == 2, describe(proc)
   assert proc.stderr.strip().splitlines()[-1] == (
       "error: the mesh MESH_SHAPE=[1, 4, 2] x DCN_MESH_SHAPE=[1, 1, 1] needs 8 devices but 1 "
-      "are available; change the mesh shape or the device count."), describe(proc)
+      "is available; change the mesh shape or the device count."), describe(proc)
   assert not job.exists()

@@ -100,6 +100,24 @@ def test_steps_before_the_furthest_step_reached_count_as_lost_to_the_restart(tmp
   assert "10 steps re-done after a restart" in rec.summary_line()
 
 
+def test_a_run_that_only_redoes_steps_shows_zero_goodput_not_minus_zero(tmp_path):
+  # Every step of this run is one an earlier run reached: nothing productive. 1.8 s steps
+  # make restart_redo = stepping x 3 / 3 round above stepping; the residue is not shown.
+  goodput.write_progress(str(tmp_path), furthest_step=30, step_seconds=1.0)
+  clock = FakeClock(0.0)
+  rec = goodput.Recorder(start=clock(), clock=clock)
+  rec.restored(str(tmp_path), step=20)
+  _simulate(rec, clock, 21, 23, step_s=1.8, first_wait=0.0)
+  rec.finish()
+  assert rec.summary_line().startswith("goodput 0.0% of ")
+  assert rec.summary_line().endswith("; 3 steps re-done after a restart")
+  rec.write(str(tmp_path))
+  written = json.loads((tmp_path / "goodput.json").read_text())
+  assert written["seconds"]["productive"] == 0.0 and written["goodput"] == 0.0
+  assert written["seconds"]["restart_redo"] == pytest.approx(3 * 1.8)
+  assert sum(written["seconds"].values()) == pytest.approx(written["wall_seconds"])
+
+
 def test_progress_is_not_rewritten_while_redoing_steps(tmp_path):
   goodput.write_progress(str(tmp_path), furthest_step=30, step_seconds=1.0)
   clock = FakeClock()

@@ -35,6 +35,16 @@ def test_mesh_that_does_not_match_the_device_count_names_both_numbers():
   assert "needs 3 devices" in msg and "8 are available" in msg
 
 
+def test_a_mesh_refused_on_one_device_says_one_is_available():
+  with pytest.raises(UserError) as e:
+    mesh.build([1, 8, 1], devices=jax.devices()[:1])
+  assert str(e.value) == (
+      "the mesh ICI_MESH_SHAPE=[1, 8, 1] x DCN_MESH_SHAPE=[1, 1, 1] needs 8 devices but 1 is "
+      "available; change the mesh shape or the device count.")
+  with pytest.raises(UserError, match=r"needs 1 device but 8 are available;"):
+    mesh.build([1, 1, 1])
+
+
 def test_mesh_with_the_wrong_rank_fails():
   with pytest.raises(UserError, match="three|3 entries"):
     mesh.build([2, 4])

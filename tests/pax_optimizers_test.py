@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 
+import fiddle as fdl
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -235,6 +236,51 @@ def test_an_optimizer_paxlike_cannot_run_is_refused_by_its_class_name():
   with pytest.raises(UserError) as e:
     config.build(_build(Other).task)
   assert "a NotAnOptimizer" in _one_line(e)
+
+
+def test_a_learner_field_a_praxis_optimizer_does_not_read_is_refused_at_its_default_too():
+  # Learner's learning_rate defaults to 1e-3: a task() setting it to 1e-3 still set a field
+  # nothing reads (the rate is lp.optimizer.learning_rate), and is told so, article and all.
+  class DefaultRate(TinyLm):
+    def task(self):
+      task_p = super().task()
+      task_p.train.learner.learning_rate = 1e-3
+      return task_p
+
+  class ZeroDecay(AdafactorDefault):
+    def task(self):
+      task_p = super().task()
+      task_p.train.learner.weight_decay = 0.0
+      return task_p
+
+  with pytest.raises(UserError) as e:
+    config.build(_build(DefaultRate).task)
+  assert _one_line(e) == (
+      "learner.learning_rate=0.001 is not read when learner.optimizer is an Adam, which "
+      "says the rate, schedule and clipping itself; set it on the optimizer "
+      "(lp.optimizer.learning_rate, lp.optimizer.lr_schedule, ...).")
+  with pytest.raises(UserError) as e:
+    config.build(_build(ZeroDecay).task)
+  assert _one_line(e).startswith(
+      "learner.weight_decay=0.0 is not read when learner.optimizer is a ShardedAdafactor, ")
+
+
+def test_shipped_pax_templates_set_no_learner_field_their_optimizer_does_not_read():
+  # The refusal above counts a field as set when its config has it set; the templates
+  # that make the learner a praxis optimizer set that alone, so their runs build.
+  registry.import_shipped()
+  pax_style = []
+  for name in registry.list_names():
+    learner = registry.get(name)().task().train.learner
+    if isinstance(learner.optimizer, fdl.Buildable):
+      pax_style.append(name)
+      assert set(fdl.ordered_arguments(learner)) == {"optimizer"}, name
+  assert "experiments.lm.lm_cloud.LmCloudSpmdTiny" in pax_style
+  for name in ("LmCloudSpmdTiny", "LmCloudSpmdPipelineTiny", "LmCloudTransformerAdamTiny",
+               "BertTiny", "ArithmeticAdditionTiny"):
+    full = next(n for n in pax_style if n.endswith("." + name))
+    task = config.build(_build(registry.get(full)).task)
+    assert type(task.learner.optimizer).__name__ == "Adam", name
 
 
 def test_schedule_and_adafactor_settings_praxis_requires_are_refused():
