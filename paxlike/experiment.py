@@ -1033,6 +1033,9 @@ def task_config(exp: BaseExperiment) -> Any:
   if lines:
     raise UserError("\n".join(lines))
   apply_path_overrides(exp, task_cfg)
+  from paxlike import learners
+
+  learners.refuse_unread_fields(getattr(getattr(task_cfg, "train", None), "learner", None))
   return task_cfg
 
 

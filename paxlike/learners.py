@@ -41,8 +41,36 @@ def config_name(value: Any) -> str:
     return f"Config({getattr(target, '__name__', type(target).__name__)})"
   if isinstance(value, str | int | float | bool | type(None)):
     return repr(value)
-  name = type(value).__name__
+  return _a(type(value).__name__)
+
+
+def _a(name: str) -> str:
+  """'an Adam', 'a ShardedAdafactor'."""
   return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _unread_field(name: str, value: Any, optimizer: str) -> UserError:
+  return UserError(f"learner.{name}={value!r} is not read when learner.optimizer is "
+                   f"{optimizer}, which says the rate, schedule and clipping itself; set it on "
+                   "the optimizer (lp.optimizer.learning_rate, lp.optimizer.lr_schedule, ...).")
+
+
+def refuse_unread_fields(learner_cfg: Any) -> None:
+  """Refuses a Learner config whose optimizer is a praxis optimizer config and which sets a
+  field only a named optimizer reads (KNOB_FIELDS), whatever the value: on the config, what
+  task() set is known (a built Learner cannot tell a 1e-3 set from the default 1e-3)."""
+  import fiddle as fdl
+
+  if not (isinstance(learner_cfg, fdl.Buildable) and fdl.get_callable(learner_cfg) is Learner):
+    return
+  optimizer = learner_cfg.__arguments__.get("optimizer")
+  if not isinstance(optimizer, fdl.Buildable):
+    return
+  target = fdl.get_callable(optimizer)
+  for name in KNOB_FIELDS:
+    if name in learner_cfg.__arguments__:
+      raise _unread_field(name, learner_cfg.__arguments__[name],
+                          _a(getattr(target, "__name__", type(target).__name__)))
 
 
 @dataclasses.dataclass
@@ -94,15 +122,6 @@ class Learner:
   bprop_variable_inclusion: Sequence[str] = ()
   bprop_variable_exclusion: Sequence[str] = ()
 
-  def __new__(cls, *args: Any, **kwargs: Any) -> Learner:
-    # The fields the caller passed: fdl.build passes a config's explicitly set arguments
-    # only (its __arguments__), so these are the ones a template or the user's task() set,
-    # whatever their value; __post_init__ refuses a set one a praxis optimizer does not read.
-    self = super().__new__(cls)
-    names = [f.name for f in dataclasses.fields(cls)][:len(args)] + list(kwargs)
-    object.__setattr__(self, "_set_fields", frozenset(names))
-    return self
-
   def __post_init__(self) -> None:
     for field in ("bprop_variable_inclusion", "bprop_variable_exclusion"):
       patterns = getattr(self, field)
@@ -121,13 +140,10 @@ class Learner:
         raise UserError(f"learner.optimizer is {config_name(self.optimizer)}, which paxlike's "
                         f"learner cannot run; use one of {OPTIMIZERS} or a praxis optimizer "
                         "config (optimizers.Adam, optimizers.ShardedAdafactor, ...).")
-      set_fields = getattr(self, "_set_fields", frozenset())
+      # (A field set to its default is refused on the config: refuse_unread_fields.)
       for f in dataclasses.fields(self):
-        if f.name in KNOB_FIELDS and (f.name in set_fields or getattr(self, f.name) != f.default):
-          raise UserError(f"learner.{f.name}={getattr(self, f.name)!r} is not read when "
-                          f"learner.optimizer is {config_name(self.optimizer)}, which says "
-                          f"the rate, schedule and clipping itself; set it on the optimizer "
-                          f"(lp.optimizer.learning_rate, lp.optimizer.lr_schedule, ...).")
+        if f.name in KNOB_FIELDS and getattr(self, f.name) != f.default:
+          raise _unread_field(f.name, getattr(self, f.name), config_name(self.optimizer))
       return
     if self.optimizer not in OPTIMIZERS:
       raise UserError(f"OPTIMIZER={self.optimizer!r} is not one of {OPTIMIZERS}.")
