@@ -240,16 +240,26 @@ TF_LOADER = textwrap.dedent('''
 
 
 HF_LOADER = textwrap.dedent('''
-    """generate() with no arguments on a T5 Hugging Face export, as a transformers user calls it."""
+    """generate() with no arguments on a T5 Hugging Face export, as a transformers user calls
+    it; then the export's tokenizer (AutoTokenizer) on the prompts' text and the output."""
     import json, sys
     import torch
-    from transformers import T5ForConditionalGeneration
+    from transformers import AutoTokenizer, T5ForConditionalGeneration
 
     spec = json.load(open(sys.argv[1]))
     model = T5ForConditionalGeneration.from_pretrained(spec["dir"])
     ids = torch.tensor(spec["batch"]["encoder_input_tokens"])
     out = model.generate(input_ids=ids, attention_mask=(ids != 0).long())
-    print(json.dumps({"tokens": out[:, 1:].tolist()}))  # after the decoder start
+    result = {"tokens": out[:, 1:].tolist()}  # after the decoder start
+    try:
+      tok = AutoTokenizer.from_pretrained(spec["dir"])
+    except Exception as e:  # the test names it
+      result["tokenizer_error"] = f"{type(e).__name__}: {e}"
+    else:
+      result.update(tokenizer_class=type(tok).__name__, tokenizer_len=len(tok),
+                    encoded=tok(spec["texts"]).input_ids,
+                    decoded=tok.batch_decode(out, skip_special_tokens=True))
+    print(json.dumps(result))
 ''')
 
 
@@ -320,7 +330,8 @@ def run(tmp_path_factory):
     assert procs[name].result().returncode == 0, describe(procs[name].result())
   spec_hf = root / "hf_spec.json"
   spec_hf.write_text(json.dumps({"dir": str(dirs["t5_hf"]),
-                                 "batch": expected["t5_greedy"]["batches"][0]}))
+                                 "batch": expected["t5_greedy"]["batches"][0],
+                                 "texts": expected["t5_greedy"]["texts"][0]}))
   (root / "hf_loader.py").write_text(HF_LOADER)
   hf_loader = None
   if all(importlib.util.find_spec(m) for m in ("transformers", "torch")):
@@ -584,6 +595,81 @@ def test_hf_generate_with_no_arguments_decodes_like_paxlike(run):
   got = [row + [0] * (len(want[0]) - len(row)) for row in got]  # transformers stops at EOS
   assert got == want
 
+
+
+def _byte_text(ids) -> str:
+  """paxlike's byte vocabulary's text of ids, less the U+FFFD it writes for bytes that are no
+  UTF-8 (ByT5Tokenizer drops them; an untrained model may emit any byte)."""
+  from paxlike.inputs.vocabulary import ByteVocabulary
+
+  return ByteVocabulary().decode(ids).replace("\ufffd", "")
+
+
+def test_hf_export_of_a_byte_job_carries_the_byt5_tokenizer(run):
+  """The T5 job reads bytes (pad 0, EOS 1, unk 2, byte b -> b + 3: ByT5Tokenizer's ids): the
+  export's tokenizer_config.json names ByT5Tokenizer, with the table's ids past the bytes
+  (VOCAB_SIZE 264) as its extra_ids; AutoTokenizer encodes the prompts to the ids paxlike's
+  decode input holds (EOS appended) and decodes generate()'s output to paxlike's text."""
+  from paxlike.inputs.vocabulary import ByteVocabulary
+
+  d = run["dirs"]["t5_hf"]
+  assert (d / "tokenizer_config.json").is_file(), sorted(p.name for p in d.iterdir())
+  config = json.loads((d / "tokenizer_config.json").read_text())
+  assert (config["tokenizer_class"], config["extra_ids"]) == ("ByT5Tokenizer", 5)
+  if run["hf"] is None:
+    pytest.skip("transformers and torch are not installed")
+  hf = run["hf"]
+  assert "tokenizer_error" not in hf, hf["tokenizer_error"]
+  assert hf["tokenizer_class"] == "ByT5Tokenizer"
+  assert hf["tokenizer_len"] == json.loads((d / "config.json").read_text())["vocab_size"]
+  vocab, expected = ByteVocabulary(), run["expected"]["t5_greedy"]
+  texts = expected["texts"][0]
+  assert texts and all(texts)
+  assert hf["encoded"] == [vocab.encode(t) + [vocab.eos_id] for t in texts]
+  rows = expected["batches"][0]["encoder_input_tokens"]
+  assert hf["encoded"] == [row[:row.index(vocab.eos_id) + 1] for row in rows]
+  (tokens,) = expected["tokens"]
+  assert hf["decoded"] == [_byte_text(beams[0]) for beams in tokens]
+
+
+def test_hf_export_of_a_byte_decoder_only_model_carries_the_byt5_tokenizer(tmp_path):
+  """The same for the Llama family, written by the exporter from random weights (no
+  training): a prompt encodes as paxlike's LM prompt does (no EOS: add_special_tokens=False,
+  ByT5Tokenizer otherwise appends one), and generate()'s new ids, ids past the bytes
+  included, decode to what paxlike's vocabulary makes of them."""
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  import torch
+  from llama_test import _random_params
+  from transformers import AutoModelForCausalLM, AutoTokenizer
+
+  from paxlike.export.hf import HfExporter
+  from paxlike.inputs.vocabulary import ByteVocabulary
+  from paxlike.models.llama import LlamaModel
+
+  model = LlamaModel(vocab_size=264, model_dims=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                     head_dim=16, hidden_dims=64, max_seq_len=32, use_repeated_layer=False)
+  vocab = ByteVocabulary()
+  HfExporter().write((model, vocab, None, {"max_length": 32}), _random_params(model), 0,
+                     str(tmp_path))
+  tok = AutoTokenizer.from_pretrained(str(tmp_path))
+  assert type(tok).__name__ == "ByT5Tokenizer" and len(tok) == 264
+  prompts = ["12+34=", "héllo, wörld ."]
+  ids = tok(prompts, add_special_tokens=False).input_ids
+  assert ids == [vocab.encode(p) for p in prompts]
+  assert tok(prompts[0]).input_ids == vocab.encode(prompts[0]) + [vocab.eos_id]
+  hf_model = AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
+  new = []
+  for row in ids:
+    with torch.no_grad():
+      out = hf_model.generate(torch.tensor([row]), attention_mask=torch.ones(1, len(row),
+                                                                             dtype=torch.long))
+    new.append(out[0, len(row):].tolist())
+  assert any(new), new
+  assert tok.batch_decode(new, skip_special_tokens=True) == [_byte_text(r) for r in new]
+  # Every id of the table decodes alone as paxlike's vocabulary decodes it.
+  assert [tok.decode([i], skip_special_tokens=True) for i in range(264)] == [
+      _byte_text([i]) for i in range(264)]
 
 def _length_job(model, features, **settings):
   from paxlike.decoding import DecodeSettings

@@ -2,7 +2,9 @@
 
 With a file vocabulary the directory also gets its tokenizer (tokenizer.json or
 spiece.model, with tokenizer_config.json / special_tokens_map.json as the source
-had them), so AutoTokenizer.from_pretrained reads it. Every export gets a
+had them), so AutoTokenizer.from_pretrained reads it; with the byte vocabulary, a
+tokenizer_config.json naming transformers' ByT5Tokenizer, whose ids are paxlike's
+(vocabulary.byte_tokenizer_config). Every export gets a
 generation_config.json with the model's decoder start, EOS and pad ids, the --decode_*
 flags, and the length paxlike decodes to (decode_length), so generate() with no
 arguments decodes as far as paxlike does, not to transformers' default max_length 20.
@@ -41,7 +43,7 @@ class HfExporter:
     if vocab is not None and vocab.add_bos:
       generation["bos_token_id"] = vocab.bos_id
     generation.update(generation_settings(settings, length))
-    vocabulary.write_hf_files(vocab or vocabulary.ByteVocabulary(), out_dir, generation)
+    vocabulary.write_hf_files(vocab, out_dir, generation, config.get("vocab_size"))
 
 
 def source_positions(vocab: Any) -> int | None:

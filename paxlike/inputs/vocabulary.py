@@ -538,15 +538,38 @@ def record(vocab: Vocabulary, job_log_dir: str) -> str | None:
   return out
 
 
-def write_hf_files(vocab: Vocabulary, out_dir: str, generation: dict[str, Any]) -> None:
+# transformers' tokenizer of UTF-8 bytes: pad 0, EOS 1, unk 2, byte b -> b + 3, as
+# ByteVocabulary; its extra_ids <extra_id_N> (N = 0, 1, ...) follow at ids 259 + N.
+BYT5_CLASS = "ByT5Tokenizer"
+
+
+def byte_tokenizer_config(vocab: ByteVocabulary, table_size: int | None) -> dict[str, Any]:
+  """tokenizer_config.json for a byte-vocabulary export: transformers' ByT5Tokenizer, whose
+  ids are ByteVocabulary's. The table's ids past the 259 (VOCAB_SIZE 264 pads them) are its
+  extra_ids: special tokens, which decode(skip_special_tokens=True) drops as paxlike's
+  decode does; so len(tokenizer) is the model's vocab_size and every id it emits decodes."""
+  return {"tokenizer_class": BYT5_CLASS, "pad_token": "<pad>", "eos_token": "</s>",
+          "unk_token": "<unk>", "extra_ids": max(0, (table_size or 0) - vocab.vocab_size),
+          "clean_up_tokenization_spaces": False}
+
+
+def write_hf_files(vocab: Vocabulary | None, out_dir: str, generation: dict[str, Any],
+                   table_size: int | None = None) -> None:
   """The tokenizer files of a Hugging Face export (AutoTokenizer.from_pretrained reads them).
 
   Args:
-    vocab: the run's vocabulary (bytes: nothing to write but generation_config.json).
+    vocab: the run's vocabulary: a file vocabulary's files are copied; bytes get a
+      tokenizer_config.json naming ByT5Tokenizer (byte_tokenizer_config); None (no text
+      input) gets none.
     out_dir: the export directory (its config.json is the export's own).
     generation: generation_config.json's ids (decoder_start_token_id, eos, pad, bos).
+    table_size: the model's vocab_size (config.json's), for the byte tokenizer's extra_ids.
   """
-  for name, path in vocab.files.items():
+  if isinstance(vocab, ByteVocabulary):
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+      json.dump(byte_tokenizer_config(vocab, table_size), f, indent=2)
+      f.write("\n")
+  for name, path in (vocab.files if vocab is not None else {}).items():
     if name not in ("config.json", "generation_config.json"):
       shutil.copyfile(path, os.path.join(out_dir, name))
   with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
