@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from paxlike import decoding, log, summaries
+from paxlike import decoding, files, log, summaries
 from paxlike.errors import UserError, counted
 from paxlike.inputs.base_input import BaseInput
 from paxlike.inputs.text import TextInput, read_rows
@@ -491,11 +491,7 @@ def _jsonable(value: Any) -> Any:
 def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
   """Writes rows as JSON lines; a reader sees the old file or the whole new one."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    for r in rows:
-      f.write(json.dumps(r, ensure_ascii=False) + "\n")
-  os.replace(tmp, path)
+  files.write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 def infer_datasets(exp_name: str, decode_cfgs: list[fdl.Config[BaseInput]],

@@ -477,29 +477,32 @@ PAX_UNMODELED = {
 PAX_UNREAD: dict[str, str] = {}
 
 
-def _mesh_devices(exp: BaseExperiment) -> tuple[int, str] | None:
+def _mesh_devices(exp: BaseExperiment, device_count: int | None) -> tuple[int, str] | None:
   """The devices the run takes and where that number comes from: ICI_MESH_SHAPE x
-  DCN_MESH_SHAPE; None for a pmap run (every device: not known before the backend starts,
-  which must wait for jax.distributed)."""
+  DCN_MESH_SHAPE, or for a pmap run every device, device_count (None before the backend
+  starts, which must wait for jax.distributed: then not known)."""
   ici, dcn = _untracked_get(exp, "ICI_MESH_SHAPE"), _untracked_get(exp, "DCN_MESH_SHAPE")
   if ici is None:
-    return None
+    return None if device_count is None else (device_count, "pmap: every device")
   shapes = f"ICI_MESH_SHAPE {list(ici)}" + (f" x DCN_MESH_SHAPE {list(dcn)}" if dcn else "")
   return int(np.prod(ici)) * int(np.prod(dcn or [1])), shapes
 
 
-def _num_gpus_claim(exp: BaseExperiment, claimed: Any) -> str | None:
-  mesh = _mesh_devices(exp)
-  if mesh is None:  # a pmap run takes every device there is
+def _num_gpus_claim(exp: BaseExperiment, claimed: Any, device_count: int | None) -> str | None:
+  mesh = _mesh_devices(exp, device_count)
+  if mesh is None:  # a pmap run before the backend starts: checked when it has
     return None
   devices, where = mesh
   if isinstance(claimed, int) and not isinstance(claimed, bool) and claimed == devices:
     return None
+  decides = "the devices there are decide" if where.startswith("pmap") else "the mesh decides"
   return (f"the run takes {counted(devices, 'device')} ({where}); Pax reads "
-          "NUM_GPUS nowhere, and paxlike only checks it: the mesh decides")
+          f"NUM_GPUS nowhere, and paxlike only checks it: {decides}")
 
 
-def _enable_bfloat16_claim(exp: BaseExperiment, claimed: Any) -> str | None:
+def _enable_bfloat16_claim(exp: BaseExperiment, claimed: Any,
+                           device_count: int | None) -> str | None:
+  del device_count
   fprop = _untracked_get(exp, "FPROP_DTYPE") if hasattr(type(exp), "FPROP_DTYPE") else None
   try:
     if fprop is None or bool(claimed) == (np.dtype(fprop).name == "bfloat16"):
@@ -511,20 +514,22 @@ def _enable_bfloat16_claim(exp: BaseExperiment, claimed: Any) -> str | None:
 
 
 # Knobs Pax's LM files set that state what another setting decides, read by nothing in Pax:
-# paxlike reads them as a check of that setting (check_pax_claims). -> (what decides, check:
-# None when the claim holds, else what the run does instead).
-PAX_CLAIMS: dict[str, tuple[str, Callable[[BaseExperiment, Any], str | None]]] = {
+# paxlike reads them as a check of that setting (check_pax_claims). -> (what decides, check
+# (experiment, claim, device count or None): None when the claim holds, else what the run
+# does instead).
+PAX_CLAIMS: dict[str, tuple[str, Callable[[BaseExperiment, Any, int | None], str | None]]] = {
     "NUM_GPUS": ("the mesh's shapes", _num_gpus_claim),
     "ENABLE_BFLOAT16": ("FPROP_DTYPE", _enable_bfloat16_claim),
 }
 
 
-def check_pax_claims(exp: BaseExperiment) -> None:
+def check_pax_claims(exp: BaseExperiment, device_count: int | None = None) -> None:
   """Reads each PAX_CLAIMS knob the experiment sets and nothing else read (NUM_GPUS, an LM's
   ENABLE_BFLOAT16), checking it against the setting that decides. A class's claim that does
   not hold is a warning: the class runs as Pax runs it (nvidia.py's Grok_Proxy_PP says
   NUM_GPUS = 64 beside a mesh of 512). A --set one is refused: it changes nothing. None
-  claims nothing.
+  claims nothing. device_count: jax.device_count() once the backend has started (a pmap
+  run's NUM_GPUS is checked against it), else None.
 
   Raises:
     UserError: a --set claim that does not hold, one line each.
@@ -538,7 +543,7 @@ def check_pax_claims(exp: BaseExperiment) -> None:
     if name in reads or not (name in defined or name in overrides):
       continue
     claimed = getattr(exp, name)  # read: checked below
-    wrong = None if claimed is None else check(exp, claimed)
+    wrong = None if claimed is None else check(exp, claimed, device_count)
     if wrong is None:
       continue
     if name in overrides and name not in inherited:
@@ -1071,8 +1076,10 @@ def input_configs(exp: BaseExperiment, method: str) -> list[Any]:
     return [input_config(c) for c in cfgs]
 
 
-def build_checked(exp: BaseExperiment) -> Configs:
+def build_checked(exp: BaseExperiment, device_count: int | None = None) -> Configs:
   """task(), datasets() and decode_datasets(), then the check that every hyperparameter was read.
+
+  device_count: jax.device_count() where the backend has started (check_pax_claims).
 
   Raises:
     UserError: an error in the user's config, a --set task() overwrote, or
@@ -1085,6 +1092,6 @@ def build_checked(exp: BaseExperiment) -> Configs:
   configs = Configs(task_config(exp), input_configs(exp, "datasets"),
                     input_configs(exp, "decode_datasets"),
                     call_user(exp, "get_input_specs_provider_params"))
-  check_pax_claims(exp)
+  check_pax_claims(exp, device_count)
   check_all_read(exp)
   return configs

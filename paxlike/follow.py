@@ -12,11 +12,12 @@ between skipped.
 A run on a job that no trainer holds, or with --restore_checkpoint_step, or
 in --mode=decode_once, reads one checkpoint and ends, as it always did. One
 exception: when the job's last trainer stopped short of its last step in a
-way a scheduler answers with a rerun (preempted: it recorded `stopped` in
-run_env.json; or killed: it left its lock behind), the run waits up to
-RESTART_WAIT_S for the rerun to take the job and goes on following it. On a
-cluster, trainer and evaler restart together after a preemption, and the
-evaler is often first.
+way a scheduler answers with a rerun (preempted by SIGTERM: it recorded
+`stopped` in run_env.json; or killed: it left its lock behind), the run waits
+for the rerun to take the job, until RESTART_WAIT_S after the stop, and goes
+on following it. On a cluster, trainer and evaler restart together after a
+preemption, and the evaler is often first. A stop longer ago than that (a job
+preempted yesterday and never rerun), or a Ctrl-C (SIGINT), is not waited for.
 
 In a multi-process run every process looks at the folder (orbax's reads
 are collective) and all follow process 0's answer (one broadcast per look).
@@ -32,7 +33,7 @@ from typing import Any
 from paxlike import log
 
 POLL_S = 2.0  # seconds between looks at the checkpoints folder while the trainer runs
-RESTART_WAIT_S = 600.0  # how long a preempted or killed trainer's rerun is waited for
+RESTART_WAIT_S = 600.0  # how long after its stop a preempted or killed trainer's rerun may come
 
 
 def steps(poll: Callable[[], tuple[int | None, bool]], final_step: int, *,
@@ -49,17 +50,18 @@ def steps(poll: Callable[[], tuple[int | None, bool]], final_step: int, *,
     final_step: the experiment's last training step; once it is yielded, done.
     poll_s: seconds to wait between polls that find nothing new.
     sleep: time.sleep (tests pass a fake clock).
-    restart_wait_s: how long to wait for a trainer to take the job again when no
-      trainer holds it but poll's `restart_pending()` (where it has one) says the last
-      one was preempted or killed short of final_step.
+    restart_wait_s: the longest wait for a trainer to take the job again when no
+      trainer holds it but poll's `restart_pending()` (where it has one: the seconds
+      left until RESTART_WAIT_S after the last trainer's stop, 0 for none) says the
+      last one was preempted or killed short of final_step.
   """
   done: int | None = None
-  waited, restart_waited = False, None
-  pending = getattr(poll, "restart_pending", lambda: False)
+  waited, restart_left = False, None
+  pending = getattr(poll, "restart_pending", lambda: 0.0)
   while True:
     newest, trainer = poll()
     if trainer:
-      restart_waited = None
+      restart_left = None
     if newest is not None and (done is None or newest > done):
       if waited:
         log.info("checkpoint %d committed; evaluating it", newest)
@@ -69,17 +71,17 @@ def steps(poll: Callable[[], tuple[int | None, bool]], final_step: int, *,
         return
       if trainer:
         continue
-    if not trainer and done is not None and done < final_step and (
-        restart_waited is not None or pending()):
-      if restart_waited is None:
+    if not trainer and done is not None and done < final_step and restart_left is None:
+      left = min(float(pending()), restart_wait_s)
+      if left > 0:
         log.info("no trainer holds this job now, and its last one stopped at step %d, short "
                  "of step %d (preempted or killed); waiting up to %.0f s for its rerun to "
-                 "take the job", done, final_step, restart_wait_s)
-        restart_waited = 0.0
-      if restart_waited < restart_wait_s:
-        sleep(poll_s)
-        restart_waited += poll_s
-        continue
+                 "take the job", done, final_step, left)
+        restart_left = left
+    if not trainer and restart_left is not None and restart_left > 0:
+      sleep(poll_s)
+      restart_left -= poll_s
+      continue
     if not trainer:  # and so no newer step will come
       if done is not None and done < final_step:
         log.info("no trainer holds this job and step %d is its newest checkpoint (it trains "
@@ -133,11 +135,17 @@ def folder_poll(directory: str) -> Callable[[], tuple[int | None, bool]]:
     step, alive = agreed([-1 if newest is None else newest, int(trainer)])
     return (None if step < 0 else step), bool(alive)
 
-  def restart_pending() -> bool:
-    """Whether the job's last trainer stopped in a way a scheduler reruns: preempted
-    (its run_env.json says `stopped`) or killed (its lock left behind)."""
-    return bool(agreed([int(bool(last_run_stopped(job_log_dir))
-                            or job_lock.left_behind(job_log_dir))])[0])
+  def restart_pending() -> float:
+    """The seconds a rerun may still come in: RESTART_WAIT_S after the job's last trainer
+    stopped in a way a scheduler reruns, preempted (its run_env.json says `stopped` by
+    SIGTERM) or killed (its lock left behind, as of its last heartbeat); 0 for none."""
+    stops = [job_lock.left_behind_since(job_log_dir)]
+    stopped = last_run_stopped(job_log_dir)
+    if stopped and stopped.get("signal") == "SIGTERM":
+      stops.append(stopped.get("time"))
+    latest = max((t for t in stops if isinstance(t, int | float)), default=None)
+    left = 0 if latest is None else int(max(latest + RESTART_WAIT_S - time.time(), 0))
+    return float(agreed([left])[0])
 
   poll.restart_pending = restart_pending  # type: ignore[attr-defined]  # read by steps()
   return poll

@@ -33,6 +33,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from paxlike import files
+
 BUCKETS = ("startup", "compilation", "productive", "restart_redo", "input_wait",
            "checkpoint", "eval", "other")
 PROGRESS_FILE = "progress.json"
@@ -64,12 +66,9 @@ def read_progress(job_log_dir: str) -> dict[str, Any]:
 
 def write_progress(job_log_dir: str, furthest_step: int, step_seconds: float | None) -> None:
   """Atomically records the furthest step this job has reached."""
-  path = os.path.join(job_log_dir, PROGRESS_FILE)
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump({"furthest_step": int(furthest_step), "step_seconds": step_seconds,
-               "updated": time.time()}, f)
-  os.replace(tmp, path)
+  files.write_atomic(os.path.join(job_log_dir, PROGRESS_FILE), json.dumps(
+      {"furthest_step": int(furthest_step), "step_seconds": step_seconds,
+       "updated": time.time()}))
 
 
 class Recorder:

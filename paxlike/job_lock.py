@@ -239,6 +239,17 @@ def left_behind(job_log_dir: str) -> bool:
   return bool(_probe(job_log_dir)[1])
 
 
+def left_behind_since(job_log_dir: str) -> float | None:
+  """When the holder of a lock left behind (left_behind) last touched it (its last
+  heartbeat: about when it was killed), as time.time(); None without such a lock."""
+  if not left_behind(job_log_dir):
+    return None
+  try:
+    return os.path.getmtime(os.path.join(job_log_dir, LOCK_NAME))
+  except OSError:
+    return None
+
+
 def hold(job_log_dir: str) -> JobLock | None:
   """Takes job_log_dir's lock for this job until the process exits; all processes agree.
 

@@ -25,6 +25,7 @@ from paxlike import checkpoint_folders  # noqa: E402
 from paxlike.command_line import (  # noqa: E402
   FLAGS,
   FOLLOWING_MODES,
+  MODES,
   SEVERAL_STEP_MODES,
   fail,
   parse_flags,
@@ -120,7 +121,7 @@ def run(argv_flags: flags.FlagValues) -> int:
   cache = jax_flags.CacheReport()
   partitioner, mesh_desc = _partitioner(exp)
   built = _build(exp, argv_flags, job_log_dir)
-  created = not os.path.exists(job_log_dir)
+  created = _new_job_log_dir(job_log_dir)
   lock = _claim_job_log_dir(job_log_dir, argv_flags.mode)
   try:
     init_from, source, export_job, restore = _preflight(exp, built, job_log_dir, argv_flags)
@@ -503,7 +504,8 @@ def _build(exp: Any, argv_flags: flags.FlagValues, job_log_dir: str) -> _Built:
   from paxlike.inputs import text, vocabulary
 
   name = type(exp).__name__
-  configs = experiment.build_checked(exp)  # refuses hyperparameters nothing read
+  # Refuses hyperparameters nothing read (the backend has started: the device count is known).
+  configs = experiment.build_checked(exp, jax.device_count())
   if argv_flags.tfds_data_dir:  # before any SeqIO input is built
     _use_tfds_data_dir(name, [*configs.datasets, *configs.decode_datasets], argv_flags)
   init_from = initial.InitFrom.of(exp, argv_flags.init_from)
@@ -650,28 +652,27 @@ class _JobFiles:
   # The folders whose files are the run's own ("" is job_log_dir's top level), deepest first.
   FOLDERS = (os.path.join("summaries", "train"), os.path.join("summaries", "eval_train"),
              "vocabulary", "")
+  # The folders a training run makes before step 1 (removed again when it made them and
+  # they are empty), deepest first.
+  MADE = (*FOLDERS[:-1], "summaries", "checkpoints", "profile", "pgle")
+  # Top-level files of other modes' runs (eval_run_env.json, ...): an evaler's beside it.
+  OTHER_MODES = tuple(f"{mode}_" for mode in MODES if mode != "train")
 
   def __init__(self, job_log_dir: str) -> None:
     self.root = job_log_dir
     self.kept = {path: self._read(path) for path in self._ours()}
-    self.folders = self._folders()
-
-  def _folders(self) -> set[str]:
-    """job_log_dir's folders, not looking inside its checkpoints."""
-    out = set()
-    for dirpath, dirnames, _ in os.walk(self.root):
-      out.add(dirpath)
-      dirnames[:] = [d for d in dirnames if not d.startswith(f"{checkpoint_folders.STEP_PREFIX}_")]
-    return out
+    self.existed = {sub for sub in self.MADE if os.path.isdir(os.path.join(self.root, sub))}
 
   def _ours(self) -> list[str]:
-    """The run's own files: top-level files, summaries/train, eval_train, vocabulary/."""
+    """The run's own files: top-level files (not another mode's), summaries/train,
+    eval_train, vocabulary/."""
     out = []
     for sub in self.FOLDERS:
       folder = os.path.join(self.root, sub)
       if os.path.isdir(folder):
         out += [os.path.join(folder, n) for n in os.listdir(folder)
-                if os.path.isfile(os.path.join(folder, n)) and n != "job.lock"]
+                if os.path.isfile(os.path.join(folder, n)) and n != "job.lock"
+                and not (sub == "" and n.startswith(self.OTHER_MODES))]
     return out
 
   def _read(self, path: str) -> bytes | None:
@@ -691,12 +692,22 @@ class _JobFiles:
       elif self.kept[path] is not None and self._read(path) != self.kept[path]:
         with open(path, "wb") as f:
           f.write(self.kept[path])
-    # Folders this run made (checkpoints/, summaries/...) and left empty, deepest first.
-    for folder in sorted(self._folders() - self.folders, key=len, reverse=True):
-      try:
-        os.rmdir(folder)  # only ever an empty one
-      except OSError:
-        pass
+    for sub in self.MADE:  # the ones this run made and left empty
+      if sub not in self.existed:
+        try:
+          os.rmdir(os.path.join(self.root, sub))  # only ever an empty one
+        except OSError:
+          pass
+
+
+def _new_job_log_dir(job_log_dir: str) -> bool:
+  """Whether this run makes job_log_dir (a refused run removes it again): it is not there,
+  or, in a multi-process run, it is there and empty (another process made it first)."""
+  import jax
+
+  if not os.path.exists(job_log_dir):
+    return True
+  return jax.process_count() > 1 and os.path.isdir(job_log_dir) and not os.listdir(job_log_dir)
 
 
 def _unclaim_job_log_dir(job_log_dir: str, lock: Any, created: bool) -> None:

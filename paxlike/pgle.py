@@ -27,6 +27,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from paxlike import files
 from paxlike import log as logging
 from paxlike.errors import UserError
 
@@ -221,10 +222,7 @@ class Collector:
                    self.plan.trace_dir, self.plan.platform)
       return
     os.makedirs(os.path.dirname(self.plan.profile_path), exist_ok=True)
-    tmp = self.plan.profile_path + ".tmp"
-    with open(tmp, "wb") as f:
-      f.write(data)
-    os.replace(tmp, self.plan.profile_path)
+    files.write_atomic(self.plan.profile_path, data)
     self.profile_written = self.plan.profile_path
     logging.info("pgle collect: %d steps profiled -> %s (%d bytes); rerun with --pgle=use",
                  traced, self.plan.profile_path, len(data))

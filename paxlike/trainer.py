@@ -487,7 +487,7 @@ class _TrainRun:
                                                             xla_flags.TRAINING_RUN_ENV)):
         # An evaler beside the job waits for the rerun (follow.py).
         xla_flags.update_run_env(self.job_log_dir, {"stopped": {
-            "signal": result.stopped_by, "step": result.final_step}})
+            "signal": result.stopped_by, "step": result.final_step, "time": time.time()}})
       waited = time.monotonic() - (self.watcher.requested_at or time.monotonic())
       logging.warning("%s: stopped after step %d, last checkpoint %d (%.2fs after the "
                       "signal); rerun the same command to continue", result.stopped_by,

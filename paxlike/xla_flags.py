@@ -403,9 +403,12 @@ def set_run_env_name(name: str) -> None:
 
 
 def write_run_env(job_log_dir: str, env: dict[str, Any]) -> None:
-  with open(os.path.join(job_log_dir, _RUN_ENV[0]), "w") as f:
-    json.dump(env, f, indent=2, sort_keys=True, default=str)
-    f.write("\n")
+  """Writes the run's record whole (files.write_atomic): a run killed while it writes, at
+  the end of a preemption's grace period, leaves the previous record, not a torn one."""
+  from paxlike import files
+
+  files.write_atomic(os.path.join(job_log_dir, _RUN_ENV[0]),
+                     json.dumps(env, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def update_run_env(job_log_dir: str, extra: dict[str, Any]) -> None:

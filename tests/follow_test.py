@@ -46,14 +46,39 @@ def test_steps_wait_for_the_rerun_of_a_preempted_or_killed_trainer():
   # On a cluster the evaler and the preempted trainer restart together, the evaler often
   # first: it scores step 8, finds no trainer yet, and waits for the rerun's steps.
   poll = _fake_poll([(8, False), (8, False), (8, True), (12, True), (16, True)])
-  poll.restart_pending = lambda: True
+  poll.restart_pending = lambda: 600.0
   assert list(follow.steps(poll, 16, sleep=lambda s: None)) == [8, 12, 16]
   # For at most restart_wait_s: then it stops as before.
   waits = []
   poll = _fake_poll([(8, False)] * 10)
-  poll.restart_pending = lambda: True
+  poll.restart_pending = lambda: 600.0
   assert list(follow.steps(poll, 16, sleep=waits.append, restart_wait_s=6)) == [8]
   assert waits == [2.0] * 3
+  # And only for what is left of the wait after the stop: a stop long ago is not waited for.
+  for left, expected in ((4.0, [2.0] * 2), (0.0, [])):
+    waits = []
+    poll = _fake_poll([(8, False)] * 10)
+    poll.restart_pending = lambda left=left: left
+    assert list(follow.steps(poll, 16, sleep=waits.append)) == [8]
+    assert waits == expected
+
+
+def test_a_rerun_is_waited_for_after_a_recent_preemption_only(tmp_path):
+  # Preempted (SIGTERM) 30 s ago: most of the wait is left. A day ago, or stopped by Ctrl-C
+  # (SIGINT: a user, not a scheduler), or finished: none, so an eval of an old job ends.
+  poll = follow.folder_poll(str(tmp_path / "checkpoints"))
+  for stopped, left in (({"signal": "SIGTERM", "time": time.time() - 30}, (560, 571)),
+                        ({"signal": "SIGTERM", "time": time.time() - 86400}, (0, 0)),
+                        ({"signal": "SIGINT", "time": time.time() - 30}, (0, 0)),
+                        (None, (0, 0))):
+    (tmp_path / "run_env.json").write_text(json.dumps({"stopped": stopped} if stopped else {}))
+    assert left[0] <= poll.restart_pending() <= left[1], stopped
+  # A killed trainer's lock: from its last heartbeat.
+  lock = tmp_path / job_lock.LOCK_NAME
+  lock.write_text(json.dumps({"pid": 999999999, "host": job_lock.JobLock(str(tmp_path)).host}))
+  assert 590 <= poll.restart_pending() <= 600
+  os.utime(lock, (time.time() - 86400,) * 2)
+  assert poll.restart_pending() == 0
 
 
 def test_live_holder_sees_a_running_trainer_and_not_a_dead_one(tmp_path):

@@ -55,3 +55,26 @@ def test_an_out_of_memory_error_becomes_one_sentence_naming_the_kept_checkpoint(
   with pytest.raises(ValueError):  # other errors pass through unchanged
     with memory.out_of_memory_is_one_line(lambda: 8):
       raise ValueError("something else")
+
+
+def test_a_refused_trainer_puts_back_its_own_files_and_leaves_an_evalers(tmp_path):
+  """What a trainer refused before step 1 undoes is its own: an evaler restarted beside it
+  (after a preemption both restart) keeps what it wrote meanwhile."""
+  from paxlike.main import _JobFiles
+
+  job = tmp_path / "job"
+  (job / "summaries" / "train").mkdir(parents=True)
+  (job / "run_env.json").write_text('{"old": 1}\n')
+  before = _JobFiles(str(job))
+  # The trainer rewrites its record and makes its folders; an evaler writes its own.
+  (job / "run_env.json").write_text('{"new": 1}\n')
+  (job / "model_params.txt").write_text("new\n")
+  (job / "checkpoints").mkdir()
+  (job / "summaries" / "train" / "events.out.tfevents.1").write_bytes(b"x")
+  (job / "eval_run_env.json").write_text("{}\n")
+  (job / "summaries" / "eval_test").mkdir()
+  before.put_back()
+  assert (job / "run_env.json").read_text() == '{"old": 1}\n'
+  assert not (job / "model_params.txt").exists() and not (job / "checkpoints").exists()
+  assert list((job / "summaries" / "train").iterdir()) == []  # it was there before
+  assert (job / "eval_run_env.json").exists() and (job / "summaries" / "eval_test").is_dir()

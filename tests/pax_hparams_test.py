@@ -302,6 +302,22 @@ def test_num_gpus_is_checked_against_the_mesh_not_refused(capsys):
       "instead (or --set NUM_GPUS=None).")
 
 
+def test_num_gpus_of_a_pmap_run_is_checked_once_the_devices_are_known():
+  # A pmap run takes every device: before the backend starts (a dry run) nothing is known,
+  # after it (main builds the experiment then) the count is checked like a mesh's.
+  class PmapGpus(_tiny_cls()):
+    ICI_MESH_SHAPE = None
+    NUM_GPUS = 8
+
+  experiment.build_checked(experiment.instantiate(PmapGpus, ["NUM_GPUS=4"]))
+  experiment.build_checked(experiment.instantiate(PmapGpus, ["NUM_GPUS=4"]), device_count=4)
+  with pytest.raises(UserError) as e:
+    experiment.build_checked(experiment.instantiate(PmapGpus, ["NUM_GPUS=4"]), device_count=1)
+  assert str(e.value).startswith(
+      "--set NUM_GPUS=4: the run takes 1 device (pmap: every device); Pax reads NUM_GPUS "
+      "nowhere, and paxlike only checks it: the devices there are decide;"), str(e.value)
+
+
 def test_enable_bfloat16_on_an_lm_is_checked_against_fprop_dtype(capsys):
   """Only Pax's BERT templates read ENABLE_BFLOAT16 (paxlike's too); on an LM it is checked
   against FPROP_DTYPE, which decides, in Pax too."""
