@@ -495,7 +495,7 @@ def _num_gpus_claim(exp: BaseExperiment, claimed: Any, device_count: int | None)
   devices, where = mesh
   if isinstance(claimed, int) and not isinstance(claimed, bool) and claimed == devices:
     return None
-  decides = "the devices there are decide" if where.startswith("pmap") else "the mesh decides"
+  decides = "the devices decide" if where.startswith("pmap") else "the mesh decides"
   return (f"the run takes {counted(devices, 'device')} ({where}); Pax reads "
           f"NUM_GPUS nowhere, and paxlike only checks it: {decides}")
 
@@ -514,12 +514,14 @@ def _enable_bfloat16_claim(exp: BaseExperiment, claimed: Any,
 
 
 # Knobs Pax's LM files set that state what another setting decides, read by nothing in Pax:
-# paxlike reads them as a check of that setting (check_pax_claims). -> (what decides, check
-# (experiment, claim, device count or None): None when the claim holds, else what the run
-# does instead).
-PAX_CLAIMS: dict[str, tuple[str, Callable[[BaseExperiment, Any, int | None], str | None]]] = {
-    "NUM_GPUS": ("the mesh's shapes", _num_gpus_claim),
-    "ENABLE_BFLOAT16": ("FPROP_DTYPE", _enable_bfloat16_claim),
+# paxlike reads them as a check of that setting (check_pax_claims). -> (what decides, of the
+# experiment; check (experiment, claim, device count or None): None when the claim holds,
+# else what the run does instead).
+PAX_CLAIMS: dict[str, tuple[Callable[[BaseExperiment], str],
+                            Callable[[BaseExperiment, Any, int | None], str | None]]] = {
+    "NUM_GPUS": (lambda exp: "the devices it runs on" if _untracked_get(
+        exp, "ICI_MESH_SHAPE") is None else "the mesh's shapes", _num_gpus_claim),
+    "ENABLE_BFLOAT16": (lambda exp: "FPROP_DTYPE", _enable_bfloat16_claim),
 }
 
 
@@ -547,7 +549,7 @@ def check_pax_claims(exp: BaseExperiment, device_count: int | None = None) -> No
     if wrong is None:
       continue
     if name in overrides and name not in inherited:
-      lines.append(f"--set {name}={_show(claimed)}: {wrong}; set {decides} instead (or "
+      lines.append(f"--set {name}={_show(claimed)}: {wrong}; set {decides(exp)} instead (or "
                    f"--set {name}=None).")
     else:
       klass = defined.get(name, type(exp))
@@ -694,7 +696,8 @@ class _UnusedReasons:
 
   def __init__(self, exp: BaseExperiment) -> None:
     self._exp = exp
-    self._declared = exp.__dict__.get("_hparam_unused", {})
+    # A copy: rebuilding the template (_replacements) declares knobs of its own.
+    self._declared = dict(exp.__dict__.get("_hparam_unused", {}))
     self._replaced: dict[str, str] | None = None
 
   def __contains__(self, name: str) -> bool:

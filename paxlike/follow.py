@@ -12,8 +12,8 @@ between skipped.
 A run on a job that no trainer holds, or with --restore_checkpoint_step, or
 in --mode=decode_once, reads one checkpoint and ends, as it always did. One
 exception: when the job's last trainer stopped short of its last step in a
-way a scheduler answers with a rerun (preempted by SIGTERM: it recorded
-`stopped` in run_env.json; or killed: it left its lock behind), the run waits
+way a scheduler answers with a rerun (preempted: a signal other than SIGINT,
+which recorded `stopped` in run_env.json; or killed: it left its lock behind), the run waits
 for the rerun to take the job, until RESTART_WAIT_S after the stop, and goes
 on following it. On a cluster, trainer and evaler restart together after a
 preemption, and the evaler is often first. A stop longer ago than that (a job
@@ -137,11 +137,13 @@ def folder_poll(directory: str) -> Callable[[], tuple[int | None, bool]]:
 
   def restart_pending() -> float:
     """The seconds a rerun may still come in: RESTART_WAIT_S after the job's last trainer
-    stopped in a way a scheduler reruns, preempted (its run_env.json says `stopped` by
-    SIGTERM) or killed (its lock left behind, as of its last heartbeat); 0 for none."""
+    stopped in a way a scheduler reruns, preempted (its run_env.json says `stopped` by a
+    signal other than SIGINT) or killed (its lock left behind, as of its last heartbeat);
+    0 for none."""
     stops = [job_lock.left_behind_since(job_log_dir)]
     stopped = last_run_stopped(job_log_dir)
-    if stopped and stopped.get("signal") == "SIGTERM":
+    # Any stop but a Ctrl-C (a multi-host run's may read "a signal on another process").
+    if stopped and stopped.get("signal") != "SIGINT":
       stops.append(stopped.get("time"))
     latest = max((t for t in stops if isinstance(t, int | float)), default=None)
     left = 0 if latest is None else int(max(latest + RESTART_WAIT_S - time.time(), 0))

@@ -8,6 +8,7 @@ JAX's own options are flags too (--jax_debug_nans, --jax_compilation_cache_dir,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -124,15 +125,16 @@ def run(argv_flags: flags.FlagValues) -> int:
   created = _new_job_log_dir(job_log_dir)
   lock = _claim_job_log_dir(job_log_dir, argv_flags.mode)
   try:
-    init_from, source, export_job, restore = _preflight(exp, built, job_log_dir, argv_flags)
+    init_from, source, export_job, restore = _preflight(exp, built, job_log_dir, argv_flags,
+                                                        partitioner)
   except UserError:
     _unclaim_job_log_dir(job_log_dir, lock, created)  # a refused run leaves no directory
     raise
-  before = _JobFiles(job_log_dir) if argv_flags.mode == "train" else None
+  before = _JobFiles(job_log_dir) if argv_flags.mode == "train" and _chief() else None
   try:
     _write_run_records(exp, built, job_log_dir, argv_flags, partitioner, mesh_desc, flag_plan,
                        restore)
-    if layout is not None:
+    if layout is not None and _chief():
       xla_flags.update_run_env(job_log_dir, {"layout": layout})
     options = _train_options(built, partitioner, job_log_dir, argv_flags, init_from,
                              run_timer, flag_plan, profile_plan, restore)
@@ -655,8 +657,10 @@ class _JobFiles:
   # The folders a training run makes before step 1 (removed again when it made them and
   # they are empty), deepest first.
   MADE = (*FOLDERS[:-1], "summaries", "checkpoints", "profile", "pgle")
-  # Top-level files of other modes' runs (eval_run_env.json, ...): an evaler's beside it.
-  OTHER_MODES = tuple(f"{mode}_" for mode in MODES if mode != "train")
+  # Top-level files of other runs beside it: other modes' (eval_run_env.json, ...), a dry
+  # run's report, and files being written (files.write_atomic's, main's write probe).
+  NOT_OURS = (*(f"{mode}_" for mode in MODES if mode != "train"), "dry_run.json",
+              ".write_probe_")
 
   def __init__(self, job_log_dir: str) -> None:
     self.root = job_log_dir
@@ -672,23 +676,25 @@ class _JobFiles:
       if os.path.isdir(folder):
         out += [os.path.join(folder, n) for n in os.listdir(folder)
                 if os.path.isfile(os.path.join(folder, n)) and n != "job.lock"
-                and not (sub == "" and n.startswith(self.OTHER_MODES))]
+                and ".tmp-" not in n and not (sub == "" and n.startswith(self.NOT_OURS))]
     return out
 
   def _read(self, path: str) -> bytes | None:
-    if os.path.getsize(path) > self.MAX_BYTES:
+    """The file's bytes; None when it is too large to keep, or gone meanwhile."""
+    try:
+      if os.path.getsize(path) > self.MAX_BYTES:
+        return None
+      with open(path, "rb") as f:
+        return f.read()
+    except FileNotFoundError:
       return None
-    with open(path, "rb") as f:
-      return f.read()
 
   def put_back(self) -> None:
-    import jax
-
-    if jax.process_index() != 0:
-      return
+    """(Built on the chief only, which alone writes the records.)"""
     for path in self._ours():
       if path not in self.kept:
-        os.remove(path)
+        with contextlib.suppress(FileNotFoundError):
+          os.remove(path)
       elif self.kept[path] is not None and self._read(path) != self.kept[path]:
         with open(path, "wb") as f:
           f.write(self.kept[path])
@@ -698,6 +704,13 @@ class _JobFiles:
           os.rmdir(os.path.join(self.root, sub))  # only ever an empty one
         except OSError:
           pass
+
+
+def _chief() -> bool:
+  """Whether this is the process that writes the job's records (process 0)."""
+  import jax
+
+  return jax.process_index() == 0
 
 
 def _new_job_log_dir(job_log_dir: str) -> bool:
@@ -728,8 +741,8 @@ def _no_checkpoint(job_log_dir: str, mode: str) -> UserError:
                    "--restore_checkpoint_dir or --init_from.")
 
 
-def _preflight(exp: Any, built: _Built, job_log_dir: str,
-               argv_flags: flags.FlagValues) -> tuple[Any, Any, Any, Any]:
+def _preflight(exp: Any, built: _Built, job_log_dir: str, argv_flags: flags.FlagValues,
+               partitioner: Any) -> tuple[Any, Any, Any, Any]:
   """Everything a run can refuse, checked before it writes anything into job_log_dir.
 
   Returns:
@@ -753,10 +766,11 @@ def _preflight(exp: Any, built: _Built, job_log_dir: str,
         init_from=init_from) for step in steps]
   if restore is not None and restore.note:
     log.info("%s", restore.note)
-  if mode == "train":  # a pipeline's microbatches, before anything is written
-    rows, slices = built.train_input.get_global_batch_size(), task.train.num_microbatches
-    if rows % slices == 0:  # else the trainer's accumulation check says so
-      task.model.check_batch(rows // slices)
+  if mode == "train":  # the batch divides as the step needs, before anything is written
+    from paxlike import steps as steps_lib
+
+    steps_lib.check_step_batch(task.model, partitioner, built.train_input.get_global_batch_size(),
+                               task.train.num_microbatches)
   if mode in ("export", "infer") and source.step is None and not init_from:
     raise _no_checkpoint(job_log_dir, mode)
   export_job = None
@@ -840,7 +854,7 @@ def _train_options(built: _Built, partitioner: Any, job_log_dir: str,
   """The trainer's options from the flags, with the evaluator and, for training, the peak."""
   import jax
 
-  from paxlike import evaluator, flops, steps, trainer, xla_flags
+  from paxlike import evaluator, flops, trainer, xla_flags
 
   model = built.task.model
   options = trainer.TrainOptions(
@@ -858,15 +872,12 @@ def _train_options(built: _Built, partitioner: Any, job_log_dir: str,
       raise UserError(f"--device_memory_gib={argv_flags.device_memory_gib} must be positive.")
     options.device_memory_bytes = int(argv_flags.device_memory_gib * (1 << 30))
   if argv_flags.mode == "train":
-    # A batch the step cannot divide is refused before the peak is measured or a pipeline's
-    # schedule logged.
-    global_batch = built.train_input.get_global_batch_size()
-    num_microbatches = built.task.train.num_microbatches
-    steps.check_step_batch(model, partitioner, global_batch, num_microbatches)
     options.peak_flops_per_device, peak_source = flops.resolve_peak(
         jax.local_devices(), model.compute_dtype(), argv_flags.peak_tflops_per_device)
     # A pipeline's schedule and bubble: in run_env.json and the log (MFU includes the bubble).
-    pipeline = flops.pipeline_schedule(model, global_batch // num_microbatches)
+    # (A batch the step cannot divide was refused in _preflight, before anything was written.)
+    pipeline = flops.pipeline_schedule(model, built.train_input.get_global_batch_size()
+                                       // built.task.train.num_microbatches)
     if pipeline is not None:
       from paxlike import log
 

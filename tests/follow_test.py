@@ -70,6 +70,9 @@ def test_a_rerun_is_waited_for_after_a_recent_preemption_only(tmp_path):
   for stopped, left in (({"signal": "SIGTERM", "time": time.time() - 30}, (560, 571)),
                         ({"signal": "SIGTERM", "time": time.time() - 86400}, (0, 0)),
                         ({"signal": "SIGINT", "time": time.time() - 30}, (0, 0)),
+                        # A multi-host run's chief may only know a signal reached a peer.
+                        ({"signal": "a signal on another process", "time": time.time() - 30},
+                         (560, 571)),
                         (None, (0, 0))):
     (tmp_path / "run_env.json").write_text(json.dumps({"stopped": stopped} if stopped else {}))
     assert left[0] <= poll.restart_pending() <= left[1], stopped

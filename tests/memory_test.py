@@ -73,7 +73,10 @@ def test_a_refused_trainer_puts_back_its_own_files_and_leaves_an_evalers(tmp_pat
   (job / "summaries" / "train" / "events.out.tfevents.1").write_bytes(b"x")
   (job / "eval_run_env.json").write_text("{}\n")
   (job / "summaries" / "eval_test").mkdir()
+  (job / "dry_run.json").write_text("{}\n")  # a dry run's report
+  (job / "run_env.json.tmp-host-7").write_text("{")  # another process's write in flight
   before.put_back()
+  assert (job / "dry_run.json").exists() and (job / "run_env.json.tmp-host-7").exists()
   assert (job / "run_env.json").read_text() == '{"old": 1}\n'
   assert not (job / "model_params.txt").exists() and not (job / "checkpoints").exists()
   assert list((job / "summaries" / "train").iterdir()) == []  # it was there before

@@ -315,7 +315,8 @@ def test_num_gpus_of_a_pmap_run_is_checked_once_the_devices_are_known():
     experiment.build_checked(experiment.instantiate(PmapGpus, ["NUM_GPUS=4"]), device_count=1)
   assert str(e.value).startswith(
       "--set NUM_GPUS=4: the run takes 1 device (pmap: every device); Pax reads NUM_GPUS "
-      "nowhere, and paxlike only checks it: the devices there are decide;"), str(e.value)
+      "nowhere, and paxlike only checks it: the devices decide; set the devices it runs on "
+      "instead (or --set NUM_GPUS=None)."), str(e.value)
 
 
 def test_enable_bfloat16_on_an_lm_is_checked_against_fprop_dtype(capsys):
