@@ -172,7 +172,7 @@ def train_restore(job_log_dir: str, restore_checkpoint_dir: str | None,
           and (not previous.get("restore_checkpoint_dir")
                or _is_own(own_dir, previous["restore_checkpoint_dir"])))
   # The later steps this rollback did not write (all of them, for another rollback).
-  stale = [s for s in later if not same or os.stat(steps[s]).st_mtime < since]
+  stale = [s for s in later if not same or _written_at(steps[s]) < since]
   if _agreed(not stale):
     return TrainRestore(None, {**record, "since": since}, (
         f"--restore_checkpoint_step={step} is not used: the job continues from its own step "
@@ -183,6 +183,16 @@ def train_restore(job_log_dir: str, restore_checkpoint_dir: str | None,
                   f"already has step {stale[0] if stale else later[0]} after it, which this run "
                   "would write again; train into a new --job_log_dir with "
                   f"--restore_checkpoint_dir={own_dir}, or move the later checkpoints away.")
+
+
+def _written_at(folder: str) -> float:
+  """When a checkpoint folder was written: its files' newest mtime (orbax's
+  _CHECKPOINT_METADATA, ...), as run_env.json's `since` is a file's. A folder's own
+  mtime is not used: a FUSE mount of a bucket (gcsfuse) may give folders the time they
+  were looked up, which would make an old step look written since."""
+  with os.scandir(folder) as entries:
+    times = [e.stat().st_mtime for e in entries if e.is_file()]
+  return max(times) if times else os.stat(folder).st_mtime
 
 
 def write_record(job_log_dir: str, restore: TrainRestore) -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import shutil
 import socket
 import threading
 import time
@@ -149,14 +150,17 @@ def test_a_rollback_continues_only_over_the_steps_it_wrote(tmp_path):
   job = tmp_path / "job"
   for step in (10, 11, 12, 14):
     step_dir(job, step).mkdir(parents=True)
+    (step_dir(job, step) / "_CHECKPOINT_METADATA").write_text("{}")
   since = time.time() - 60
-  os.utime(step_dir(job, 14), (since - 60, since - 60))  # written before the rollback
+  # Written before the rollback: its files say so, though the folder's own time is now (as a
+  # FUSE mount of a bucket may report a folder: the time it was looked up).
+  os.utime(step_dir(job, 14) / "_CHECKPOINT_METADATA", (since - 60, since - 60))
   (job / "run_env.json").write_text(json.dumps({"restore": {
       "restore_checkpoint_dir": None, "restore_checkpoint_step": 10, "since": since}}))
   with pytest.raises(UserError, match=r"--restore_checkpoint_step=10 trains on from there, "
                                       r"but \S+ already has step 14 after it"):
     resume.train_restore(str(job), None, 10)
-  step_dir(job, 14).rmdir()
+  shutil.rmtree(step_dir(job, 14))
   with pytest.raises(UserError, match=r"already has step 12 after it"):  # another rollback
     resume.train_restore(str(job), None, 11)
   for own in (None, str(job / "checkpoints"), str(job)):  # the job's own folder: the same
