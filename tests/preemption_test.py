@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import shutil
+import signal
 import socket
 import threading
 import time
