@@ -477,13 +477,18 @@ PAX_UNMODELED = {
 PAX_UNREAD: dict[str, str] = {}
 
 
+def _pmap(exp: BaseExperiment) -> bool:
+  """Whether the run is the pmap loop (no ICI_MESH_SHAPE): on every device there is."""
+  return _untracked_get(exp, "ICI_MESH_SHAPE") is None
+
+
 def _mesh_devices(exp: BaseExperiment, device_count: int | None) -> tuple[int, str] | None:
   """The devices the run takes and where that number comes from: ICI_MESH_SHAPE x
   DCN_MESH_SHAPE, or for a pmap run every device, device_count (None before the backend
   starts, which must wait for jax.distributed: then not known)."""
-  ici, dcn = _untracked_get(exp, "ICI_MESH_SHAPE"), _untracked_get(exp, "DCN_MESH_SHAPE")
-  if ici is None:
+  if _pmap(exp):
     return None if device_count is None else (device_count, "pmap: every device")
+  ici, dcn = _untracked_get(exp, "ICI_MESH_SHAPE"), _untracked_get(exp, "DCN_MESH_SHAPE")
   shapes = f"ICI_MESH_SHAPE {list(ici)}" + (f" x DCN_MESH_SHAPE {list(dcn)}" if dcn else "")
   return int(np.prod(ici)) * int(np.prod(dcn or [1])), shapes
 
@@ -495,7 +500,7 @@ def _num_gpus_claim(exp: BaseExperiment, claimed: Any, device_count: int | None)
   devices, where = mesh
   if isinstance(claimed, int) and not isinstance(claimed, bool) and claimed == devices:
     return None
-  decides = "the devices decide" if where.startswith("pmap") else "the mesh decides"
+  decides = "the devices decide" if _pmap(exp) else "the mesh decides"
   return (f"the run takes {counted(devices, 'device')} ({where}); Pax reads "
           f"NUM_GPUS nowhere, and paxlike only checks it: {decides}")
 
@@ -519,8 +524,8 @@ def _enable_bfloat16_claim(exp: BaseExperiment, claimed: Any,
 # else what the run does instead).
 PAX_CLAIMS: dict[str, tuple[Callable[[BaseExperiment], str],
                             Callable[[BaseExperiment, Any, int | None], str | None]]] = {
-    "NUM_GPUS": (lambda exp: "the devices it runs on" if _untracked_get(
-        exp, "ICI_MESH_SHAPE") is None else "the mesh's shapes", _num_gpus_claim),
+    "NUM_GPUS": (lambda exp: "the devices it runs on" if _pmap(exp) else "the mesh's shapes",
+                 _num_gpus_claim),
     "ENABLE_BFLOAT16": (lambda exp: "FPROP_DTYPE", _enable_bfloat16_claim),
 }
 

@@ -405,7 +405,7 @@ def _dry_run(exp: Any, job_log_dir: str, argv_flags: flags.FlagValues) -> int:
 
   dry_run.ensure_fake_devices(dry_run.mesh_size(exp)[1])  # may restart this process
   experiment.build_checked(exp)
-  created = not os.path.exists(job_log_dir)
+  created = _new_job_log_dir(job_log_dir)
   try:
     return dry_run.run(exp, _prepare_job_log_dir(job_log_dir), argv_flags.target,
                        layouts=argv_flags.dry_run_layouts, overrides=_set_flags(argv_flags.set))
