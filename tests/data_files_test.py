@@ -177,10 +177,30 @@ def test_a_conversation_ending_on_the_user_asks_for_the_assistants_reply(tmp_pat
   prompt = inp.vocab.decode(np.concatenate([batch["ids"][0, :1], batch["labels"][0, :n - 1]]))
   assert prompt == ("<s><|system|>\nBe brief.<|end|>\n<|user|>\nSay hi.<|end|>\n<|assistant|>\n"
                     "hi<|end|>\n<|user|>\nAgain, louder.<|end|>\n<|assistant|>\n")
-  # The earlier reply is scored (eval loss), and the prompt's last token marks the row as an
-  # example (as an input's EOS does); the reply asked for is the model's to write.
-  assert inp.vocab.decode(batch["labels"][0][batch["weights"][0] > 0]) == "hi<|end|>\n\n"
-  assert batch["weights"][0, n - 2] == 1 and batch["weights"][0, n - 1:].sum() == 0
+  # The earlier reply is scored (eval loss), no template token; the reply asked for is the
+  # model's to write.
+  assert inp.vocab.decode(batch["labels"][0][batch["weights"][0] > 0]) == "hi<|end|>\n"
+  assert batch["weights"][0, n - 2:].sum() == 0
+  # A chat with no reply yet: the prompt's last token marks the row as an example (as an
+  # input's EOS does), for infer and eval; training on it is refused, as on inputs alone.
+  path = _write_jsonl(tmp_path / "first.jsonl", [{"messages": CONVERSATION[:2]}])
+  inp = _text_input(path, seq_len=160, batch_size=1, chat_template_dir=str(ckpt),
+                    is_training=False, reset_for_eval=True)
+  batch = inp.get_next()
+  n = int(batch["prompt_lens"][0])
+  assert batch["weights"][0].sum() == 1 and batch["weights"][0, n - 2] == 1
+  with pytest.raises(UserError, match=r"first\.jsonl line 1 is a conversation without an "
+                     "assistant turn, so it has nothing to train on"):
+    _text_input(path, seq_len=160, batch_size=1, chat_template_dir=str(ckpt))
+  # Messages that are no conversation are one sentence naming the row.
+  for messages, problem in ((["1+1=", "2"], "message 1 is str, not an object"),
+                            ([{"role": "user", "content": None}],
+                             r"message 1 \(user\) has no 'content' string"),
+                            ([], "'messages' is empty")):
+    bad = _write_jsonl(tmp_path / "bad.jsonl", [{"messages": CONVERSATION}, {"messages": messages}])
+    with pytest.raises(UserError, match=r"bad\.jsonl line 2: " + problem):
+      _text_input(bad, seq_len=160, batch_size=1, chat_template_dir=str(ckpt),
+                  is_training=False, reset_for_eval=True)
 
 
 def test_chat_rows_without_a_template_are_one_sentence(tmp_path):
@@ -208,6 +228,58 @@ def test_chat_template_renders_as_transformers_apply_chat_template(tmp_path):
   for messages, gen in ((CONVERSATION, False), (CONVERSATION[:4], True)):
     assert ours.render(messages, add_generation_prompt=gen) == hf.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=gen)
+
+
+def test_a_chat_row_has_the_ids_transformers_gives_the_rendered_chat(tmp_path):
+  """A tokenizer that marks the start of a text (Llama 2's and SentencePiece's dummy '▁')
+  marks it once, as transformers tokenizes the whole rendered chat, not once a turn; the
+  loss still covers the assistant's turns alone."""
+  pytest.importorskip("transformers")
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  from transformers import PreTrainedTokenizerFast
+
+  from paxlike.inputs import vocabulary
+
+  tok = Tokenizer(models.BPE(unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+  tok.decoder = decoders.Metaspace(prepend_scheme="first")
+  tok.train_from_iterator([" ".join(m["content"] for m in CONVERSATION)] * 20,
+                          trainers.BpeTrainer(vocab_size=120, special_tokens=[
+                              "<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>",
+                              "<|system|>", "<|end|>"]))
+  hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                               unk_token="<unk>")
+  hf.chat_template = CHAT_TEMPLATE
+  hf.save_pretrained(tmp_path / "tok")
+  vocab = vocabulary.get(str(tmp_path / "tok"))
+  # Encoded a turn at a time, the turns would start with a '▁' the whole text lacks.
+  assert vocab.encode("hi") != vocab.encode("x hi")[1:]
+  path = _write_jsonl(tmp_path / "chat.jsonl", [{"messages": CONVERSATION}])
+  inp = _text_input(path, seq_len=200, batch_size=1, chat_template_dir=str(tmp_path / "tok"),
+                    vocabulary=str(tmp_path / "tok"), is_training=False, reset_for_eval=True)
+  batch = inp.get_next()
+  want = hf.apply_chat_template(CONVERSATION, tokenize=True)
+  want = list(want if isinstance(want, list) else want["input_ids"])
+  assert len(want) > 20
+  assert [int(batch["ids"][0, 0]), *batch["labels"][0, :len(want) - 1].tolist()] == want
+  weighted = batch["labels"][0][batch["weights"][0] > 0].tolist()
+  assert hf.decode(weighted) == hf.decode(hf.encode("hi<|end|>\nHI!<|end|>\n",
+                                                    add_special_tokens=False))
+
+
+def test_a_text_split_in_pieces_has_the_ids_of_the_whole(tmp_path):
+  import sentencepiece as spm
+
+  from paxlike.inputs import vocabulary
+
+  text = "Be brief. Say hi. Again, louder, é! " * 3
+  spm.SentencePieceTrainer.train(sentence_iterator=iter([text] * 20), vocab_size=25,
+                                 model_prefix=str(tmp_path / "spiece"), minloglevel=2)
+  for vocab in (vocabulary.get(str(tmp_path / "spiece.model")), vocabulary.get("byte")):
+    pieces = ["Be brief. Say", " hi. Again, louder, ", "é! ", text]
+    split = vocabulary.encode_pieces(vocab, pieces)
+    assert sum(split, []) == vocab.encode("".join(pieces))
+    assert split[0] == vocab.encode(pieces[0])  # " hi" starts with piece 1's space
 
 
 # ------------------------------------------------- file formats, missing fields

@@ -207,6 +207,55 @@ def test_missing_and_unreadable_data_files_are_user_errors(tmp_path):
   bad.write_text('{"inputs": "1+1=", "targets": "2"}\nnot json\n')
   with pytest.raises(UserError, match="line 2 is not valid JSON"):
     TextInput(file_pattern=str(bad), num_infeed_hosts=1, infeed_host_index=0)
+  # One misspelt name in a list would train on the other files alone.
+  good = tmp_path / "good.txt"
+  good.write_text("one line\n")
+  with pytest.raises(UserError, match=r"no data file matches '\S*trian\.txt' \(of"):
+    TextInput(file_pattern=f"{good},{tmp_path / 'trian.txt'}", num_infeed_hosts=1,
+              infeed_host_index=0)
+
+
+def test_a_plain_text_example_is_a_line_whatever_breaks_it_holds(tmp_path):
+  path = tmp_path / "t.txt"
+  path.write_text("ab\u2028cd\x0cef\r\n\nsecond\n", newline="")
+  inp = TextInput(file_pattern=str(path), seq_len=16, batch_size=2, num_infeed_hosts=1,
+                  infeed_host_index=0, shuffle=False)
+  assert inp.num_examples == 2
+  ids = inp.get_next()["ids"]
+  assert inp.vocab.decode(ids[0]) == "ab\u2028cd\x0cef"
+
+
+def test_a_run_resumed_with_another_batch_size_reads_on_where_it_stopped(tmp_path):
+  path = tmp_path / "n.txt"
+  path.write_text("".join(f"{i}\n" for i in range(40)))
+
+  def make(batch_size):
+    return TextInput(file_pattern=str(path), seq_len=4, batch_size=batch_size, shuffle=False,
+                     num_infeed_hosts=1, infeed_host_index=0)
+
+  def lines(inp):
+    return [inp.vocab.decode(row) for row in inp.get_next()["ids"]]
+
+  first = make(2)
+  assert [lines(first) for _ in range(3)][-1] == ["4", "5"]
+  state = json.loads(json.dumps(first.get_state()))  # as a checkpoint keeps it
+  second = make(4)
+  second.set_state(state)
+  assert lines(second) == ["6", "7", "8", "9"]
+  # A state written before the input recorded its example (an older paxlike's checkpoint).
+  old = make(2)
+  old.set_state({"index": 3})
+  assert lines(old) == ["6", "7"]
+
+
+def test_packing_efficiency_counts_a_pad_id_that_is_not_0_as_padding():
+  from paxlike.inputs.text import packing_efficiency
+
+  labels = np.asarray([[5, 6, 1, 1], [7, 1, 1, 1]])  # a tokenizer padding with EOS (1)
+  batch = {"labels": labels, "weights": np.ones((2, 4), np.float32)}
+  assert packing_efficiency(batch, pad_id=1) == 3 / 8
+  segments = np.asarray([[1, 1, 2, 0], [1, 0, 0, 0]])  # packed: the segments say it
+  assert packing_efficiency({**batch, "segment_ids": segments}, pad_id=1) == 4 / 8
 
 
 def test_synthetic_ids_fit_the_models_vocabulary():

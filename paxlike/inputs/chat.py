@@ -105,6 +105,22 @@ class ChatTemplate:
     return [(text, weighted) for text, weighted in out if text]
 
 
+def messages_problem(messages: Any) -> str | None:
+  """What keeps a row's 'messages' from being a conversation (None: nothing)."""
+  if not isinstance(messages, list):
+    return f"'messages' is {type(messages).__name__}, not a list"
+  if not messages:
+    return "'messages' is empty"
+  for n, message in enumerate(messages, 1):
+    if not isinstance(message, dict):
+      return f"message {n} is {type(message).__name__}, not an object"
+    if not isinstance(message.get("role"), str):
+      return f"message {n} has no 'role' string"
+    if not isinstance(message.get("content"), str):
+      return f"message {n} ({message['role']}) has no 'content' string"
+  return None
+
+
 def ends_on_reply(messages: list[Any]) -> bool:
   """Whether a conversation's last turn is the assistant's (one to decode against), rather
   than one that asks for a reply."""

@@ -119,12 +119,18 @@ def read_rows(pattern: str) -> list[Located]:
   text, an example a non-blank line. A UTF-8 byte-order mark is skipped.
 
   Raises:
-    UserError: no file matches, or a file is unreadable or malformed (naming
-      the file and line).
+    UserError: a path or glob matches no file, or a file is unreadable or
+      malformed (naming the file and line).
   """
-  paths = sorted({p for pat in pattern.split(",") if pat for p in glob.glob(pat.strip())})
-  if not paths:
+  patterns = [pat.strip() for pat in pattern.split(",") if pat.strip()]
+  matched = {pat: glob.glob(pat) for pat in patterns}
+  if not any(matched.values()):
     raise UserError(f"no data file matches {pattern!r}; check the path.")
+  # One listed path that matches nothing would train on the others' rows alone.
+  if gone := [pat for pat in patterns if not matched[pat]]:
+    raise UserError(f"no data file matches {gone[0]!r} (of {pattern!r}); check the path.")
+  # A file that two globs match is read once.
+  paths = sorted({p for found in matched.values() for p in found})
   out: list[Located] = []
   for path in paths:
     try:
@@ -143,7 +149,10 @@ def read_rows(pattern: str) -> list[Located]:
       out.extend(_json_lines(path, text))
     else:
       where = f"{path} line"
-      out.extend((where, n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip())
+      # Lines end at a newline (or CR LF), not at the other breaks splitlines() knows
+      # (U+2028, a form feed), which may stand inside a line of text.
+      out.extend((where, n, line.removesuffix("\r"))
+                 for n, line in enumerate(text.split("\n"), 1) if line.strip())
   return out
 
 
@@ -200,9 +209,11 @@ def _table_rows(path: str, text: str, delimiter: str) -> list[Located]:
   try:
     for row in reader:
       if None in row:  # DictReader's key for the cells past the header's
-        cell = "comma" if delimiter == "," else "tab"
+        fix = ("quote the cells that hold a comma" if delimiter == "," else
+               "a .tsv cell cannot hold a tab (its quotes are text): write the file as .csv, "
+               "quoting that cell")
         raise UserError(f"{path} line {reader.line_num} has more cells than its header's "
-                        f"{len(reader.fieldnames or ())}; quote the cells that hold a {cell}.")
+                        f"{len(reader.fieldnames or ())}; {fix}.")
       # A short row's missing cells (None) and empty cells are absent fields, not text.
       out.append((where, reader.line_num, {k: v for k, v in row.items() if v}))
   except csv.Error as e:
@@ -231,33 +242,38 @@ ENC_DEC_TOKENS = ("encoder_input_tokens", "decoder_target_tokens")
 ENC_DEC_WEIGHTS = "decoder_loss_weights"
 
 
-def packing_efficiency(batch: dict[str, np.ndarray]) -> float:
+def packing_efficiency(batch: dict[str, np.ndarray], pad_id: int = 0) -> float:
   """The fraction of a batch's token positions that hold a real token of a real example.
 
-  Counts the non-zero (non-padding) ids of encoder_input_tokens and
-  decoder_target_tokens together (an LM batch: of labels). Decoder *targets*,
-  not inputs: decoder inputs start each example with the start id 0, which
-  is real work but equal to the pad id. A row whose loss weights are all 0
-  (the padding rows that end a finite input) counts as padding throughout.
+  Counts the positions of encoder_input_tokens and decoder_target_tokens
+  together (an LM batch: of labels) that a segment holds, where the batch has
+  segment ids (packed rows), else the ids other than pad_id. Decoder
+  *targets*, not inputs: decoder inputs start each example with the start id
+  0, which is real work but equal to the pad id. A row whose loss weights are
+  all 0 (the padding rows that end a finite input) counts as padding
+  throughout.
 
   Args:
     batch: a batch as get_next() returns it (numpy arrays, batch leading).
+    pad_id: the vocabulary's padding id (a tokenizer without a pad token pads
+      with its EOS).
 
   Returns:
     A number in [0, 1]; 0.0 for an empty batch.
   """
   if all(k in batch for k in ENC_DEC_TOKENS):
     keys, weights = ENC_DEC_TOKENS, batch.get(ENC_DEC_WEIGHTS)
+    segments = ("encoder_segment_ids", "decoder_segment_ids")
   elif "labels" in batch:
-    keys, weights = ("labels",), batch.get("weights")
+    keys, weights, segments = ("labels",), batch.get("weights"), ("segment_ids",)
   else:
     raise ValueError("packing_efficiency needs encoder_input_tokens and decoder_target_tokens "
                      f"(or labels); the batch has {sorted(batch)}.")
   live = None if weights is None else np.asarray(weights).reshape(len(weights), -1).any(axis=1)
   real = total = 0
-  for k in keys:
+  for k, segment in zip(keys, segments, strict=True):
     tokens = np.asarray(batch[k])
-    nonpad = tokens != 0
+    nonpad = np.asarray(batch[segment]) > 0 if segment in batch else tokens != pad_id
     if live is not None:
       nonpad &= live.reshape((-1,) + (1,) * (tokens.ndim - 1))
     real += int(nonpad.sum())
@@ -339,6 +355,7 @@ class TextInput(BaseInput):
     located = read_rows(self.file_pattern) if self.file_pattern else None
     raw = ([row for _, _, row in located] if located is not None
            else list(load_generator(self.generator, self.split)))
+    self._check_chats(raw, located)
     if self.is_training:
       self._check_targets(raw, located)
     # Whether each example's row cut its prompt (the feature builders set it).
@@ -359,7 +376,9 @@ class TextInput(BaseInput):
     self._flat_cache: dict[str, np.ndarray] = {}
     self._num_packed_batches: int | None = None
     self._index = 0  # global batches read
-    self._cursor = 0  # packed: the global example the next global batch starts at
+    # The global example the next global batch starts at: what a checkpoint records, so a
+    # run resumed with another global batch neither skips nor repeats examples.
+    self._cursor = 0
 
   @property
   def packed(self) -> bool:
@@ -386,15 +405,30 @@ class TextInput(BaseInput):
       return None
     return self._originals[example], bool(self._prompt_cut[example])
 
+  def _check_chats(self, raw: Sequence[Any], located: list[Located] | None) -> None:
+    """Refuses a chat row whose messages are not role/content objects, naming it."""
+    for i, ex in enumerate(raw):
+      if isinstance(ex, dict) and "messages" in ex and (
+          problem := chat_lib.messages_problem(ex["messages"])):
+        where = (f"{located[i][0]} {located[i][1]}" if located is not None
+                 else f"example {i} of {self.generator}")
+        raise UserError(f"input {self.name!r}: {where}: {problem}; write 'messages' as a "
+                        'list of {"role": ..., "content": "text"} objects.')
+
   def _check_targets(self, raw: Sequence[Any], located: list[Located] | None) -> None:
     """Refuses a training row with an input but no target: it would train on EOS alone.
 
     (Rows of inputs alone are what --mode=infer reads; FilesDataset checks EVAL_FILES.)
     """
     for i, ex in enumerate(raw):
+      where = (f"{located[i][0]} {located[i][1]}" if located is not None
+               else f"example {i} of {self.generator}")
+      if isinstance(ex, dict) and isinstance(ex.get("messages"), list) and not any(
+          isinstance(m, dict) and m.get("role") == "assistant" for m in ex["messages"]):
+        raise UserError(f"input {self.name!r}: {where} is a conversation without an "
+                        "assistant turn, so it has nothing to train on (conversations that "
+                        "ask for a reply are for --mode=infer --infer_input).")
       if lacks_target(ex, self.input_key, self.target_key):
-        where = (f"{located[i][0]} {located[i][1]}" if located is not None
-                 else f"example {i} of {self.generator}")
         raise UserError(f"input {self.name!r}: {where} has no {self.target_key!r} field (its "
                         f"fields: {sorted(ex)}), so it has no target to train on; set "
                         "TARGET_KEY to the field that holds the target.")
@@ -436,15 +470,20 @@ class TextInput(BaseInput):
       seq: list[int] = []
       flags: list[bool] = []
       last_turn = 0
-      for text, weighted in self._chat().pieces(ex["messages"]):
-        ids = self.vocab.encode(text)
+      pieces = self._chat().pieces(ex["messages"])
+      # Tokenized whole, as transformers tokenizes the rendered chat, then split by piece.
+      for (_, weighted), ids in zip(pieces, vocab_lib.encode_pieces(
+          self.vocab, [text for text, _ in pieces]), strict=True):
         last_turn = len(seq) if weighted else last_turn
         seq += ids
         flags += [weighted] * len(ids)
       if chat_lib.ends_on_reply(ex["messages"]):
         return seq, flags, last_turn
-      if seq:  # asks for a reply: the generation prompt's last token carries a weight, as an
-        flags[-1] = True  # input's EOS does, so that --mode=infer counts the row as an example
+      # Asks for a reply. Where no earlier assistant turn carries loss, the generation
+      # prompt's last token carries a weight, so that --mode=infer (and an eval) counts the
+      # row as an example; never in training, which would learn a template token.
+      if seq and not self.is_training and not any(flags):
+        flags[-1] = True
       return seq, flags, len(seq)
     if isinstance(ex, dict) and self.input_key in ex:
       prompt = self._bos + self.vocab.encode(self._text(ex, self.input_key))
@@ -695,13 +734,13 @@ class TextInput(BaseInput):
       self._index, self._cursor = self._index + 1, int(plan[-1])
       self._last_examples = np.full(self.batch_size, -1, np.int32)
       return self._packed_rows(plan, host * self.batch_size)
-    if not self.repeat and self._index >= self.num_batches():
+    if not self.repeat and self._cursor >= self.num_examples:
       raise StopIteration
-    first = self._index * g + host * self.batch_size
+    first = self._cursor + host * self.batch_size
     ks = np.arange(first, first + self.batch_size)
     valid = ks < self.num_examples if not self.repeat else np.ones_like(ks, bool)
     rows = self._rows(ks)
-    self._index += 1
+    self._index, self._cursor = self._index + 1, self._cursor + g
     del num_hosts
     batch = {k: v[rows] for k, v in self._features.items()}
     batch[self._weight_key] = (batch[self._weight_key] * valid[:, None]).astype(np.float32)
@@ -722,23 +761,21 @@ class TextInput(BaseInput):
       self._index, self._cursor, self._last_examples = position
 
   def get_state(self) -> dict[str, Any]:
-    if self.packed:
-      return {"index": self._index, "cursor": self._cursor}
-    return {"index": self._index}
+    return {"index": self._index, "cursor": self._cursor}
 
   def set_state(self, state: dict[str, Any]) -> None:
     self._index = int(state.get("index", 0))
-    if not self.packed:
-      return
     if "cursor" in state:
       self._cursor = int(state["cursor"])
-    else:  # a state saved unpacked: replay the packing up to the batch it names
+    elif not self.packed:  # a state from before the cursor: batches of this run's size
+      self._cursor = self._index * self.get_global_batch_size()
+    else:  # a state saved unpacked before the cursor: replay the packing up to its batch
       self._cursor = 0
       for _ in range(self._index):
         self._cursor = int(self._pack_plan(self._cursor)[-1])
 
   def packing_efficiency(self, batch: dict[str, np.ndarray]) -> float | None:
-    return packing_efficiency(batch)
+    return packing_efficiency(batch, self.vocab.pad_id)
 
   def score(self, targets: list[str], predictions: list[str]) -> dict[str, float]:
     metrics = (dict(load_generator_fn(self.scorer)(targets, predictions)) if self.scorer

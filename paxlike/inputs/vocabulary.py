@@ -43,6 +43,8 @@ vocab_size, add_bos, encode and decode:
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import os
 import re
@@ -301,6 +303,21 @@ class SentencePieceVocabulary(_FileVocabulary):
         out.extend(self._sp.encode(part))
     return out
 
+  def encode_with_starts(self, text: str) -> list[tuple[int, int]]:
+    """encode(text)'s ids, each with the character of text it starts at."""
+    char_at = _char_of_byte(text)
+    out: list[tuple[int, int]] = []
+    at = 0  # the character this part starts at
+    for part in (self._split.split(text) if self._split else [text]):
+      if part in self._added:
+        out.append((self._added[part], at))
+      elif part.strip():
+        base = len(text[:at].encode("utf-8"))
+        out += [(p.id, char_at[base + p.begin])
+                for p in self._sp.encode(part, out_type="proto").pieces]
+      at += len(part)
+    return out
+
   def decode(self, ids: Sequence[int]) -> str:
     ids = self._cut(ids)
     # SentencePiece drops every leading space; transformers' Metaspace decoder only the
@@ -354,11 +371,43 @@ class TokenizerJsonVocabulary(_FileVocabulary):
   def encode(self, text: str) -> list[int]:
     return list(self._tok.encode(text, add_special_tokens=False).ids)
 
+  def encode_with_starts(self, text: str) -> list[tuple[int, int]]:
+    """encode(text)'s ids, each with the character of text it starts at."""
+    enc = self._tok.encode(text, add_special_tokens=False)
+    return [(i, start) for i, (start, _) in zip(enc.ids, enc.offsets, strict=True)]
+
   def decode(self, ids: Sequence[int]) -> str:
     return self._finish(self._tok.decode(self._cut(ids), skip_special_tokens=True))
 
 
 Vocabulary = ByteVocabulary | SentencePieceVocabulary | TokenizerJsonVocabulary
+
+
+def _char_of_byte(text: str) -> list[int]:
+  """For each UTF-8 byte of text (and its end), the character it belongs to."""
+  out: list[int] = []
+  for i, c in enumerate(text):
+    out += [i] * len(c.encode("utf-8"))
+  return out + [len(text)]
+
+
+def encode_pieces(vocab: Vocabulary, pieces: Sequence[str]) -> list[list[int]]:
+  """The ids of the pieces' concatenation, split where each piece starts.
+
+  The text is tokenized whole, as transformers tokenizes a rendered chat:
+  a tokenizer that marks the start of a text (SentencePiece's and Llama 2's
+  dummy-prefix '▁') would mark every piece encoded on its own. A token that
+  spans a boundary goes with the piece it starts in.
+  """
+  if isinstance(vocab, ByteVocabulary):  # bytes: the pieces' ids are the whole's
+    return [vocab.encode(p) for p in pieces]
+  starts = list(itertools.accumulate((len(p) for p in pieces[:-1]), initial=0))
+  out: list[list[int]] = [[] for _ in pieces]
+  k = 0
+  for token, at in vocab.encode_with_starts("".join(pieces)):
+    k = max(k, bisect.bisect_right(starts, at) - 1)
+    out[k].append(token)
+  return out
 
 
 def tokenizer_file(directory: str) -> str:
