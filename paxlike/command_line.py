@@ -58,6 +58,8 @@ flags.DEFINE_float("decode_top_p", 1.0, "Sample from the smallest set of most li
                    "whose probability reaches p (1.0: all).")
 flags.DEFINE_integer("decode_num_beams", 1, "Beam search with this many beams (1: no beam "
                      "search).")
+flags.DEFINE_integer("decode_seed", 0, "Sampling: the seed of the draws. The same seed, "
+                     "settings and checkpoint draw the same samples; another seed, others.")
 flags.DEFINE_float("decode_alpha", 0.6, "Beam search brevity penalty ((5 + length) / 6) ** alpha.")
 flags.DEFINE_integer("decode_max_length", None, "Generate at most this many tokens (default: "
                      "the rest of the LM's row, or T5's MAX_TARGET_LEN).")
@@ -175,7 +177,7 @@ HELP_GROUPS = (
         "pmap_use_tensorstore", "enable_summary_writer", "skip_nonfinite_steps",
         "decode_during_train", "eval_on_test")),
     ("Decode and infer", (
-        "decode_temperature", "decode_top_k", "decode_top_p", "decode_num_beams",
+        "decode_temperature", "decode_top_k", "decode_top_p", "decode_seed", "decode_num_beams",
         "decode_alpha", "decode_max_length", "eval_during_decode", "infer_input")),
     ("Export (--mode=export)", (
         "export_format", "export_dir", "export_overwrite", "export_platforms")),

@@ -51,6 +51,8 @@ class DecodeSettings:
     num_beams: above 1, beam search (temperature, top_k and top_p are then unused).
     alpha: beam search's brevity penalty exponent, ((5 + length) / 6) ** alpha.
     eos_id / pad_id: the end-of-sequence id and what fills a row after it.
+    seed: sampling's seed (the decode program is the same for every seed: it takes the
+      key as an argument, so the seed is no part of the settings' identity).
   """
 
   max_decode_length: int | None = None
@@ -61,13 +63,20 @@ class DecodeSettings:
   alpha: float = 0.6
   eos_id: int = 1
   pad_id: int = 0
+  seed: int = dataclasses.field(default=0, compare=False)
+
+  @property
+  def samples(self) -> bool:
+    return self.num_beams == 1 and self.temperature > 0
 
   def record(self) -> dict[str, Any]:
     """The settings as records hold them (an export's manifest, a decode's metrics file),
-    with the mode spelled out."""
-    mode = ("beam_search" if self.num_beams > 1 else
-            "sample" if self.temperature > 0 else "greedy")
-    return {"mode": mode, **dataclasses.asdict(self)}
+    with the mode spelled out; no seed (an export's caller passes its own, and a decode's
+    metrics file adds the one it sampled with)."""
+    mode = ("beam_search" if self.num_beams > 1 else "sample" if self.samples else "greedy")
+    out = {"mode": mode, **dataclasses.asdict(self)}
+    del out["seed"]
+    return out
 
 
 @struct.dataclass

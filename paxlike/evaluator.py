@@ -254,7 +254,8 @@ class Evaluator:
       names = [k for k in features if k in hb]
       arrays = self.partitioner.decode_inputs(*(hb[k] for k in names))
       with self.partitioner.context():
-        out = self._decoder()(params, dict(zip(names, arrays, strict=True)), jax.random.key(n))
+        key = jax.random.fold_in(jax.random.key(self.settings.seed), n)
+        out = self._decoder()(params, dict(zip(names, arrays, strict=True)), key)
       yield ({k: _gather_host(v) for k, v in hb.items()},
              None if examples is None else _gather_host(examples),
              jax.tree.map(_gather_device, out))
@@ -324,6 +325,8 @@ class Evaluator:
       recorded = dict(metrics)
       if settings is not None:
         recorded["decode_settings"] = settings.record()
+        if settings.samples:
+          recorded["decode_settings"]["seed"] = settings.seed
       with open(os.path.join(out_dir, f"metrics_{step:08d}{own}{suffix}.json"), "w") as f:
         json.dump(recorded, f, indent=2)
     writer = self._writer(f"decode_test_{name}{own}")
@@ -400,11 +403,13 @@ class Evaluator:
     results = {}
     params = self._decode_params(state)
     for inp in self.decode_inputs:
-      rows, short = [], 0
+      rows, short, seen = [], 0, set()
       for hb, examples, out in self._decoded_batches(inp, params):
         prompts, _, real = self.decode_model.prompt_and_target(hb)
         short += self._short_rows(hb, real)
         for r in np.flatnonzero(real):
+          if examples is not None:
+            seen.add(int(examples[r]))
           predictions = inp.ids_to_strings(out.tokens[r])
           # The row's example as its data holds it (TextInput keeps it), found by index.
           source = None if examples is None else inp.original_input(int(examples[r]))
@@ -421,15 +426,27 @@ class Evaluator:
           rows.append(row)
       self._warn_short("infer", inp.name, short, len(rows))
       expected = getattr(inp, "num_examples", None)
+      # An empty input, with no BOS token to start from, leaves the model nothing to continue.
+      original = getattr(inp, "original_input", None)
+      empty = 0 if expected is None or original is None else sum(
+          1 for k in range(expected) if k not in seen
+          and (source := original(k)) is not None and source[0] == "")
       if expected and not rows:
+        if empty == expected:
+          raise UserError(f"infer {inp.name}: every one of its {expected} inputs is empty, and "
+                          "this model's vocabulary has no BOS token to start a prediction "
+                          "from; give each input some text.")
         raise UserError(f"infer {inp.name}: every one of its {expected} inputs fills its row "
                         "and leaves no room to predict; raise the sequence length (--set "
                         "MAX_SEQ_LEN=...) or shorten the inputs.")
-      if expected is not None and expected != len(rows):
+      if empty:
+        log.warning("infer %s: %d of %d inputs are empty, with no BOS token to start from, "
+                    "and are left out", inp.name, empty, expected)
+      if expected is not None and expected - empty != len(rows):
         # An LM prompt that fills its whole row leaves no position to predict, so no weight.
         log.warning("infer %s: %d of %d inputs have no room left to predict in their row and "
                     "are left out; raise the sequence length to predict them", inp.name,
-                    expected - len(rows), expected)
+                    expected - empty - len(rows), expected)
       path = _free_path(os.path.join(self.job_log_dir, "infer_out", inp.name,
                                      f"infer_{step:08d}_{settings_tag(self.settings)}"))
       if self.is_chief:
@@ -441,11 +458,14 @@ class Evaluator:
 
 
 def settings_tag(settings: decoding.DecodeSettings) -> str:
-  """How an infer decoded, for its file name: greedy, beams4_a0.6, t0.7_k40_p0.9, ..."""
+  """How an infer decoded, for its file name: greedy, beams4_a0.6, t0.7_k40_p0.9,
+  t0.7_k40_p0.9_s3 (--decode_seed=3), ..."""
   if settings.num_beams > 1:
     tag = f"beams{settings.num_beams}_a{settings.alpha:g}"
   elif settings.temperature > 0:
     tag = f"t{settings.temperature:g}_k{settings.top_k}_p{settings.top_p:g}"
+    if settings.seed:
+      tag += f"_s{settings.seed}"
   else:
     tag = "greedy"
   if settings.max_decode_length is not None:

@@ -232,6 +232,8 @@ MODE_FLAGS = {
     "skip_nonfinite_steps": ("train",), "profile_steps": ("train",),
     **{f"decode_{k}": _DECODING
        for k in ("temperature", "top_k", "top_p", "num_beams", "alpha", "max_length")},
+    # An export samples with the seed its caller passes (run.generate(..., seed=)).
+    "decode_seed": ("train", "decode", "decode_once", "infer"),
     "infer_input": ("infer",), "decode_during_train": ("train",), "eval_on_test": ("train",),
     "checkpoint_todelete_subdir": ("train",), "eval_during_decode": ("decode", "decode_once"),
     "enable_checkpoint_saving": ("train",), "jax_fully_async_checkpoint": ("train",),
@@ -243,6 +245,8 @@ _MODE_FLAG_HINTS = {"infer_input": "add --mode=infer or drop --infer_input",
                     "eval_on_test": "drop it (--mode=eval runs the eval datasets)",
                     "enable_checkpoint_saving": _ONLY_TRAINING_SAVES,
                     "jax_fully_async_checkpoint": _ONLY_TRAINING_SAVES,
+                    "decode_seed": "drop it (an export's caller passes its own seed: "
+                                   "run.py --seed, generate(seed=...))",
                     "pmap_use_tensorstore": "drop it (a run reads a checkpoint in whichever "
                                             "format it was saved, msgpack or tensorstore)"}
 
@@ -771,6 +775,7 @@ def _preflight(exp: Any, built: _Built, job_log_dir: str, argv_flags: flags.Flag
 
     steps_lib.check_step_batch(task.model, partitioner, built.train_input.get_global_batch_size(),
                                task.train.num_microbatches)
+  _check_eval_batches(built, partitioner, argv_flags)
   if mode in ("export", "infer") and source.step is None and not init_from:
     raise _no_checkpoint(job_log_dir, mode)
   export_job = None
@@ -785,6 +790,26 @@ def _preflight(exp: Any, built: _Built, job_log_dir: str, argv_flags: flags.Flag
         export_lib.parse_platforms(argv_flags.export_platforms), job_log_dir))
     export_job = (exporter, export_plan, export_dir)
   return init_from, source, export_job, restore
+
+
+def _check_eval_batches(built: _Built, partitioner: Any, argv_flags: flags.FlagValues) -> None:
+  """Refuses an eval or decode batch that does not split over the devices as this run
+  will read it: found now, not in the eval after the last training step.
+
+  Raises:
+    UserError: naming the input and its batch.
+  """
+  mode = argv_flags.mode
+  evals = (mode == "eval" or (mode == "train" and argv_flags.eval_on_test)
+           or (mode in ("decode", "decode_once") and argv_flags.eval_during_decode))
+  checks = [("eval", i, partitioner.check_global_batch) for i in built.eval_inputs if evals]
+  if mode in ("train", "decode", "decode_once"):
+    checks += [("decode", i, partitioner.check_decode_batch) for i in built.decode_inputs]
+  for what, inp, check in checks:
+    try:
+      check(inp.get_global_batch_size())
+    except UserError as e:
+      raise UserError(f"the {what} input {inp.name!r}: {e}") from None
 
 
 def _write_run_records(exp: Any, built: _Built, job_log_dir: str, argv_flags: flags.FlagValues,
@@ -1028,13 +1053,17 @@ def decode_settings(argv_flags: flags.FlagValues, model: Any) -> Any:
     raise UserError(f"--{' and --'.join(cuts)} cut{'s' if len(cuts) == 1 else ''} what sampling "
                     f"draws from, and {how} does not sample; set --decode_temperature above 0 "
                     f"(with one beam) or drop {'it' if len(cuts) == 1 else 'them'}.")
+  if f["decode_seed"].present and f.decode_temperature == 0:
+    how = "beam search" if f.decode_num_beams > 1 else "greedy decoding"
+    raise UserError(f"--decode_seed seeds sampling's draws, and {how} draws nothing; set "
+                    "--decode_temperature above 0 (with one beam) or drop it.")
   if f["decode_alpha"].present and f.decode_num_beams == 1:
     raise UserError("--decode_alpha is beam search's brevity penalty and one beam has none to "
                     "rank; set --decode_num_beams above 1 or drop --decode_alpha.")
   return decoding.DecodeSettings(
       max_decode_length=f.decode_max_length, temperature=f.decode_temperature,
       top_k=f.decode_top_k, top_p=f.decode_top_p, num_beams=f.decode_num_beams,
-      alpha=f.decode_alpha, **model.special_ids())
+      alpha=f.decode_alpha, seed=f.decode_seed, **model.special_ids())
 
 
 def main(argv: list[str]) -> None:

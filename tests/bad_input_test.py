@@ -97,6 +97,10 @@ CASES = [
     Case("missing_pgle_profile", [FAULT_EXP, "--pgle=use",
                                   "--pgle_profile_path=/nonexistent/profile.pb"],
          ["PGLE profile", "/nonexistent/profile.pb"], requires="paxlike.pgle"),
+    # Found before anything runs, not in the eval after the last training step.
+    Case("eval_batch_indivisible", [FAULT_EXP, "--set", "ICI_MESH_SHAPE=[1,3,1]"],
+         [r"the eval input 'test': the global batch 8 does not divide over replica x data = "
+          r"3 mesh shards"], devices=3),
     Case("restore_step_missing", [FAULT_EXP, "--restore_checkpoint_step=7"],
          [r"step 7\b", r"available: \[8, 12, 16\]"]),
     Case("restore_step_before_later_checkpoints", [FAULT_EXP, "--restore_checkpoint_step=8"],

@@ -74,15 +74,23 @@ def test_infer_without_an_input_file_predicts_the_decode_datasets(t5_job, tmp_pa
 
 def test_a_second_infer_with_the_same_settings_keeps_the_first(t5_job, tmp_path):
   src = _write_inputs(tmp_path / "again.jsonl", [json.dumps({"inputs": x}) for x in INPUTS])
+  # A temperature this high draws nearly uniformly: two seeds' samples differ.
   args = [f"--exp={EXP}", f"--job_log_dir={t5_job}", "--mode=infer", f"--infer_input={src}",
-          "--decode_temperature=1.0"]
+          "--decode_temperature=50"]
   first, second = run_cli(args, tmp_path), run_cli(args, tmp_path)
   assert first.returncode == 0 and second.returncode == 0, describe(second)
   out = t5_job / "infer_out" / "again"
   names = sorted(p.name for p in out.iterdir())
-  assert names == [f"infer_{STEPS:08d}_t1_k0_p1-2.jsonl", f"infer_{STEPS:08d}_t1_k0_p1.jsonl"]
+  assert names == [f"infer_{STEPS:08d}_t50_k0_p1-2.jsonl", f"infer_{STEPS:08d}_t50_k0_p1.jsonl"]
   assert str(out / names[0]) in second.stdout and str(out / names[1]) in first.stdout
   assert all(len(_rows(out / n)) == len(INPUTS) for n in names)
+  # The same seed draws the same samples; --decode_seed, others, in a file of its own.
+  assert _rows(out / names[0]) == _rows(out / names[1])
+  proc = run_cli([*args, "--decode_seed=7"], tmp_path)
+  assert proc.returncode == 0, describe(proc)
+  seeded = _rows(out / f"infer_{STEPS:08d}_t50_k0_p1_s7.jsonl")
+  assert [r["input"] for r in seeded] == INPUTS
+  assert [r["prediction"] for r in seeded] != [r["prediction"] for r in _rows(out / names[0])]
 
 
 def test_a_malformed_input_file_fails_naming_file_and_line_and_writes_nothing(t5_job, tmp_path):

@@ -57,6 +57,10 @@ class PmapPartitioner:
           f"the per-host batch {per_host} does not divide over the {self.num_local} local "
           "devices of a pmap run; change PERCORE_BATCH_SIZE or the device count.")
 
+  def check_decode_batch(self, global_batch: int) -> None:
+    """Any decode batch fits: it runs on one device (decode_inputs)."""
+    del global_batch
+
   def _step_devices(self) -> list[jax.Device] | None:
     """The devices a step maps over: these, or (None) every process's where there are
     several processes and these are this one's."""

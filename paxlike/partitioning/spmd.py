@@ -55,6 +55,10 @@ class SpmdPartitioner:
           f"the global batch {global_batch} does not divide over {' x '.join(self.batch_axes)} "
           f"= {self.num_batch_shards} mesh shards; change the batch size or the mesh.")
 
+  def check_decode_batch(self, global_batch: int) -> None:
+    """A decode batch is sharded as a training batch is (decode_inputs)."""
+    self.check_global_batch(global_batch)
+
   def state_shardings(self, specs: Any) -> Any:
     """Logical PartitionSpecs -> NamedShardings on this mesh (names that are mesh axes
     themselves, mesh.DIRECT's, resolve after the rules)."""
