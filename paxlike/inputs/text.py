@@ -405,15 +405,18 @@ class TextInput(BaseInput):
       return None
     return self._originals[example], bool(self._prompt_cut[example])
 
+  def _where(self, i: int, located: list[Located] | None) -> str:
+    """Where example i is: its file and line, or its index in the generator."""
+    return (f"{located[i][0]} {located[i][1]}" if located is not None
+            else f"example {i} of {self.generator}")
+
   def _check_chats(self, raw: Sequence[Any], located: list[Located] | None) -> None:
     """Refuses a chat row whose messages are not role/content objects, naming it."""
     for i, ex in enumerate(raw):
       if isinstance(ex, dict) and "messages" in ex and (
           problem := chat_lib.messages_problem(ex["messages"])):
-        where = (f"{located[i][0]} {located[i][1]}" if located is not None
-                 else f"example {i} of {self.generator}")
-        raise UserError(f"input {self.name!r}: {where}: {problem}; write 'messages' as a "
-                        'list of {"role": ..., "content": "text"} objects.')
+        raise UserError(f"input {self.name!r}: {self._where(i, located)}: {problem}; write "
+                        '\'messages\' as a list of {"role": ..., "content": "text"} objects.')
 
   def _check_targets(self, raw: Sequence[Any], located: list[Located] | None) -> None:
     """Refuses a training row with an input but no target: it would train on EOS alone.
@@ -421,17 +424,17 @@ class TextInput(BaseInput):
     (Rows of inputs alone are what --mode=infer reads; FilesDataset checks EVAL_FILES.)
     """
     for i, ex in enumerate(raw):
-      where = (f"{located[i][0]} {located[i][1]}" if located is not None
-               else f"example {i} of {self.generator}")
       if isinstance(ex, dict) and isinstance(ex.get("messages"), list) and not any(
           isinstance(m, dict) and m.get("role") == "assistant" for m in ex["messages"]):
-        raise UserError(f"input {self.name!r}: {where} is a conversation without an "
-                        "assistant turn, so it has nothing to train on (conversations that "
-                        "ask for a reply are for --mode=infer --infer_input).")
+        raise UserError(f"input {self.name!r}: {self._where(i, located)} is a conversation "
+                        "without an assistant turn, so it has nothing to train on "
+                        "(conversations that ask for a reply are for --mode=infer "
+                        "--infer_input).")
       if lacks_target(ex, self.input_key, self.target_key):
-        raise UserError(f"input {self.name!r}: {where} has no {self.target_key!r} field (its "
-                        f"fields: {sorted(ex)}), so it has no target to train on; set "
-                        "TARGET_KEY to the field that holds the target.")
+        raise UserError(f"input {self.name!r}: {self._where(i, located)} has no "
+                        f"{self.target_key!r} field (its fields: {sorted(ex)}), so it has no "
+                        "target to train on; set TARGET_KEY to the field that holds the "
+                        "target.")
 
   def _lm_features(self, raw: Sequence[Any]) -> dict[str, np.ndarray]:
     examples, pieces = self._lm_examples(raw)
