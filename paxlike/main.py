@@ -1048,13 +1048,12 @@ def decode_settings(argv_flags: flags.FlagValues, model: Any) -> Any:
     raise UserError("beam search (--decode_num_beams > 1) does not sample; drop "
                     "--decode_temperature or use one beam.")
   cuts = [n for n in ("decode_top_k", "decode_top_p") if f[n].present]
+  how = "beam search" if f.decode_num_beams > 1 else "greedy decoding"
   if cuts and f.decode_temperature == 0:
-    how = "beam search" if f.decode_num_beams > 1 else "greedy decoding"
     raise UserError(f"--{' and --'.join(cuts)} cut{'s' if len(cuts) == 1 else ''} what sampling "
                     f"draws from, and {how} does not sample; set --decode_temperature above 0 "
                     f"(with one beam) or drop {'it' if len(cuts) == 1 else 'them'}.")
   if f["decode_seed"].present and f.decode_temperature == 0:
-    how = "beam search" if f.decode_num_beams > 1 else "greedy decoding"
     raise UserError(f"--decode_seed seeds sampling's draws, and {how} draws nothing; set "
                     "--decode_temperature above 0 (with one beam) or drop it.")
   if f["decode_alpha"].present and f.decode_num_beams == 1:

@@ -307,15 +307,14 @@ class SentencePieceVocabulary(_FileVocabulary):
     """encode(text)'s ids, each with the character of text it starts at."""
     char_at = _char_of_byte(text)
     out: list[tuple[int, int]] = []
-    at = 0  # the character this part starts at
+    at = base = 0  # the character and the UTF-8 byte this part starts at
     for part in (self._split.split(text) if self._split else [text]):
       if part in self._added:
         out.append((self._added[part], at))
       elif part.strip():
-        base = len(text[:at].encode("utf-8"))
         out += [(p.id, char_at[base + p.begin])
                 for p in self._sp.encode(part, out_type="proto").pieces]
-      at += len(part)
+      at, base = at + len(part), base + len(part.encode("utf-8"))
     return out
 
   def decode(self, ids: Sequence[int]) -> str:
