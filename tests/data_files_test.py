@@ -421,6 +421,11 @@ def test_csv_and_tsv_files_are_tables_whose_header_row_names_the_fields(tmp_path
   with pytest.raises(UserError, match=r'has inputs=\{"q": "1\+2"\}, not text; write its '
                                       r"'inputs' as a string"):
     _text_input(nested, batch_size=2)
+  # A number or a boolean is its JSON text, as the file shows it.
+  scalars = _write_jsonl(tmp_path / "scalars.jsonl", [{"inputs": True, "targets": False},
+                                                      {"inputs": 2.5e-07, "targets": 12}])
+  assert _prompts_and_targets(_text_input(scalars, batch_size=2, is_training=True)) == [
+      ("true", "false"), ("2.5e-07", "12")]
   # Any other extension is plain text, a line an example (the loss on all of it).
   txt = tmp_path / "qa.txt"
   txt.write_text("prompt,completion\nReverse a,b\n")

@@ -502,7 +502,8 @@ class TextInput(BaseInput):
     return seq, [True] * len(seq), None
 
   def _text(self, ex: dict[str, Any], key: str) -> str:
-    """A row's field as text ("" when absent): a string, or a number as JSON writes it.
+    """A row's field as text ("" when absent): a string, or a number or boolean as JSON
+    writes it (true, not Python's True).
 
     Raises:
       UserError: a null, an object or an array, which would train on its Python repr.
@@ -513,7 +514,7 @@ class TextInput(BaseInput):
       shown = shown if len(shown) <= 60 else shown[:57] + "..."
       raise UserError(f"input {self.name!r}: a row of {self.file_pattern or self.generator} has "
                       f"{key}={shown}, not text; write its {key!r} as a string.")
-    return str(value)
+    return value if isinstance(value, str) else json.dumps(value)
 
   def _chat(self) -> Any:
     if not self.chat_template_dir:
