@@ -286,7 +286,11 @@ def _cut_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
     kth = jnp.min(top_values, axis=-1, keepdims=True)
     logits = jnp.where(logits < kth, -jnp.inf, logits)
     if top_p < 1.0:
-      probs = jax.nn.softmax(top_values, axis=-1)
+      # Renormalised over every token the cut kept: a tie with the k-th value stays
+      # beyond the k sorted values, so their softmax alone would overstate each share.
+      top = top_values[..., :1]
+      total = jnp.sum(jnp.exp(logits - top), axis=-1, keepdims=True)  # exp(-inf) = 0
+      probs = jnp.exp(top_values - top) / total
       # A token stays while the tokens before it are still short of top_p;
       # the first always does. `kept` is a prefix since `before` only grows.
       before = jnp.cumsum(probs, axis=-1) - probs

@@ -489,3 +489,22 @@ def test_exhaustive_helper_covers_all_sequences():
   # Probabilities of the completed and unfinished sequences sum to one.
   total = sum(np.exp(s) for s, _ in ranked)
   assert 0 < total < 1
+
+
+def test_top_k_then_top_p_renormalises_over_the_tokens_tied_with_the_kth():
+  import jax.numpy as jnp
+
+  from paxlike.decoding import _cut_logits
+
+  rng = np.random.default_rng(5)
+  logits = rng.integers(0, 4, size=(300, 12)).astype(np.float32)  # many ties
+  top_k, top_p = 3, 0.6
+  got = np.isfinite(np.asarray(_cut_logits(jnp.asarray(logits), top_k, top_p)))
+  for row, kept in zip(logits, got, strict=True):
+    kth = np.sort(row)[::-1][top_k - 1]
+    probs = np.where(row >= kth, np.exp(row - row.max()), 0.0)  # ties with the k-th stay
+    probs /= probs.sum()
+    order = np.argsort(-row, kind="stable")
+    before = np.cumsum(probs[order]) - probs[order]
+    smallest = row[order][(before < top_p) & (probs[order] > 0)].min()
+    np.testing.assert_array_equal(kept, (row >= kth) & (row >= smallest), err_msg=str(row))
