@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import flax
 import jax
 import jax.numpy as jnp
@@ -92,9 +94,9 @@ def test_decoding_routes_as_training_when_no_expert_is_full():
   layer = MoeFeedForward(num_experts=4, hidden_dims=16, activation="gelu", num_groups=2,
                          capacity_factor=8.0, gated_activation=True)
   x = jax.random.normal(jax.random.key(0), (2, 6, 8))
-  params = layer.init(jax.random.key(1), x)
-  y, record = layer.apply(params, x)
-  y_decode, _ = layer.clone(decode=True).apply(params, x)
+  params = jax.jit(layer.init)(jax.random.key(1), x)
+  y, record = jax.jit(layer.apply)(params, x)
+  y_decode, _ = jax.jit(layer.clone(decode=True).apply)(params, x)
   np.testing.assert_allclose(y, y_decode, rtol=1e-5, atol=1e-6)
   assert float(record["aux_loss"]) > 0.0 and float(record["over_capacity"]) == 0.0
 
@@ -124,16 +126,17 @@ def test_a_glam_like_lm_decodes_the_logits_of_its_full_pass():
   logit and the experts' decode routing give the full pass's logits."""
   model = LanguageModel(**GLAM_LIKE)
   ids = jax.random.randint(jax.random.key(0), (2, 10), 1, 48)
-  params = flax.linen.unbox(model.init(jax.random.key(1), ids)["params"])
+  params = flax.linen.unbox(jax.jit(model.init)(jax.random.key(1), ids)["params"])
   assert params["transformer"]["repeat"]["layer_0"]["attention"]["relative_bias"][
       "rel_embedding"].shape == (2, 8, 2)  # its own [buckets, heads] in each of 2 blocks
-  full = model.apply({"params": params}, ids)
-  _, state = model.apply({"params": params}, ids.at[:, 4:].set(0), "prefill",
-                         mutable=["cache"])
+  # Jitted (as decoding runs them): one compile each instead of op-by-op dispatch.
+  full = jax.jit(model.apply)({"params": params}, ids)
+  _, state = jax.jit(functools.partial(model.apply, cache_mode="prefill", mutable=["cache"]))(
+      {"params": params}, ids.at[:, 4:].set(0))
   cache = state["cache"]
+  extend = jax.jit(functools.partial(model.apply, method="extend", mutable=["cache"]))
   for i in range(4, 10):
-    logits, state = model.apply({"params": params, "cache": cache}, ids[:, i], jnp.asarray(i),
-                                method="extend", mutable=["cache"])
+    logits, state = extend({"params": params, "cache": cache}, ids[:, i], jnp.asarray(i))
     cache = state["cache"]
     np.testing.assert_allclose(logits, full[:, i], rtol=1e-4, atol=1e-5)
 
@@ -166,13 +169,14 @@ def test_a_scanned_glam_like_lm_decodes_as_its_unrolled_twin():
 
   model = LanguageModel(**GLAM_LIKE, use_repeated_layer=True)
   ids = jax.random.randint(jax.random.key(0), (2, 10), 1, 48)
-  params = flax.linen.unbox(model.init(jax.random.key(1), ids)["params"])
+  params = flax.linen.unbox(jax.jit(model.init)(jax.random.key(1), ids)["params"])
   plain, unrolled = decoding.decoding_model(model, params)
   assert sorted(unrolled["transformer"]) == [f"x_layers_{i}" for i in range(4)]
   assert "moe" in unrolled["transformer"]["x_layers_2"]
   # Scanned and unrolled steps round differently (JAX 0.12: 1.2e-6 on a logit of 0.02).
-  np.testing.assert_allclose(plain.apply({"params": unrolled}, ids),
-                             model.apply({"params": params}, ids), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(jax.jit(plain.apply)({"params": unrolled}, ids),
+                             jax.jit(model.apply)({"params": params}, ids), rtol=1e-4,
+                             atol=1e-5)
   back = model.restack_params(unrolled)
   assert jax.tree.all(jax.tree.map(np.array_equal, back, params))
 
@@ -242,10 +246,12 @@ def test_a_pipelined_moe_lm_routes_each_microbatch_as_the_plain_stack_routes_it(
   devices = Mesh(np.asarray(jax.devices()[:2]).reshape(2, 1, 1, 1),
                  mesh_lib.PIPELINE_MESH_AXES)
   with jax.set_mesh(devices), flax.linen.logical_axis_rules(mesh_lib.LOGICAL_AXIS_RULES):
-    params = flax.linen.unbox(model.init(jax.random.key(1), ids)["params"])
-    logits, routing = model.apply({"params": params}, ids, method="forward")
+    params = flax.linen.unbox(jax.jit(model.init)(jax.random.key(1), ids)["params"])
+    logits, routing = jax.jit(functools.partial(model.apply, method="forward"))(
+        {"params": params}, ids)
   flat = plain.restack_params(params)
-  parts = [plain.apply({"params": flat}, ids[i::2], method="forward") for i in range(2)]
+  plain_forward = jax.jit(functools.partial(plain.apply, method="forward"))
+  parts = [plain_forward({"params": flat}, ids[i::2]) for i in range(2)]
   want = np.empty(logits.shape, np.float32)
   for i, (part, _) in enumerate(parts):
     want[i::2] = part

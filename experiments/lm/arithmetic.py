@@ -39,7 +39,8 @@ class ArithmeticDataset(TransformerLmSpmdAdam, FilesDataset):
 
 @experiment_registry.register
 class ArithmeticAdditionTiny(ArithmeticDataset):
-  """Two-digit addition on a CPU: >= 90% exact match on held-out prompts."""
+  """Two-digit addition on a CPU: about 90% exact match on held-out prompts (0.88 to 0.98
+  measured, by JAX release and CPU)."""
 
   NUM_LAYERS = 2
   MODEL_DIMS = 128
