@@ -47,13 +47,19 @@ program = trainer.build_train_program(task, inp, part)
 model = task.model
 
 
-if sys.argv[5] == "write":  # a random checkpoint of this shape, tensor by tensor
-  rng = np.random.default_rng(1)
-  params = jax.tree.map(lambda a: rng.standard_normal(a.shape, np.float32) * 0.02,
-                        program.abstract.params)
-  hf.export_params(params, model, directory)
-  sys.exit(0)
-fresh = program.init_state(7)
+# A random checkpoint of this shape, tensor by tensor. The same process measures its import:
+# these arrays are freed before tracemalloc starts, which counts only what is allocated
+# after it starts.
+rng = np.random.default_rng(1)
+params = jax.tree.map(lambda a: rng.standard_normal(a.shape, np.float32) * 0.02,
+                      program.abstract.params)
+hf.export_params(params, model, directory)
+del params
+# The state the import replaces parameters of: in the run's layout, as init_state makes it,
+# but zeros (its values are replaced or deleted; a random init of 45M parameters costs
+# ~10 s of CPU to compile and run).
+fresh = part.init_state(lambda key: jax.tree.map(
+    lambda a: jax.numpy.zeros(a.shape, a.dtype), program.abstract), 7)
 jax.block_until_ready(fresh)
 fresh_shardings = [x.sharding for x in jax.tree.leaves(fresh.params)]
 # Host memory is what Python and numpy allocate (tracemalloc sees numpy's
@@ -74,13 +80,14 @@ print(json.dumps({"peak": peak, "same": same, "taken": plan.counts()["from_sourc
 """
 
 
-def _run(tmp_path, name, overrides, directory, mesh_shape, what, devices=1):
+def _run(tmp_path, name, overrides, directory, mesh_shape, devices=1):
+  """Writes a random checkpoint of the model to directory, then measures its import."""
   env = subprocess_env(devices)
   proc = subprocess.run([sys.executable, "-c", SCRIPT, name, json.dumps(overrides),
-                         str(directory), json.dumps(mesh_shape), what],
+                         str(directory), json.dumps(mesh_shape)],
                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1]) if what == "measure" else None
+  return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _checkpoint_bytes(directory) -> int:
@@ -94,10 +101,9 @@ def _checkpoint_bytes(directory) -> int:
 ])
 def test_import_peak_host_memory_is_about_one_tensor(tmp_path, name, overrides, largest):
   directory = tmp_path / "hf"
-  _run(tmp_path, name, overrides, directory, [1, 1, 1], "write")
+  got = _run(tmp_path, name, overrides, directory, [1, 1, 1])
   size = _checkpoint_bytes(directory)
   assert size > 120e6, size
-  got = _run(tmp_path, name, overrides, directory, [1, 1, 1], "measure")
   assert got["same"] and got["shardings_kept"], got
   print(f"\n{name}: checkpoint {size / 1e6:.0f} MB, peak host memory of the import "
         f"{got['peak'] / 1e6:.1f} MB (largest tensor {largest / 1e6:.0f} MB)")
@@ -111,8 +117,7 @@ def test_sharded_parameters_read_their_blocks_into_place(tmp_path):
   """On a [1, 1, 2] mesh the mdl-sharded parameters are built from their two halves."""
   directory = tmp_path / "hf"
   small = ["NUM_LAYERS=2", "USE_REPEATED_LAYER=True"]
-  _run(tmp_path, "LlamaTiny", small, directory, [1, 1, 1], "write")
-  got = _run(tmp_path, "LlamaTiny", small, directory, [1, 1, 2], "measure", devices=2)
+  got = _run(tmp_path, "LlamaTiny", small, directory, [1, 1, 2], devices=2)
   assert got["same"] and got["shardings_kept"] and got["taken"] > 0, got
 
 

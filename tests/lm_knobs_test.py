@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import fiddle as fdl
 import flax.linen as nn
 import jax
@@ -284,8 +286,8 @@ def test_norm_policies_differ_and_run():
     want = {"pre": {"pre_attn_norm", "pre_ffn_norm"}, "post": {"post_attn_norm", "post_ffn_norm"},
             "primer_hybrid": {"pre_attn_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm"}}
     assert {n for n in names if n.endswith("_norm")} == want[policy]
-    loss, grads = jax.value_and_grad(
-        lambda p, m=model: m.apply({"params": p}, batch, method="fprop")[0])(params)
+    loss, grads = jax.jit(jax.value_and_grad(
+        lambda p, m=model: m.apply({"params": p}, batch, method="fprop")[0]))(params)
     assert np.isfinite(float(loss))
     assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
     losses[policy] = float(loss)
@@ -419,8 +421,9 @@ def test_decoding_with_every_knob_matches_the_full_forward_pass():
   prompt = ids.at[:, 4:].set(0)
   _, state = model.apply({"params": params}, prompt, "prefill", mutable=["cache"])
   cache = state["cache"]
+  # Jitted, as decoding runs it: one compile for the four steps.
+  extend = jax.jit(functools.partial(model.apply, method="extend", mutable=["cache"]))
   for i in range(4, SEQ):
-    logits, state = model.apply({"params": params, "cache": cache}, ids[:, i], jnp.asarray(i),
-                                method="extend", mutable=["cache"])
+    logits, state = extend({"params": params, "cache": cache}, ids[:, i], jnp.asarray(i))
     cache = state["cache"]
     np.testing.assert_allclose(logits, full[:, i], rtol=1e-4, atol=1e-5)

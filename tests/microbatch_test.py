@@ -83,10 +83,12 @@ def test_microbatches_that_do_not_divide_the_batch_are_one_sentence():
 
 
 def test_cli_trains_with_microbatches_on_a_mesh(tmp_path):
-  """A 2-device mesh, two microbatches: the run trains and its loss goes down."""
+  """A 2-device mesh, two microbatches: the run trains and its loss goes down (without the
+  20-step warmup, 10 steps go 6.21 -> 4.13)."""
   out = run_cli(["--exp=LmCloudSpmdTiny", f"--job_log_dir={tmp_path / 'job'}",
-                 "--set", "ICI_MESH_SHAPE=[1,2,1]", "--set", "NUM_TRAIN_STEPS=30",
-                 "--set", "NUM_MICROBATCHES=2", "--set", "SUMMARY_INTERVAL_STEPS=10"],
+                 "--set", "ICI_MESH_SHAPE=[1,2,1]", "--set", "NUM_TRAIN_STEPS=10",
+                 "--set", "LR_COS_WARMUP=0", "--set", "LR_COS_DECAY_START=0",
+                 "--set", "NUM_MICROBATCHES=2", "--set", "SUMMARY_INTERVAL_STEPS=5"],
                 cwd=tmp_path, devices=2)
   assert out.returncode == 0, describe(out)
   trained = parse_trained_line(out.stdout)

@@ -10,11 +10,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from paxlike.layers import attention
-from paxlike.layers.moe import MoeFeedForward, combine, dispatch, expert_capacity, top2_gating
+from paxlike.layers import attention, moe
+from paxlike.layers.moe import MoeFeedForward, expert_capacity
 from paxlike.models.language_model import LanguageModel
 from paxlike.pax import config_tree
 from paxlike.pax.pax_fiddle import Config
+
+# Jitted, as the layers run them: one compile per shape instead of op-by-op dispatch.
+top2_gating = jax.jit(moe.top2_gating, static_argnames=("capacity",))
+dispatch = jax.jit(moe.dispatch, static_argnames=("num_slots",))
+combine = jax.jit(moe.combine)
 
 
 def test_expert_capacity_follows_praxis_rule():
@@ -189,7 +194,7 @@ def test_a_glam_like_checkpoint_reads_into_its_own_and_the_other_layout():
   scanned = LanguageModel(**GLAM_LIKE, use_repeated_layer=True)
   ids = jax.random.randint(jax.random.key(0), (2, 10), 1, 48)
   params = jax.tree.map(np.asarray,
-                        flax.linen.unbox(scanned.init(jax.random.key(1), ids)["params"]))
+                        flax.linen.unbox(jax.jit(scanned.init)(jax.random.key(1), ids)["params"]))
   stored = {"params": params, "opt_state": [{"mu": params}]}
   assert relayout.change(stored, scanned) is None
   unrolled = scanned.clone(use_repeated_layer=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -51,48 +52,64 @@ def assert_trees_equal(a, b):
     np.testing.assert_array_equal(x, y)
 
 
-def test_pmap_and_spmd_give_the_same_losses(tmp_path):
-  steps = ["NUM_TRAIN_STEPS=5"]
-  pmap_result, _ = run(PMAP_TINY, SMALL + steps, tmp_path / "pmap")
-  spmd_result, _ = run(PMAP_TINY, SMALL + steps + ["ICI_MESH_SHAPE=[1,4,1]"], tmp_path / "spmd")
-  assert [h["step"] for h in pmap_result.history] == [1, 2, 3, 4, 5]
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """The 6-step pmap run and state: the same for either checkpoint format."""
+  return run(PMAP_TINY, SMALL + ["NUM_TRAIN_STEPS=6"], tmp_path_factory.mktemp("full"),
+             enable_checkpoint_saving=False)
+
+
+@pytest.fixture(scope="module")
+def three_steps(tmp_path_factory):
+  """fmt -> (job_log_dir, result, state) of a 3-step pmap run that saved step 3 in that
+  checkpoint format; run once per format. A test that trains on copies the directory."""
+  runs = {}
+
+  def get(fmt):
+    if fmt not in runs:
+      job = tmp_path_factory.mktemp(f"three_{fmt}")
+      runs[fmt] = (job, *run(PMAP_TINY, SMALL + ["NUM_TRAIN_STEPS=3"], job,
+                             checkpoint_format=fmt))
+    return runs[fmt]
+
+  return get
+
+
+def test_pmap_and_spmd_give_the_same_losses(tmp_path, uninterrupted):
+  pmap_result, _ = uninterrupted
+  spmd_result, _ = run(PMAP_TINY, SMALL + ["NUM_TRAIN_STEPS=6", "ICI_MESH_SHAPE=[1,4,1]"],
+                       tmp_path / "spmd")
+  assert [h["step"] for h in pmap_result.history] == [1, 2, 3, 4, 5, 6]
   np.testing.assert_allclose(losses(pmap_result), losses(spmd_result), rtol=1e-5)
   assert losses(pmap_result)[-1] < losses(pmap_result)[0]
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-  """The 6-step pmap state: the same for either checkpoint format."""
-  return run(PMAP_TINY, SMALL + ["NUM_TRAIN_STEPS=6"], tmp_path_factory.mktemp("full"),
-             enable_checkpoint_saving=False)[1]
-
-
 @pytest.mark.parametrize("fmt", ["msgpack", "tensorstore"])
-def test_pmap_resume_is_bitwise_exact(tmp_path, fmt, uninterrupted):
-  first, _ = run(PMAP_TINY, SMALL + ["NUM_TRAIN_STEPS=3"], tmp_path / "resumed",
-                 checkpoint_format=fmt)
+def test_pmap_resume_is_bitwise_exact(tmp_path, fmt, uninterrupted, three_steps):
+  first_job, first, _ = three_steps(fmt)
+  shutil.copytree(first_job, tmp_path / "resumed")
   assert first.final_step == 3
   stored = os.listdir(tmp_path / "resumed" / "checkpoints" / "checkpoint_00000003" / "state")
   assert ("state.msgpack" in stored) == (fmt == "msgpack")
   second, resumed = run(PMAP_TINY, SMALL + ["NUM_TRAIN_STEPS=6"], tmp_path / "resumed",
                         checkpoint_format=fmt)
   assert second.start_step == 3 and second.final_step == 6
-  assert_trees_equal(resumed, uninterrupted)
+  assert_trees_equal(resumed, uninterrupted[1])
 
 
-def test_pmap_checkpoint_initialises_spmd_and_back(tmp_path):
-  _, pmap_state = run(PMAP_TINY, SMALL + ["NUM_TRAIN_STEPS=3"], tmp_path / "pmap")
+def test_pmap_checkpoint_initialises_spmd_and_back(tmp_path, three_steps):
+  pmap_job, _, pmap_state = three_steps("msgpack")  # read only: nothing trains on in it
   # SPMD run of the same model starting from the pmap run's checkpoint: nothing left to train,
   # so its state is exactly what it restored.
   spmd, spmd_state = run(PMAP_TINY, SMALL + ["NUM_TRAIN_STEPS=3", "ICI_MESH_SHAPE=[1,2,2]"],
                          tmp_path / "spmd",
-                         restore_checkpoint_dir=str(tmp_path / "pmap" / "checkpoints"))
+                         restore_checkpoint_dir=str(pmap_job / "checkpoints"))
   assert spmd.start_step == 3
   assert_trees_equal(spmd_state, pmap_state)
   assert "mdl" in str(spmd.state.params["softmax"]["embedding"].sharding.spec)
   # And back: an SPMD checkpoint (tensorstore) initialises a pmap run.
   spmd2, _ = run(PMAP_TINY, SMALL + ["NUM_TRAIN_STEPS=4", "ICI_MESH_SHAPE=[1,2,2]"],
-                 tmp_path / "spmd", restore_checkpoint_dir=str(tmp_path / "pmap" / "checkpoints"))
+                 tmp_path / "spmd", restore_checkpoint_dir=str(pmap_job / "checkpoints"))
   assert spmd2.start_step == 3
   back, back_state = run(PMAP_TINY, SMALL + ["NUM_TRAIN_STEPS=4"], tmp_path / "pmap_again",
                          restore_checkpoint_dir=str(tmp_path / "spmd" / "checkpoints"))
