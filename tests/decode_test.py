@@ -30,8 +30,9 @@ def greedy_by_rerunning(model, params, tokens, lens):
   length = buf.shape[1]
   for r in range(len(buf)):
     buf[r, lens[r]:] = 0
+  forward = jax.jit(model.apply)  # one compile for every position's pass
   for t in range(length - 1):
-    logits = np.asarray(model.apply({"params": params}, jnp.asarray(buf)))
+    logits = np.asarray(forward({"params": params}, jnp.asarray(buf)))
     for r in range(len(buf)):
       if t + 1 >= lens[r]:
         buf[r, t + 1] = int(np.argmax(logits[r, t]))
