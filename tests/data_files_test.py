@@ -554,7 +554,10 @@ def test_a_class_of_ones_own_module_needs_its_module_name():
 
 # ------------------------------------------------------------------ the CLI path
 
-STEPS = 60
+# 30 steps (each evaluated) keep the last eval loss well under half the first (last/first
+# measured 0.41 FlanT5Tiny, 0.40 LlamaTiny on both Pythons; 60 steps: 0.41, 0.39) with half
+# the steps and evals of 60.
+STEPS = 30
 ARGS = ["--peak_tflops_per_device=1", "--set", "VOCAB_SIZE=264", "--set",
         f"NUM_TRAIN_STEPS={STEPS}", "--set", "EVAL_INTERVAL_STEPS=1", "--set",
         f"CHECKPOINT_EVERY_N_STEPS={STEPS}", "--set", "SUMMARY_INTERVAL_STEPS=10"]
