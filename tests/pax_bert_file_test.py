@@ -112,7 +112,7 @@ def test_bert_py_classes_configure_with_paxs_counts(pax_bert, monkeypatch, name,
   assert (train.mlm_augmenter.mask_token_id, train.mlm_augmenter.vocab_size) == (103, 30522)
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.11")
 def test_bert_py_as_written_names_its_placeholder_path(pax_bert):
   root, _, _ = pax_bert
   job = root / "job_as_written"
@@ -137,7 +137,7 @@ def test_a_vocabulary_smaller_than_remask_draws_is_refused_by_name(pax_bert):
   assert not job.exists()
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.11")
 def test_bert_py_trains_and_evaluates_on_mlperf_records(pax_bert):
   """BertAdamL4H128 on the pmap loop: packed, remasked training rows and the eval split."""
   root, _, _ = pax_bert
@@ -152,7 +152,7 @@ def test_bert_py_trains_and_evaluates_on_mlperf_records(pax_bert):
   assert "eval_test_test at step 25: loss" in proc.stdout, describe(proc)
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.11")
 def test_bert_py_spmd_class_trains_on_its_mesh(pax_bert, tmp_path):
   result, _, _ = train_in_process(
       "pax_bert_mine.MineSpmd", ["NUM_TRAIN_STEPS=4", "PERCORE_BATCH_SIZE=1",

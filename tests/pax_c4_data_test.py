@@ -129,7 +129,7 @@ SMALL = ["NUM_LAYERS=2", "MODEL_DIMS=64", "HIDDEN_DIMS=256", "NUM_HEADS=4", "DIM
          "EVAL_INTERVAL_STEPS=30"]
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.12")
 @pytest.mark.skipif(not (PAXREF / "c4.py").is_file(),
                     reason=f"Pax's c4.py is not in {PAXREF} (set PAXLIKE_PAXREF)")
 def test_paxs_c4_file_trains_on_a_local_c4_copy_and_evaluates(tmp_path):

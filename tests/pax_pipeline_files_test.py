@@ -307,7 +307,7 @@ def test_lm_clouds_mlp_benchmarks_have_paxs_count(pax_modules, monkeypatch, name
   assert _count(model) == mlp_param_count(8, dims, hidden)
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.11")
 def test_lm_clouds_small_mlp_trains_as_written_forward_only(pax_modules, tmp_path):
   """SmallMlp, its batch and length cut down, trains its 10 steps on its 8 devices: praxis's
   loss for it is the accuracy, which has no gradient."""
@@ -481,7 +481,7 @@ def test_nvidias_moe_large_has_paxs_experts_and_count(pax_modules, monkeypatch):
   assert flops.param_count(model.flops_dims(8)) == _count(model)
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.11")
 def test_nvidias_moe_large_as_written_dry_runs_within_an_80gb_gpu(pax_modules, tmp_path):
   """The pod check on a CPU: MoELarge on its own 32-device mesh compiles with Pax's count.
   Its 16 experts do not divide the 32-way data axis, so each is split on its embed dim, and
@@ -503,7 +503,7 @@ MOE_SMALL = ["NUM_LAYERS=2", "MODEL_DIMS=32", "HIDDEN_DIMS=64", "NUM_HEADS=4",
              "DCN_MESH_SHAPE=[1,1,1]", "FPROP_DTYPE=float32"]
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.11")
 def test_nvidias_moe_large_trains_with_its_experts_over_the_data_axis(pax_modules, tmp_path):
   """MoELarge cut down to 8 devices: the cross-entropy and the load-balancing loss fall, and
   each device holds one of the 8 experts of each layer."""
@@ -534,7 +534,7 @@ def test_fdl_config_names_a_class_nobody_registered_as_pax_does(pax_modules):
     registry.get("pax_nvidia.GLaM64B64EProxy")
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.11")
 def test_nvidias_glam_trains_with_its_experts_relative_bias_and_z_loss(pax_modules, tmp_path):
   """GLaM64B64EProxy (glam.GlamUniTransformerLmHParams, the file's own class) cut down to 8
   devices: blocks of an MoE and a dense layer, scanned; the cross-entropy falls, and the
@@ -556,7 +556,7 @@ def test_nvidias_glam_trains_with_its_experts_relative_bias_and_z_loss(pax_modul
       2, 32, 4)
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.11")
 def test_nvidias_expert_parallel_glam_trains_with_experts_over_data_expert(pax_modules,
                                                                           tmp_path):
   """GLaM64B64EProxy_EP as written (set_sharding_params_with_expert_parallelism on a 4-axis
@@ -584,7 +584,7 @@ GROK_SMALL = [s for s in MOE_SMALL if not s.startswith(("ICI_", "DCN_", "NUM_EXP
     "MAX_STEPS=30", "LEARNING_RATE=2e-2", "SUMMARY_INTERVAL_STEPS=1"]
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.11")
 def test_nvidias_grok_proxy_trains_with_gqa_rope_and_experts_in_every_layer(pax_modules,
                                                                             tmp_path):
   """Grok_Proxy as written (grok.GrokUniTransformerLmHParams, USE_EXPERT_PARALLEL on its
@@ -607,7 +607,7 @@ def test_nvidias_grok_proxy_trains_with_gqa_rope_and_experts_in_every_layer(pax_
   assert value(params["attention"]["key"]["b"]).shape == (2, 2, 8)
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.11")
 def test_nvidias_grok_proxy_with_use_fp8_runs_its_projections_and_experts_in_fp8(pax_modules,
                                                                                tmp_path):
   """USE_FP8 = True on Grok_Proxy (praxis's builder puts Fp8EinsumOp on the attention's
@@ -719,7 +719,7 @@ def test_nvidias_grok_classes_have_paxs_count_on_the_expert_parallel_mesh(
   assert flops.param_count(model.flops_dims(8)) == _count(model)
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.11")
 def test_nvidias_grok_proxy_dry_runs_on_its_64_device_expert_parallel_mesh(pax_modules,
                                                                           tmp_path):
   """The pod check on a CPU of Grok_Proxy as written, with two of its 16 layers: the mesh
@@ -754,7 +754,7 @@ def test_expert_parallelism_without_its_mesh_is_refused_in_one_line(pax_modules)
   assert "\n" not in str(err.value)
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.11")
 def test_nvidias_pipelined_grok_trains_with_experts_in_every_stage(pax_modules, tmp_path):
   """Grok_Proxy_PP as written (grok's pipelined builder on the 5-axis mesh [stage, replica,
   data, data_expert, mdl]) cut down to 8 devices, [2, 1, 1, 2, 2]: two stages of two layers,

@@ -97,7 +97,7 @@ MNIST_PARAMS = {"network/conv1/w": (3, 3, 1, 32), "network/conv1/b": (32,),
                 "network/dense_1/w": (256, 10), "network/dense_2/b": (10,)}
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.11")
 @pytest.mark.skipif(not (PAXREF / "mnist.py").is_file(),
                     reason=f"paxml's mnist.py is not in {PAXREF} (set PAXLIKE_PAXREF)")
 @pytest.mark.skipif(__import__("importlib").util.find_spec("tensorflow_datasets") is None,
@@ -138,7 +138,7 @@ def test_mnist_trains_and_evaluates_as_written(tmp_path):
   assert "Traceback" not in bad.stderr
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.11")
 @pytest.mark.skipif(not (PAXREF / "mnist.py").is_file(),
                     reason=f"paxml's mnist.py is not in {PAXREF} (set PAXLIKE_PAXREF)")
 @pytest.mark.skipif(__import__("importlib").util.find_spec("tensorflow_datasets") is None,

@@ -105,7 +105,7 @@ def _main(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Complet
                         capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.12")
 def test_resnet50_is_praxis_model_and_the_file_names_its_dead_knobs(tmp_path):
   """ResNet50Pjit's model as written: praxis's ResNet-50 (25,557,032 trainable parameters,
   torchvision's count too, and 53,120 batch-norm statistics), on the [1, 8, 1] mesh its
@@ -149,7 +149,7 @@ def test_resnet50_is_praxis_model_and_the_file_names_its_dead_knobs(tmp_path):
   assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.12")
 def test_a_subclass_trains_the_file_on_its_own_images(tmp_path):
   """The file's learner (nesterov SGD, L2 1e-4 skipping vectors, a linear ramp then piecewise
   constant), batch norm, variable norm summaries and eval, on a small ResNet."""
@@ -226,7 +226,7 @@ def _records(data_dir: Path) -> None:
         writer.write(example(int(rng.integers(1, 5))))
 
 
-@pytest.mark.newest_python
+@pytest.mark.one_python("3.12")
 def test_the_file_trains_on_imagenet_records_and_resumes(tmp_path):
   """The file's ImageNetTrain / ImageNetValidation (through its LingvoInputAdaptor) read
   ImageNet's TFRecord layout with paxml's preprocessing; a resumed run reads on where the
