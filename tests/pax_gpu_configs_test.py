@@ -462,7 +462,7 @@ SMALL_GPT = ["NUM_LAYERS=2", "MODEL_DIMS=64", "HIDDEN_DIMS=256", "NUM_HEADS=4",
              "ICI_MESH_SHAPE=[1,1,1]", "DCN_MESH_SHAPE=[1,1,1]", "FPROP_DTYPE=float32"]
 
 
-@pytest.mark.one_python("3.12")
+@pytest.mark.one_python("3.11")
 def test_paxs_pile_class_trains_and_its_lambada_class_evaluates_the_job(tmp_path, monkeypatch):
   """Pax's run_pile_singlenode.sh then run_lambada_singlenode.sh, on local TFDS copies: the
   file as written but for its import lines and the R_COS_MIN_RATIO line paxlike refuses."""
@@ -572,7 +572,7 @@ SMALL_LLAMA = ["NUM_LAYERS=2", "MODEL_DIMS=64", "HIDDEN_DIMS=128", "NUM_HEADS=4"
                "LORA_RANK=4", "LR_SCHEDULE='constant'", "LEARNING_RATE=3e-3"]
 
 
-@pytest.mark.one_python("3.12")
+@pytest.mark.one_python("3.11")
 def test_paxs_llama_class_fine_tunes_on_boolq_with_lora_and_reports_boolq_acc(
     tmp_path, monkeypatch):
   """BoolQ rows whose answer is whether the passage names a cat: LoRA learns it, and the
