@@ -7,7 +7,7 @@
 # packages the image lacks may lie as wheels in .whl/ (fiddle, libcst,
 # graphviz, tensorboardX), installed first into /tmp/site. The steps (the
 # default set unless STEPs are named; flan_t5_unrolled, flan_t5_xla_attn,
-# flan_t5_key_mask_fold, flan_t5_dot_merger, lm_1b_dot_merger, fp8_1b, profile_beam,
+# flan_t5_key_masks, flan_t5_dot_merger, lm_1b_dot_merger, fp8_1b, profile_beam,
 # decode_layout and mfu_suite run only when
 # named), in this order, each with its own time limit, skipped when the SECONDS
 # budget (default 570) no longer holds it:
@@ -34,11 +34,11 @@
 #                 cuDNN's takes it (and its gradient) at [32, 12, 512, 512] per
 #                 encoder layer, with the padding mask folded in; measured on an
 #                 H200: 0.087 s against 0.0625 s, so only when named
-#   flan_t5_key_mask_fold  the scanned step with and without the key-mask fold
-#                 (padding as one more head dim, so T5's relative-position bias
-#                 reaches cuDNN with its batch of 1), alternating in one process
-#                 (benchmarks.key_mask_fold; two compiles); measured on an H200:
-#                 1.048x the plain step, so the fold stays off
+#   flan_t5_key_masks  the scanned step under each way the padding can reach
+#                 cuDNN (benchmarks.key_masks, alternating in one process):
+#                 as an additive [b, n, t, s] bias, as key counts (the default)
+#                 and as one more head dim (the fold; measured on an H200
+#                 before: 1.048x the bias step)
 #   flan_t5_dot_merger  the scanned step compiled with the GPU preset (XLA's dot
 #                 merger off, --xla_gpu_dot_merger_threshold_mb=0) and with the
 #                 merger back at XLA's default 32 MB, alternating in one process
@@ -133,8 +133,8 @@ step flan_t5_unrolled 120 $PY -m benchmarks.train_step --exp=FlanT5Base --no-ref
 step flan_t5_xla_attn 90 $PY -m benchmarks.train_step --exp=FlanT5Base --no-reference --steps=10 \
   --set "${T5_BASE[@]}" USE_CUDNN_FLASH_ATTENTION=False
 
-step flan_t5_key_mask_fold 150 $PY -m benchmarks.key_mask_fold --exp=FlanT5Base --steps=10 \
-  --set "${T5_BASE[@]}"
+step flan_t5_key_masks 200 $PY -m benchmarks.key_masks --exp=FlanT5Base --steps=10 \
+  --ways=bias,counts,fold --set "${T5_BASE[@]}"
 step flan_t5_dot_merger 90 $PY -m benchmarks.compiler_options --exp=FlanT5Base --steps=10 \
   --set "${T5_BASE[@]}" --option xla_gpu_dot_merger_threshold_mb=32
 step lm_1b_dot_merger 150 $PY -m benchmarks.compiler_options --exp=C4Spmd1BAdam4Replicas \

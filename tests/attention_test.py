@@ -250,7 +250,7 @@ def test_each_beam_writes_its_own_slot_and_sees_only_its_own_history():
   np.testing.assert_array_equal(sees[1, 1], [[1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0], [0] * 6])
 
 
-def test_cudnn_inputs_mean_the_same_attention(qkv, cudnn_via_xla):
+def test_cudnn_inputs_mean_the_same_attention(qkv, cudnn_via_xla, masks_as_bias):
   """What the cuDNN path hands over (segments and masks as one mask spanning the query
   axis, the bias in q's dtype, is_causal) is the same attention: checked through
   jax.nn's XLA implementation, since this host has no cuDNN."""
@@ -268,10 +268,13 @@ def test_cudnn_inputs_mean_the_same_attention(qkv, cudnn_via_xla):
     want = attention.xla_attention(q, k, v, **case)
     np.testing.assert_allclose(got, want, atol=1e-5, err_msg=str(case))
   # causal alone: no [t, s] mask built
-  assert seen[0] == {"head_dim": h, "bias": None, "mask": None}
+  none = {"key_value_seq_lengths": None}
+  assert seen[0] == {"head_dim": h, "is_causal": True, "bias": None, "mask": None, **none}
   # padding spans the queries
-  assert seen[1] == {"head_dim": h, "bias": (1, n, t, t), "mask": (b, 1, t, t)}
-  assert seen[3] == {"head_dim": h, "bias": None, "mask": (b, 1, t, t)}
+  assert seen[1] == {"head_dim": h, "is_causal": False, "bias": (1, n, t, t),
+                     "mask": (b, 1, t, t), **none}
+  assert seen[3] == {"head_dim": h, "is_causal": True, "bias": None, "mask": (b, 1, t, t),
+                     **none}
 
 
 def test_a_key_mask_folded_into_the_head_dim_is_the_same_attention(qkv, cudnn_via_xla,
@@ -299,8 +302,68 @@ def test_a_key_mask_folded_into_the_head_dim_is_the_same_attention(qkv, cudnn_vi
     for name, g, w in zip(("q", "k", "v", "bias"), got_grads, want_grads, strict=True):
       np.testing.assert_allclose(g, w, atol=1e-5, err_msg=f"d{name} {case}")
   # h = 8 plus the mask's column, padded to 16; the bias as it came, no mask.
-  assert seen and all(c == {"head_dim": 16, "bias": (1, n, t, t), "mask": None}
+  assert seen and all(c["head_dim"] == 16 and c["bias"] == (1, n, t, t) and c["mask"] is None
                       for c in seen), seen
+
+
+def test_key_lengths_reach_cudnn_as_its_padding_mask(qkv, cudnn_via_xla):
+  """T5's padding as KeyLengths: cuDNN gets each row's key count (its padding mask) beside
+  the bias at its batch of 1 (the encoder) or alone (the cross-attention), and no mask; the
+  attention and its gradients (q, k, v and the bias) are the spelt-out mask's. Checked
+  through jax.nn's XLA implementation, since this host has no cuDNN."""
+  seen = cudnn_via_xla
+  q, k, v = map(jnp.asarray, qkv)
+  b, t, n, h = q.shape
+  bias = jnp.asarray(np.random.default_rng(4).normal(size=(1, n, t, t)), F32)
+  keys = attention.KeyLengths(jnp.asarray([3, 6], jnp.int32))
+  spelt = keys.spelt_out(t)
+  np.testing.assert_array_equal(spelt[:, 0, 0], [[1, 1, 1, 0, 0, 0], [1] * 6])
+  cases = {"encoder": (dict(), True), "cross": (dict(scale=0.3), False),
+           "causal": (dict(is_causal=True), True)}
+  for name, (case, with_bias) in cases.items():
+    seen.clear()
+
+    def loss(fn, mask, q, k, v, bias, case=case):
+      out = fn(q, k, v, bias=bias, mask=mask, **case)
+      return jnp.sum(out * jnp.cos(out)), out
+
+    args = (q, k, v, bias if with_bias else None)
+    argnums = (0, 1, 2, 3) if with_bias else (0, 1, 2)
+    (_, want), want_grads = jax.value_and_grad(
+        lambda *a: loss(attention.xla_attention, spelt, *a), argnums=argnums,
+        has_aux=True)(*args)
+    for fn in (attention.cudnn_attention, attention.xla_attention):
+      (_, got), got_grads = jax.value_and_grad(
+          lambda *a, fn=fn: loss(fn, keys, *a), argnums=argnums, has_aux=True)(*args)
+      np.testing.assert_allclose(got, want, atol=1e-5, err_msg=name)
+      for i, g, w in zip(argnums, got_grads, want_grads, strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-5, err_msg=f"{name}: gradient {i}")
+    assert seen == [{"head_dim": h, "is_causal": name == "causal", "mask": None,
+                     "bias": (1, n, t, t) if with_bias else None,
+                     "key_value_seq_lengths": (b,)}], (name, seen)
+
+
+def test_key_lengths_are_spelt_out_where_cudnn_takes_no_counts(qkv, cudnn_via_xla,
+                                                                masks_as_bias):
+  seen = cudnn_via_xla
+  q, k, v = map(jnp.asarray, qkv)
+  b, t, n, h = q.shape
+  keys = attention.KeyLengths(jnp.asarray([3, 6], jnp.int32))
+  got = attention.cudnn_attention(q, k, v, mask=keys)
+  np.testing.assert_allclose(got, attention.xla_attention(q, k, v, mask=keys.spelt_out(t)),
+                             atol=1e-5)
+  assert seen == [{"head_dim": h, "is_causal": False, "bias": None, "mask": (b, 1, t, t),
+                   "key_value_seq_lengths": None}], seen
+
+
+def test_key_lengths_keep_each_row_up_to_its_last_real_key():
+  rows = {"prefix": ([[1, 1, 0, 0], [1, 1, 1, 1]], [2, 4]),
+          "a pad inside": ([[1, 0, 1, 0], [1, 1, 1, 1]], [3, 4]),
+          "leading pads": ([[0, 1, 1, 0], [1, 1, 1, 1]], [3, 4]),
+          "empty row: its first key": ([[0, 0, 0, 0], [1, 1, 1, 1]], [1, 4])}
+  for name, (keys, lengths) in rows.items():
+    got = jax.jit(attention.key_lengths)(jnp.asarray(keys, bool))
+    np.testing.assert_array_equal(got.lengths, lengths, err_msg=name)
 
 
 # ------------------------------------------------- the choice as programs are lowered

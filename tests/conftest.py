@@ -186,10 +186,21 @@ def key_mask_fold():
 
 
 @pytest.fixture
+def masks_as_bias():
+  """The cuDNN path's key counts off for one test: every mask becomes an additive bias
+  (attention_policy.set_key_mask_lengths)."""
+  from paxlike.layers import attention_policy
+
+  attention_policy.set_key_mask_lengths(False)
+  yield
+  attention_policy.set_key_mask_lengths(True)
+
+
+@pytest.fixture
 def cudnn_via_xla(monkeypatch):
   """jax.nn's cuDNN attention answered by jax.nn's XLA implementation of the same arguments
-  (this host has no cuDNN); the list of calls: each one's head dim and the shapes of its
-  bias and mask (None where absent)."""
+  (this host has no cuDNN); the list of calls: each one's head dim, is_causal and the
+  shapes of its bias, mask and key counts (None where absent)."""
   import jax
 
   real = jax.nn.dot_product_attention
@@ -197,9 +208,9 @@ def cudnn_via_xla(monkeypatch):
 
   def through_xla(q, k, v, *, implementation=None, **kwargs):
     assert implementation == "cudnn"
-    calls.append({"head_dim": q.shape[-1], **{
+    calls.append({"head_dim": q.shape[-1], "is_causal": kwargs.get("is_causal", False), **{
         name: None if kwargs.get(name) is None else kwargs[name].shape
-        for name in ("bias", "mask")}})
+        for name in ("bias", "mask", "key_value_seq_lengths")}})
     return real(q, k, v, implementation="xla", **kwargs)
 
   monkeypatch.setattr(jax.nn, "dot_product_attention", through_xla)

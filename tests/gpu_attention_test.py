@@ -72,6 +72,22 @@ def test_t5_encoder_with_bias_and_padding():
   _compare((q, k, v, _bias(4, 128, 128)), (0, 1, 2, 3), mask=valid)
 
 
+def test_t5_encoder_with_bias_and_padding_as_an_additive_bias(masks_as_bias):
+  """Key counts off: the padding and the bias reach cuDNN as one [b, n, t, s] bias."""
+  q, k, v = _qkv(2, 128, 128, 4, 64)
+  valid = (jnp.arange(128)[None, :] < jnp.array([128, 77])[:, None])[:, None, None, :]
+  _compare((q, k, v, _bias(4, 128, 128)), (0, 1, 2, 3), mask=valid)
+
+
+def test_t5_padding_that_is_no_prefix_takes_the_additive_bias():
+  """A row whose mask has a hole: the device-side check sends the batch to the bias call."""
+  q, k, v = _qkv(2, 128, 128, 4, 64)
+  valid = np.ones((2, 128), bool)
+  valid[0, 30:40] = False
+  valid[1, 100:] = False
+  _compare((q, k, v, _bias(4, 128, 128)), (0, 1, 2, 3), mask=jnp.asarray(valid)[:, None, None, :])
+
+
 def test_t5_encoder_and_cross_attention_with_the_key_mask_fold(key_mask_fold):
   """cuDNN with the padding as one more head dim (64 -> 72) against XLA's masked path."""
   q, k, v = _qkv(2, 128, 128, 4, 64)

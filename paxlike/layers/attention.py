@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,6 +36,7 @@ from paxlike.layers.attention_policy import (
   cudnn_max_head_dim,
   current_policy,
   key_mask_fold,
+  key_mask_lengths,
   note,
 )
 from paxlike.layers.linear import Linear, fp8_project, lora_output, project
@@ -122,7 +124,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     q: [batch, q_len, heads, dim]; k, v: [batch, kv_len, heads, dim].
     bias: added to the logits, broadcastable to [batch, heads, q_len, kv_len]
       (T5's relative position bias).
-    mask: bool, True where a query may attend a key; same broadcasting.
+    mask: bool, True where a query may attend a key; same broadcasting. Or KeyLengths:
+      each row's first keys (trailing padding), which cuDNN takes as its padding mask.
     is_causal: query i attends key j only when j <= i (queries and keys aligned at
       position 0); no [t, s] mask needs to be passed.
     q_segment_ids, kv_segment_ids: int [batch, q_len] / [batch, kv_len]; a query
@@ -147,6 +150,9 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
       q_len=q.shape[1], kv_len=k.shape[1], head_dim=q.shape[-1], has_bias=bias is not None,
       max_head_dim=cudnn_max_head_dim() if platform == "cuda" else 128,
       extra_logit=extra_logit)
+  if isinstance(mask, KeyLengths) and (implementation != CUDNN or not key_mask_lengths()
+                                       or q_segment_ids is not None):
+    mask = mask.spelt_out(k.shape[1])
   if implementation == CUDNN and folds_key_mask(q, mask, q_segment_ids):
     reason = f"{reason}, key mask in the head dim"
   if implementation == CUDNN:
@@ -176,6 +182,8 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array |
                   dropout_rng: jax.Array | None = None,
                   extra_logit: float | None = None) -> jax.Array:
   """The portable path (dot_product_attention's arguments); runs on every platform."""
+  if isinstance(mask, KeyLengths):
+    mask = mask.spelt_out(k.shape[1])
   mask = combined_mask(q.shape[1], k.shape[1], mask, is_causal, q_segment_ids, kv_segment_ids)
   if scale != 1.0:
     q = q * jnp.asarray(scale, q.dtype)
@@ -419,7 +427,8 @@ def folds_key_mask(q: jax.Array, mask: jax.Array | None, q_segment_ids: jax.Arra
   """Whether the cuDNN path folds this call's mask into the head dim (fold_key_mask): the
   fold is on, the mask [b, 1, 1, s] says which keys count, the same for every query and
   head, and the widened head dim is one cuDNN takes."""
-  return (key_mask_fold() and mask is not None and q_segment_ids is None and mask.ndim == 4
+  return (key_mask_fold() and mask is not None and not isinstance(mask, KeyLengths)
+          and q_segment_ids is None and mask.ndim == 4
           and mask.shape[1] == 1 and mask.shape[2] == 1
           and folded_head_dim(q.shape[-1]) <= cudnn_max_head_dim())
 
@@ -462,11 +471,50 @@ def fold_key_mask(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array,
           widen(k, jnp.broadcast_to(keys, (*k.shape[:-1], 1))), widen(v, None))
 
 
+@flax.struct.dataclass
+class KeyLengths:
+  """A key mask that keeps the first `lengths[i]` keys of row i: trailing padding.
+
+  Any `mask` argument of dot_product_attention may be one. The XLA path
+  spells it out as the [b, 1, 1, s] mask (`spelt_out`); the cuDNN path hands
+  the lengths to cuDNN as its padding mask (key_value_seq_lengths), so a
+  bias keeps its own batch and no [b, n, t, s] bias is built (T5's
+  relative-position bias, and its gradient, at batch 1). A pytree: it passes
+  through scan, remat and jit as its one array.
+  """
+
+  lengths: jax.Array  # [b] int32, each at least 1
+
+  def spelt_out(self, kv_len: int) -> jax.Array:
+    """The same mask as [b, 1, 1, kv_len] bool."""
+    return (jnp.arange(kv_len)[None, :] < self.lengths[:, None])[:, None, None, :]
+
+
+def key_lengths(keys: jax.Array) -> KeyLengths:
+  """keys [b, s] bool -> the KeyLengths that keeps each row's keys up to its last True one
+  (at least the first): the same mask wherever a row's Trues are a non-empty prefix."""
+  last = jnp.max(jnp.where(keys, jnp.arange(1, keys.shape[-1] + 1), 0), axis=-1)
+  return KeyLengths(jnp.maximum(last, 1).astype(jnp.int32))
+
+
 def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array | None = None,
                     mask: jax.Array | None = None, is_causal: bool = False,
                     q_segment_ids: jax.Array | None = None,
                     kv_segment_ids: jax.Array | None = None, scale: float = 1.0) -> jax.Array:
-  """cuDNN's fused attention (no dropout, no cap); raises where cuDNN refuses the call."""
+  """cuDNN's fused attention (no dropout, no cap); raises where cuDNN refuses the call.
+
+  mask may be KeyLengths: with key_mask_lengths on (the default;
+  attention_policy.set_key_mask_lengths) cuDNN takes the lengths as its
+  padding mask and the bias as it came, else they are spelt out as a mask.
+  """
+  if isinstance(mask, KeyLengths):
+    if key_mask_lengths() and q_segment_ids is None:
+      t, s = q.shape[1], k.shape[1]
+      return jax.nn.dot_product_attention(
+          q, k, v, bias=None if bias is None else _full_query_axis(bias.astype(q.dtype), t, s),
+          is_causal=is_causal, key_value_seq_lengths=mask.lengths, scale=scale,
+          implementation="cudnn")
+    mask = mask.spelt_out(k.shape[1])
   t, s, h = q.shape[1], k.shape[1], q.shape[-1]
   folded = folds_key_mask(q, mask, q_segment_ids)
   if folded:  # the mask rides in the head dim; the output's first h dims are the attention

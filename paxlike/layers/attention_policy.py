@@ -186,6 +186,8 @@ def run_record() -> dict[str, Any]:
             "choices": [{"implementation": i, "reason": r} for i, r in _run["choices"]]}
   if key_mask_fold():
     record["key_mask_fold"] = True
+  if not key_mask_lengths():
+    record["key_mask_lengths"] = False
   return record
 
 
@@ -215,3 +217,23 @@ def set_key_mask_fold(on: bool) -> None:
 def key_mask_fold() -> bool:
   """Whether the key-mask fold is on (set_key_mask_fold)."""
   return _global.get("key_mask_fold", False)
+
+
+def set_key_mask_lengths(on: bool) -> None:
+  """Whether the cuDNN path hands a KeyLengths mask to cuDNN as per-row key counts.
+
+  paxlike.layers.attention.KeyLengths is a key mask that keeps each row's
+  first keys (T5's encoder padding). On, cuDNN takes the counts as its own
+  padding mask and the bias keeps its batch (T5's relative-position bias:
+  1), so no [b, n, t, s] bias is built; off, the counts are spelt out as a
+  mask and folded into the bias, as any mask is. Read as programs are
+  traced, like the policy; run_env.json's "attention" says so when it is
+  off. On by default: the same attention either way, and on an H200 the
+  FlanT5Base step takes 0.905x the time (docs/mfu.md).
+  """
+  _global["key_mask_lengths"] = bool(on)
+
+
+def key_mask_lengths() -> bool:
+  """Whether KeyLengths masks reach cuDNN as key counts (set_key_mask_lengths)."""
+  return _global.get("key_mask_lengths", True)

@@ -128,7 +128,7 @@ class Embed(nn.Module):
 
 
 def attend(module: nn.Module, q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
-           mask: jax.Array | None, dropout_rate: float) -> jax.Array:
+           mask: jax.Array | None, dropout_rate: float, is_causal: bool = False) -> jax.Array:
   """T5 attention of q [b, t, n, h] over k, v [b, s, n, h]: no logit scale.
 
   paxlike.layers.attention.dot_product_attention, the one attention function
@@ -136,7 +136,7 @@ def attend(module: nn.Module, q: jax.Array, k: jax.Array, v: jax.Array, bias: ja
   dropout.
   """
   rng = module.make_rng("dropout") if dropout_active(module, dropout_rate) else None
-  return dot_product_attention(q, k, v, bias=bias, mask=mask, scale=1.0,
+  return dot_product_attention(q, k, v, bias=bias, mask=mask, is_causal=is_causal, scale=1.0,
                                dropout_rate=dropout_rate, dropout_rng=rng)
 
 
@@ -159,6 +159,8 @@ class T5Attention(nn.Module):
     num_heads, dim_per_head: the attention shape.
     cross: keys/values come from the encoder (cached once in PREFILL).
     dropout_rate: on the attention probabilities.
+    causal: in FULL mode a query attends only keys at or before its position, besides
+      what the mask says (the decoder's self-attention); cuDNN skips the rest.
     lora_rank: LoRA adapters on query, key, value and out (0: none).
   """
 
@@ -168,6 +170,7 @@ class T5Attention(nn.Module):
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   lora_rank: int = 0
+  causal: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array, kv: jax.Array | None = None, *, bias: jax.Array | None = None,
@@ -214,7 +217,7 @@ class T5Attention(nn.Module):
       source = x if kv is None else kv
       k = checkpoint_name(constrain(key(source)), "key_proj")
       v = checkpoint_name(constrain(value(source)), "value_proj")
-      context = attend(self, q, k, v, bias, mask, self.dropout_rate)
+      context = attend(self, q, k, v, bias, mask, self.dropout_rate, is_causal=self.causal)
     context = checkpoint_name(constrain(context), "context")
     out = DenseGeneral((d,), ("heads", "kv", "embed"), in_dims=2, dtype=self.dtype,
                        lora_rank=self.lora_rank, name="out")(context)
@@ -281,9 +284,10 @@ class T5LayerConfig(nn.Module):
   def norm(self, name: str) -> RmsNorm:
     return RmsNorm(self.layer_norm_epsilon, self.dtype, scale_in_float32=True, name=name)
 
-  def attention(self, name: str, cross: bool = False) -> T5Attention:
+  def attention(self, name: str, cross: bool = False, causal: bool = False) -> T5Attention:
     return T5Attention(self.num_heads, self.dim_per_head, cross, self.dropout_rate, self.dtype,
-                       lora_targets(self.lora_rank, self.lora_target_layers)[0], name=name)
+                       lora_targets(self.lora_rank, self.lora_target_layers)[0], causal,
+                       name=name)
 
   def mlp(self, x: jax.Array) -> jax.Array:
     h = self.norm("pre_mlp_layer_norm")(x)
@@ -317,8 +321,9 @@ class T5DecoderLayer(T5LayerConfig):
   @nn.compact
   def __call__(self, x: jax.Array, inputs: dict[str, Any]) -> tuple[jax.Array, None]:
     """inputs: `self_bias`, `self_mask`, `cross_mask`, `encoded` (FULL and PREFILL) and
-    `index` (EXTEND), shared by every layer."""
-    self_attention = self.attention("self_attention")
+    `index` (EXTEND), shared by every layer. In FULL mode self-attention is causal
+    besides `self_mask` (None: causal alone)."""
+    self_attention = self.attention("self_attention", causal=True)
     cross_attention = self.attention("encoder_decoder_attention", cross=True)
     if self.mode == PREFILL:
       self_attention(x, mode=PREFILL, cache_len=self.cache_len)

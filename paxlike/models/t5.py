@@ -6,8 +6,12 @@ Batches use T5X / seqio's feature names: `encoder_input_tokens` [B, S],
 per row) add `encoder_segment_ids` / `decoder_segment_ids` (0 = padding)
 and may add `encoder_positions` / `decoder_positions`; attention and
 relative positions then never cross an example's boundary. Without segment
-ids, encoder padding (pad_id in `encoder_input_tokens`) is masked out as a
-key in the encoder's self-attention and in cross-attention.
+ids, encoder padding is masked out as a key in the encoder's self-attention
+and in cross-attention: a row's padding is what follows its last token that
+is not pad_id (T5X masks each pad_id; the two differ only for a pad_id
+inside a row, which no T5 tokenizer writes). Padding that trails lets cuDNN
+take it as its own padding mask (paxlike.layers.attention.KeyLengths), with
+the relative-position bias at its batch of 1.
 
 The parameter tree uses T5X's names (see paxlike.layers.t5), so
 paxlike.interop.hf maps Hugging Face checkpoints onto it one to one:
@@ -38,6 +42,7 @@ import numpy as np
 from paxlike import decoding, flops
 from paxlike.errors import UserError
 from paxlike.layers import pipeline
+from paxlike.layers.attention import KeyLengths, key_lengths
 from paxlike.layers.linear import lora_targets
 from paxlike.layers.relative_position import RelativePositionBias
 from paxlike.layers.t5 import (
@@ -151,7 +156,8 @@ class T5Decoder(T5Stack):
                cache_len: int = 0) -> jax.Array | None:
     """Per mode:
 
-    FULL     y [B, T, d], encoded [B, S, d], self_mask [B|1, 1, T, T],
+    FULL     y [B, T, d], encoded [B, S, d], self_mask [B, 1, T, T] or None (self-
+             attention is causal besides it),
              cross_mask [B, 1, T|1, S], positions [B|1, T] -> logits [B, T, V].
     PREFILL  encoded, encoder_valid [B, S] bool, cache_len -> None (fills the cache).
     EXTEND   y [N, 1, d] at position `index` -> logits [N, 1, V].
@@ -270,20 +276,28 @@ class T5Model(BaseModel):
                       "decoder_segment_ids; give both or neither.")
     return enc, dec
 
-  def _encoder_valid(self, batch: dict[str, jax.Array]) -> jax.Array:
-    """[B, S] bool: the encoder positions that are real tokens (keys anyone may attend)."""
+  def _encoder_keys(self, batch: dict[str, jax.Array]) -> KeyLengths | jax.Array:
+    """The encoder positions anyone may attend: KeyLengths (each row's tokens up to its last
+    that is not pad_id, at least one) or, packed, [B, S] bool (segment id above 0)."""
     segments = batch.get("encoder_segment_ids")
     if segments is not None:
       return segments > 0
-    return batch["encoder_input_tokens"] != self.pad_id
+    return key_lengths(batch["encoder_input_tokens"] != self.pad_id)
+
+  def _encoder_valid(self, batch: dict[str, jax.Array]) -> jax.Array:
+    """[B, S] bool: _encoder_keys spelt out (the decode cache's cross-attention mask)."""
+    keys = self._encoder_keys(batch)
+    if isinstance(keys, KeyLengths):
+      return keys.spelt_out(batch["encoder_input_tokens"].shape[1])[:, 0, 0, :]
+    return keys
 
   def encode(self, batch: dict[str, jax.Array]) -> jax.Array:
     """The encoder output [B, S, d] (after the final norm)."""
     tokens = batch["encoder_input_tokens"]
     enc_seg, _ = self._segments(batch)
-    mask = self._encoder_valid(batch)[:, None, None, :]
+    mask = self._encoder_keys(batch)
     if enc_seg is not None:
-      mask = mask & _segment_mask(enc_seg, enc_seg)
+      mask = mask[:, None, None, :] & _segment_mask(enc_seg, enc_seg)
     positions = batch.get("encoder_positions")
     if positions is None:  # numpy: the position bias's buckets become constants
       positions = np.arange(tokens.shape[1], dtype=np.int32)[None]
@@ -295,11 +309,11 @@ class T5Model(BaseModel):
     dec_tokens = batch["decoder_input_tokens"]
     length = dec_tokens.shape[1]
     enc_seg, dec_seg = self._segments(batch)
-    self_mask = np.tril(np.ones((length, length), bool))[None, None]  # a constant
-    cross_mask = self._encoder_valid(batch)[:, None, None, :]
+    self_mask = None  # the decoder's self-attention is causal: no [T, T] mask is built
+    cross_mask = self._encoder_keys(batch)
     if dec_seg is not None:
-      self_mask = self_mask & _segment_mask(dec_seg, dec_seg)
-      cross_mask = cross_mask & _segment_mask(dec_seg, enc_seg)
+      self_mask = _segment_mask(dec_seg, dec_seg)
+      cross_mask = cross_mask[:, None, None, :] & _segment_mask(dec_seg, enc_seg)
     positions = batch.get("decoder_positions")
     if positions is None:
       positions = np.arange(length, dtype=np.int32)[None]
