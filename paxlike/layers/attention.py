@@ -150,8 +150,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
       q_len=q.shape[1], kv_len=k.shape[1], head_dim=q.shape[-1], has_bias=bias is not None,
       max_head_dim=cudnn_max_head_dim() if platform == "cuda" else 128,
       extra_logit=extra_logit)
-  if isinstance(mask, KeyLengths) and (implementation != CUDNN or not key_mask_lengths()
-                                       or q_segment_ids is not None):
+  if isinstance(mask, KeyLengths) and not (implementation == CUDNN
+                                           and cudnn_takes_counts(mask, q_segment_ids)):
     mask = mask.spelt_out(k.shape[1])
   if implementation == CUDNN and folds_key_mask(q, mask, q_segment_ids):
     reason = f"{reason}, key mask in the head dim"
@@ -497,6 +497,12 @@ def key_lengths(keys: jax.Array) -> KeyLengths:
   return KeyLengths(jnp.maximum(last, 1).astype(jnp.int32))
 
 
+def cudnn_takes_counts(mask: Any, q_segment_ids: jax.Array | None) -> bool:
+  """Whether the cuDNN path hands this mask to cuDNN as key counts: a KeyLengths, with
+  counts on (attention_policy.set_key_mask_lengths) and no segments."""
+  return isinstance(mask, KeyLengths) and key_mask_lengths() and q_segment_ids is None
+
+
 def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array | None = None,
                     mask: jax.Array | None = None, is_causal: bool = False,
                     q_segment_ids: jax.Array | None = None,
@@ -507,13 +513,13 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array
   attention_policy.set_key_mask_lengths) cuDNN takes the lengths as its
   padding mask and the bias as it came, else they are spelt out as a mask.
   """
+  if cudnn_takes_counts(mask, q_segment_ids):
+    t, s = q.shape[1], k.shape[1]
+    return jax.nn.dot_product_attention(
+        q, k, v, bias=None if bias is None else _full_query_axis(bias.astype(q.dtype), t, s),
+        is_causal=is_causal, key_value_seq_lengths=mask.lengths, scale=scale,
+        implementation="cudnn")
   if isinstance(mask, KeyLengths):
-    if key_mask_lengths() and q_segment_ids is None:
-      t, s = q.shape[1], k.shape[1]
-      return jax.nn.dot_product_attention(
-          q, k, v, bias=None if bias is None else _full_query_axis(bias.astype(q.dtype), t, s),
-          is_causal=is_causal, key_value_seq_lengths=mask.lengths, scale=scale,
-          implementation="cudnn")
     mask = mask.spelt_out(k.shape[1])
   t, s, h = q.shape[1], k.shape[1], q.shape[-1]
   folded = folds_key_mask(q, mask, q_segment_ids)
