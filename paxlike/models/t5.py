@@ -134,7 +134,7 @@ class T5Encoder(T5Stack):
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: jax.Array, positions: jax.Array) -> jax.Array:
-    """x [B, S, d]; mask [B, 1, S|1, S] bool; positions [B|1, S]."""
+    """x [B, S, d]; mask [B, 1, S|1, S] bool or KeyLengths; positions [B|1, S]."""
     bias = self.relpos(bidirectional=True)(positions, positions)
     x = run_layers(T5EncoderLayer, self.layer_kwargs(), self.num_layers, x,
                    {"bias": bias, "mask": mask}, scanned=self.use_repeated_layer,
@@ -158,7 +158,8 @@ class T5Decoder(T5Stack):
 
     FULL     y [B, T, d], encoded [B, S, d], self_mask [B, 1, T, T] or None (self-
              attention is causal besides it),
-             cross_mask [B, 1, T|1, S], positions [B|1, T] -> logits [B, T, V].
+             cross_mask [B, 1, T|1, S] or KeyLengths, positions [B|1, T] -> logits
+             [B, T, V].
     PREFILL  encoded, encoder_valid [B, S] bool, cache_len -> None (fills the cache).
     EXTEND   y [N, 1, d] at position `index` -> logits [N, 1, V].
 
