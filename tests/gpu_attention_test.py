@@ -79,8 +79,9 @@ def test_t5_encoder_with_bias_and_padding_as_an_additive_bias(masks_as_bias):
   _compare((q, k, v, _bias(4, 128, 128)), (0, 1, 2, 3), mask=valid)
 
 
-def test_t5_padding_that_is_no_prefix_takes_the_additive_bias():
-  """A row whose mask has a hole: the device-side check sends the batch to the bias call."""
+def test_a_boolean_key_mask_with_a_hole_takes_the_additive_bias():
+  """A bool key mask (here with a hole, which no KeyLengths can say) reaches cuDNN folded
+  into the bias, with counts on."""
   q, k, v = _qkv(2, 128, 128, 4, 64)
   valid = np.ones((2, 128), bool)
   valid[0, 30:40] = False
